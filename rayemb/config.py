@@ -1,0 +1,286 @@
+"""Job configuration: frozen dataclasses validated in ``__post_init__``.
+
+YAML is read only at the edge (``load_config``); ``--set a.b=c`` overrides are
+applied to the YAML mapping before validation, with the value parsed as YAML
+(``--set train.epochs=3``, ``--set model.bottom_mlp=[64,16]``).
+
+Example::
+
+    >>> cfg = load_config("jobs/configs/synth_small.yaml", ["train.epochs=2"])
+    >>> cfg.train.epochs
+    2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import yaml
+
+from rayemb.constants import DEFAULT_LOG_EVERY_N_STEPS, WORKSPACE_ENV_VAR
+from rayemb.errors import ConfigError
+
+ID_POLICIES = ("error", "hash", "clip")
+EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
+
+
+def _require(ok: bool, where: str, problem: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"Invalid config value {where}: {problem}. {fix}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    #: dataset directory with schema.yaml, train/ and valid/ (relative paths: see ``resolve_path``)
+    path: str
+    #: rows per rank per step; the global batch is ``batch_size * num_workers``
+    batch_size: int = 1024
+    #: what to do with ids outside ``[0, num_embeddings)``: fail, hash (mod V) or clip
+    id_policy: str = "error"
+
+    def __post_init__(self) -> None:
+        _require(bool(self.path), "data.path", "it is empty", "Set it to a dataset directory from `rayemb gen-data`.")
+        _require(self.batch_size >= 1, "data.batch_size", f"{self.batch_size} < 1", "Use a positive batch size.")
+        _require(
+            self.id_policy in ID_POLICIES, "data.id_policy", f"{self.id_policy!r} is unknown", f"Use one of {ID_POLICIES}."
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    embedding_dim: int = 16
+    #: bottom (dense) MLP layer sizes; the last must equal embedding_dim
+    bottom_mlp: Tuple[int, ...] = (64, 16)
+    #: top (over) MLP layer sizes; the last must be 1 (the click logit)
+    top_mlp: Tuple[int, ...] = (64, 32, 1)
+
+    def __post_init__(self) -> None:
+        _require(self.embedding_dim >= 1, "model.embedding_dim", f"{self.embedding_dim} < 1", "Use a positive dim.")
+        _require(len(self.bottom_mlp) >= 1 and all(s >= 1 for s in self.bottom_mlp), "model.bottom_mlp",
+                 f"{list(self.bottom_mlp)} is empty or has non-positive sizes", "Give positive layer sizes.")
+        _require(self.bottom_mlp[-1] == self.embedding_dim, "model.bottom_mlp",
+                 f"its last size {self.bottom_mlp[-1]} differs from model.embedding_dim={self.embedding_dim}",
+                 "The dot interaction needs them equal: end bottom_mlp with the embedding dim.")
+        _require(len(self.top_mlp) >= 1 and self.top_mlp[-1] == 1 and all(s >= 1 for s in self.top_mlp),
+                 "model.top_mlp", f"{list(self.top_mlp)} must be positive sizes ending in 1",
+                 "End top_mlp with 1 (one click logit), e.g. [64, 32, 1].")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 1
+    #: learning rate of the dense (MLP) optimizer, Adagrad
+    dense_lr: float = 0.05
+    #: learning rate of the fused embedding optimizer
+    embedding_lr: float = 0.05
+    embedding_optimizer: str = "rowwise_adagrad"
+    seed: int = 0
+    log_every_n_steps: int = DEFAULT_LOG_EVERY_N_STEPS
+    #: cap on steps per epoch (None: the whole train split)
+    max_steps_per_epoch: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _require(self.epochs >= 1, "train.epochs", f"{self.epochs} < 1", "Train at least one epoch.")
+        _require(self.dense_lr > 0, "train.dense_lr", f"{self.dense_lr} is not positive", "Use e.g. 0.05.")
+        _require(self.embedding_lr > 0, "train.embedding_lr", f"{self.embedding_lr} is not positive", "Use e.g. 0.05.")
+        _require(self.embedding_optimizer in EMBEDDING_OPTIMIZERS, "train.embedding_optimizer",
+                 f"{self.embedding_optimizer!r} is unknown", f"Use one of {EMBEDDING_OPTIMIZERS}.")
+        _require(self.log_every_n_steps >= 1, "train.log_every_n_steps", f"{self.log_every_n_steps} < 1",
+                 "Use a positive step count.")
+        _require(self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1, "train.max_steps_per_epoch",
+                 f"{self.max_steps_per_epoch} < 1", "Use a positive cap or null for the whole split.")
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    #: Ray Train workers, one per rank (one per GPU when use_gpu)
+    num_workers: int = 2
+    use_gpu: bool = False
+    #: CPUs per worker; None picks a share that leaves CPUs for Ray Data's read tasks
+    cpus_per_worker: Optional[float] = None
+    #: restarts of the worker group after a failure (Ray's default is 0)
+    max_failures: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.num_workers >= 1, "scaling.num_workers", f"{self.num_workers} < 1", "Use at least one worker.")
+        _require(self.cpus_per_worker is None or self.cpus_per_worker > 0, "scaling.cpus_per_worker",
+                 f"{self.cpus_per_worker} is not positive", "Use a positive number or null for automatic.")
+        _require(self.max_failures >= -1, "scaling.max_failures", f"{self.max_failures} < -1",
+                 "Use -1 (retry forever), 0 or a positive count.")
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    experiment: str = "rayemb"
+    #: job outputs (MLflow sqlite store, Ray Train storage); relative paths: see ``resolve_path``
+    output_dir: str = "runs"
+    #: MLflow tracking URI; None means $MLFLOW_TRACKING_URI, else sqlite under output_dir
+    tracking_uri: Optional[str] = None
+    run_name: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _require(bool(self.experiment), "tracking.experiment", "it is empty", "Name the MLflow experiment.")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    name: str
+    data: DataConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "name", "it is empty", "Give the job a name.")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return _to_plain(dataclasses.asdict(self))
+
+    def flatten(self) -> Dict[str, Any]:
+        """``{"train.epochs": 1, ...}`` for MLflow params."""
+        out: Dict[str, Any] = {}
+
+        def walk(prefix: str, d: Dict[str, Any]) -> None:
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    walk(f"{prefix}{k}.", v)
+                else:
+                    out[f"{prefix}{k}"] = v
+
+        walk("", self.to_dict())
+        return out
+
+    def replace(self, **sections: Any) -> "JobConfig":
+        return dataclasses.replace(self, **sections)
+
+
+def _to_plain(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _to_plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_to_plain(x) for x in v]
+    return v
+
+
+# ---- building dataclasses from YAML mappings ---- #
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return None
+        return _coerce(value, [a for a in args if a is not type(None)][0], where)
+    if origin in (tuple, Tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"Invalid config value {where}: expected a list, got {value!r}. Write it as [a, b, ...].")
+        return tuple(_coerce(x, args[0], f"{where}[{i}]") for i, x in enumerate(value))
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"Invalid config value {where}: expected true or false, got {value!r}.")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"Invalid config value {where}: expected an integer, got {value!r}.")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"Invalid config value {where}: expected a number, got {value!r}.")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"Invalid config value {where}: expected a string, got {value!r}.")
+        return str(value)
+    return value
+
+
+def _build(cls: Any, d: Any, where: str) -> Any:
+    if not isinstance(d, dict):
+        raise ConfigError(f"Invalid config section {where or 'top level'}: expected a mapping, got {d!r}.")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(
+            f"Unknown config key(s) {unknown} in section {where or 'top level'}; known keys: {sorted(known)}. "
+            "Check the spelling (see jobs/configs/synth_small.yaml)."
+        )
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        key = f"{where}.{f.name}" if where else f.name
+        if f.name in d:
+            kwargs[f.name] = _coerce(d[f.name], hints[f.name], key)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"Missing required config key {key}. Add it to the YAML or pass --set {key}=...")
+    return cls(**kwargs)
+
+
+def apply_overrides(d: Dict[str, Any], overrides: Sequence[str]) -> Dict[str, Any]:
+    """Applies ``a.b=c`` overrides (values parsed as YAML) to a nested mapping, returning a copy."""
+    out = yaml.safe_load(yaml.safe_dump(d)) or {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"Override {item!r} is not of the form key=value; write e.g. --set train.epochs=2.")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"Override {item!r}: {p!r} is not a section; check the key path.")
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"Override {item!r}: the value is not valid YAML ({e}).") from None
+    return out
+
+
+def config_from_dict(d: Dict[str, Any], overrides: Sequence[str] = ()) -> JobConfig:
+    return _build(JobConfig, apply_overrides(d, overrides), "")
+
+
+def load_config(path: str, overrides: Sequence[str] = ()) -> JobConfig:
+    """Reads a YAML job config, applies ``--set`` overrides and validates it."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"Config file {path!r} does not exist. Pass a YAML job config, e.g. jobs/configs/synth_small.yaml.")
+    try:
+        with open(path) as f:
+            d = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"Config file {path!r} is not valid YAML: {e}. Fix the syntax at the position shown.") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"Config file {path!r} must hold a mapping with sections data, model, train, ...")
+    try:
+        return config_from_dict(d, overrides)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e.message}") from None
+
+
+def resolve_path(path: str) -> str:
+    """Absolute form of a config path: relative paths resolve against $RAYEMB_WORKSPACE, else the cwd.
+
+    ``ray job submit --working-dir .`` runs the job in a copy of the working dir
+    without data/ or runs/ (they are git-ignored), so the local head script sets
+    RAYEMB_WORKSPACE to the repository and jobs read and write there.
+    """
+    if "://" in path or os.path.isabs(path):
+        return path
+    return os.path.abspath(os.path.join(os.environ.get(WORKSPACE_ENV_VAR) or os.getcwd(), path))
+
+
+def read_yaml_dict(cfg: JobConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+__all__: List[str] = [
+    "JobConfig", "DataConfig", "ModelConfig", "TrainConfig", "ScalingConfig", "TrackingConfig",
+    "load_config", "config_from_dict", "apply_overrides", "resolve_path",
+]

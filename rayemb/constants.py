@@ -1,0 +1,36 @@
+"""Typed constants with units, and environment knobs as ``X_ENV_VAR`` / ``DEFAULT_X`` pairs."""
+
+from __future__ import annotations
+
+# ---- DATA ---- #
+SCHEMA_FILE = "schema.yaml"
+TRAIN_SPLIT = "train"
+VALID_SPLIT = "valid"
+LABEL_COLUMN = "label"
+NUM_DENSE_FEATURES = 13
+NUM_SPARSE_FEATURES = 26
+
+#: Criteo 1TB per-table cardinalities (TorchRec's DLRM example order, C1..C26).
+CRITEO_1TB_CARDINALITIES = (
+    45833188, 36746, 17245, 7413, 20243, 3, 7114, 1441, 62, 29275261, 1572176,
+    345138, 10, 2209, 11267, 128, 4, 974, 14, 48937457, 11316796, 40094537,
+    452104, 12606, 104, 35,
+)
+DEFAULT_GEN_CHUNK_ROWS = 250_000  # rows generated (and held in RAM) at once
+DEFAULT_CARDINALITY_SCALE = 1000  # Criteo 1TB cardinalities divided by this
+MIN_SYNTH_CARDINALITY = 3
+
+# ---- PATHS ---- #
+#: relative paths in job configs resolve against this directory (else the cwd);
+#: the local head script sets it to the repository so `ray job submit` jobs find data.
+WORKSPACE_ENV_VAR = "RAYEMB_WORKSPACE"
+TRACKING_URI_ENV_VAR = "MLFLOW_TRACKING_URI"
+
+# ---- TRAINING ---- #
+#: CPUs kept free for Ray Data read tasks when workers get fractional CPUs.
+RESERVED_DATA_CPUS = 1.0
+MIN_CPUS_PER_WORKER = 0.25
+DEFAULT_LOG_EVERY_N_STEPS = 20
+
+# ---- TRACKING ---- #
+MLFLOW_DB_FILE = "mlflow.db"
