@@ -65,8 +65,8 @@ class ModelConfig:
         _require(self.bottom_mlp[-1] == self.embedding_dim, "model.bottom_mlp",
                  f"its last size {self.bottom_mlp[-1]} differs from model.embedding_dim={self.embedding_dim}",
                  "The dot interaction needs them equal: end bottom_mlp with the embedding dim.")
-        _require(len(self.top_mlp) >= 1 and self.top_mlp[-1] == 1 and all(s >= 1 for s in self.top_mlp),
-                 "model.top_mlp", f"{list(self.top_mlp)} must be positive sizes ending in 1",
+        _require(len(self.top_mlp) >= 2 and self.top_mlp[-1] == 1 and all(s >= 1 for s in self.top_mlp),
+                 "model.top_mlp", f"{list(self.top_mlp)} must be at least two positive sizes ending in 1",
                  "End top_mlp with 1 (one click logit), e.g. [64, 32, 1].")
 
 

@@ -1,0 +1,28 @@
+# rayemb — the two commands a newcomer needs: `make run` and `make test`.
+.PHONY: install run test test-fast bench clean-data help
+
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+
+help:
+	@echo "make run        install if needed, generate data, start a local Ray head, submit jobs/train.py"
+	@echo "make test       install if needed and run the whole test suite (slow tests included)"
+	@echo "make test-fast  the suite without tests marked slow"
+
+install:
+	@bash scripts/install.sh
+
+run: install
+	@bash scripts/run.sh
+
+# pytest exits 5 when it collects no test: that must not pass.
+test: install
+	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
+
+test-fast: install
+	@$(PY) -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-fast: no tests were collected" >&2; exit 1; fi; exit $$rc
+
+clean-data:
+	rm -rf data/synth_small

@@ -1,0 +1,28 @@
+"""Entry point of a training job: ``ray job submit -- python jobs/train.py --config JOB.yaml``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from rayemb.cli import add_train_arguments, run_cli
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="jobs/train.py",
+        description="Train a rayemb job config on the Ray cluster this process is attached to.",
+        epilog="example:\n  ray job submit --address http://127.0.0.1:8265 --working-dir . -- "
+        "python jobs/train.py --config jobs/configs/synth_small.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_train_arguments(parser)
+    from rayemb.cli import _train
+
+    parser.set_defaults(func=_train)
+    return run_cli(argv, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

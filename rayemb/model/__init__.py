@@ -1,0 +1,1 @@
+"""Models: a DLRM whose sparse arch is any module returning a KeyedTensor."""

@@ -1,0 +1,84 @@
+"""Forwards Ray Train reports from the controller to the driver, the only MLflow writer.
+
+Ray Train v2 runs ``UserCallback.after_report`` in its controller actor, not in
+the driver process. The callback therefore only hands each report to a Ray
+queue (a cheap, non-blocking put); a thread in the driver drains the queue into
+the :class:`~rayemb.tracking.mlflow.RunLogger`. Training never waits on MLflow.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import Any, Dict, List, Optional
+
+import ray.train
+
+logger = logging.getLogger(__name__)
+
+
+class ReportForwarder(ray.train.UserCallback):
+    """Puts rank 0's metrics of every report on ``queue`` (a ``ray.util.queue.Queue``)."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def after_report(self, run_context: Any, metrics: List[Dict[str, Any]], checkpoint: Optional[Any]) -> None:
+        if not metrics:
+            return
+        try:
+            self.queue.put_nowait(dict(metrics[0]))
+        except Exception as e:  # a full or dead queue drops a point; it never fails training
+            logger.warning("rayemb: dropped a metrics report (%s: %s)", type(e).__name__, e)
+
+
+def numeric_metrics(report: Dict[str, Any]) -> Dict[str, float]:
+    """The finite numeric entries of a report, as floats (step/epoch bookkeeping removed)."""
+    out = {}
+    for k, v in report.items():
+        if k in ("step",) or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if math.isfinite(float(v)):
+            out[k] = float(v)
+    return out
+
+
+class QueueDrainer:
+    """Driver-side thread: drains forwarded reports into a RunLogger and keeps the latest values."""
+
+    def __init__(self, queue: Any, run_logger: Any, poll_s: float = 0.2) -> None:
+        self.queue = queue
+        self.run_logger = run_logger
+        self.poll_s = poll_s
+        self.reports: List[Dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rayemb-metrics-drain", daemon=True)
+
+    def start(self) -> "QueueDrainer":
+        self._thread.start()
+        return self
+
+    def _handle(self, report: Dict[str, Any]) -> None:
+        self.reports.append(report)
+        self.run_logger.log_metrics(numeric_metrics(report), step=int(report.get("step", 0)))
+
+    def _drain_once(self, block: bool) -> bool:
+        try:
+            report = self.queue.get(block=block, timeout=self.poll_s if block else None)
+        except Exception:
+            return False
+        self._handle(report)
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain_once(block=True)
+
+    def stop(self) -> List[Dict[str, Any]]:
+        """Stops the thread and drains what is left; returns every report seen."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        while self._drain_once(block=False):
+            pass
+        return self.reports

@@ -1,0 +1,1 @@
+"""Training: the per-worker loop, the driver-side trainer, metrics."""

@@ -1,0 +1,152 @@
+"""The per-worker training loop (runs in every Ray Train worker, one per rank).
+
+Each rank builds the DLRM with its embedding tables on the meta device, shards
+it with the driver's plan under ``DistributedModelParallel``, streams its shard
+of the train split, and runs the same number of steps as every other rank (a
+rank that runs dry early would hang the collectives, so ranks also agree on
+"everyone still has a batch" every step). After each epoch it evaluates AUC
+and logloss on the validation split, gathered over all ranks, and reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, Iterator, List, Optional
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+def _embedding_optimizer(name: str):
+    import torch
+    from torchrec.optim import RowWiseAdagrad
+
+    return {"rowwise_adagrad": RowWiseAdagrad, "adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD}[name]
+
+
+def _all_have(has_batch: bool, device) -> bool:
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if has_batch else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _batches(shard, batch_size: int, converter) -> Iterator[Any]:
+    for table in shard.iter_batches(batch_size=batch_size, batch_format="pyarrow", drop_last=True, prefetch_batches=2):
+        yield converter(table)
+
+
+def _gather(arr: np.ndarray) -> np.ndarray:
+    import torch.distributed as dist
+
+    parts: List[Optional[np.ndarray]] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, arr)
+    return np.concatenate([p for p in parts if p is not None and p.size])
+
+
+def evaluate(model, shard, batch_size: int, converter, device, max_steps: Optional[int] = None) -> Dict[str, float]:
+    """AUC and logloss of ``model`` on a dataset shard, over the union of all ranks' shards."""
+    import torch
+
+    from rayemb.train.metrics import auc, logloss
+
+    model.eval()
+    logits, labels = [], []
+    it = _batches(shard, batch_size, converter)
+    steps = 0
+    with torch.no_grad():
+        while max_steps is None or steps < max_steps:
+            batch = next(it, None)
+            if not _all_have(batch is not None, device):
+                break
+            out = model(batch.dense.to(device), batch.sparse.to(device))
+            logits.append(out.float().cpu().numpy())
+            labels.append(batch.labels.numpy())
+            steps += 1
+    model.train()
+    z = _gather(np.concatenate(logits) if logits else np.zeros(0, np.float32))
+    y = _gather(np.concatenate(labels) if labels else np.zeros(0, np.float32))
+    return {"valid_auc": auc(y, z), "valid_logloss": logloss(y, z), "valid_rows": float(y.size)}
+
+
+def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
+    import ray.train
+    import ray.train.torch
+    import torch
+    import torch.distributed as dist
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from rayemb.config import config_from_dict
+    from rayemb.data.batching import BatchConverter
+    from rayemb.data.schema import DatasetSchema
+    from rayemb.train.sharding import build_model, sharders
+
+    cfg = config_from_dict(loop_config["job"])
+    schema = DatasetSchema.from_dict(loop_config["schema"])
+    steps_per_epoch: int = loop_config["steps_per_epoch"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    compute_device = "cuda" if device.type == "cuda" else "cpu"
+    torch.manual_seed(cfg.train.seed)
+
+    model = build_model(cfg, schema, embedding_device=torch.device("meta"), dense_device=device)
+    apply_optimizer_in_backward(
+        _embedding_optimizer(cfg.train.embedding_optimizer),
+        model.embedding.parameters(),
+        {"lr": cfg.train.embedding_lr},
+    )
+    model = DistributedModelParallel(
+        module=model, device=device, plan=loop_config["plan"], sharders=sharders(compute_device)
+    )
+    dense_opt = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(model.named_parameters())),
+        lambda params: torch.optim.Adagrad(params, lr=cfg.train.dense_lr),
+    )
+    optimizer = CombinedOptimizer([model.fused_optimizer, dense_opt])
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    converter = BatchConverter(schema, cfg.data.id_policy)
+    global_batch = cfg.data.batch_size * world
+    log_every = cfg.train.log_every_n_steps
+
+    step = 0
+    for epoch in range(cfg.train.epochs):
+        it = _batches(ray.train.get_dataset_shard("train"), cfg.data.batch_size, converter)
+        window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
+        for _ in range(steps_per_epoch):
+            batch = next(it, None)
+            if not _all_have(batch is not None, device):
+                logger.warning("rank %d: a rank ran out of data at step %d; ending the epoch early", rank, step)
+                break
+            logits = model(batch.dense.to(device), batch.sparse.to(device))
+            loss = loss_fn(logits, batch.labels.to(device))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step += 1
+            window_loss += float(loss.detach())
+            window_steps += 1
+            if step % log_every == 0:
+                elapsed = time.perf_counter() - window_t0
+                mean_loss = torch.tensor([window_loss / window_steps], device=device)
+                dist.all_reduce(mean_loss)
+                ray.train.report(
+                    {
+                        "step": step,
+                        "epoch": epoch,
+                        "train_loss": float(mean_loss.item()) / world,
+                        "samples_per_s": window_steps * global_batch / max(elapsed, 1e-9),
+                    }
+                )
+                window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
+        valid = evaluate(model, ray.train.get_dataset_shard("valid"), cfg.data.batch_size, converter, device)
+        if rank == 0:
+            logger.info("epoch %d step %d: %s", epoch, step, valid)
+        ray.train.report({"step": step, "epoch": epoch, "epoch_end": 1, **valid})

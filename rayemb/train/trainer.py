@@ -1,0 +1,171 @@
+"""The driver: validate inputs, plan, launch Ray Train workers, track in MLflow.
+
+Everything that can fail because of user input (config, data path, schema,
+too little data) is checked here before any worker starts, and raises a
+:class:`~rayemb.errors.RayembError` naming the input and the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from rayemb.config import JobConfig, read_yaml_dict, resolve_path
+from rayemb.constants import MIN_CPUS_PER_WORKER, RESERVED_DATA_CPUS, TRAIN_SPLIT, VALID_SPLIT
+from rayemb.data.schema import DatasetSchema, load_checked, parquet_files
+from rayemb.errors import DataError, TrainingError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    run_id: Optional[str]
+    tracking_uri: str
+    status: str
+    metrics: Dict[str, float] = field(default_factory=dict)
+    reports: List[Dict[str, Any]] = field(default_factory=list)
+    plan: Dict[str, Any] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+
+
+def _cpus_per_worker(cfg: JobConfig) -> float:
+    """Leave ``RESERVED_DATA_CPUS`` free for Ray Data's read tasks, or the job hangs silently."""
+    import ray
+
+    if cfg.scaling.cpus_per_worker is not None:
+        return cfg.scaling.cpus_per_worker
+    total = float(ray.cluster_resources().get("CPU", 1.0))
+    share = (total - RESERVED_DATA_CPUS) / cfg.scaling.num_workers
+    return max(MIN_CPUS_PER_WORKER, min(1.0, round(share, 2)))
+
+
+def _steps(rows: int, cfg: JobConfig, split: str, data_dir: str) -> int:
+    per_rank = rows // cfg.scaling.num_workers
+    steps = per_rank // cfg.data.batch_size
+    if steps < 1:
+        raise DataError(
+            f"The {split} split of {data_dir!r} has {rows} rows, fewer than one global batch "
+            f"(data.batch_size={cfg.data.batch_size} x scaling.num_workers={cfg.scaling.num_workers}). "
+            "Generate more rows or lower data.batch_size."
+        )
+    return steps
+
+
+def _plan_remote(cfg_dict: Dict[str, Any], schema_dict: Dict[str, Any], world_size: int, compute_device: str):
+    from rayemb.config import config_from_dict
+    from rayemb.train.sharding import make_plan
+
+    return make_plan(config_from_dict(cfg_dict), DatasetSchema.from_dict(schema_dict), world_size, compute_device)
+
+
+def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainResult:
+    """Runs one training job on the current (or a new local) Ray cluster; returns when it ends."""
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.util.queue import Queue
+
+    from rayemb.tracking.callback import QueueDrainer, ReportForwarder
+    from rayemb.tracking.mlflow import RunLogger, default_tracking_uri, ensure_store, standard_tags
+    from rayemb.train.loop import train_loop_per_worker
+
+    t0 = time.monotonic()
+    data_dir = resolve_path(cfg.data.path)
+    out_dir = resolve_path(cfg.tracking.output_dir)
+    schema = load_checked(data_dir)
+    print(f"rayemb: data {data_dir} ({len(schema.sparse)} sparse tables), outputs {out_dir}", flush=True)
+    os.makedirs(out_dir, exist_ok=True)
+
+    if not ray.is_initialized():
+        ray.init(logging_level=logging.WARNING)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    train_ds = ray.data.read_parquet(parquet_files(data_dir, TRAIN_SPLIT))
+    valid_ds = ray.data.read_parquet(parquet_files(data_dir, VALID_SPLIT))
+    train_rows, valid_rows = train_ds.count(), valid_ds.count()
+    world = cfg.scaling.num_workers
+    steps = _steps(train_rows, cfg, TRAIN_SPLIT, data_dir)
+    _steps(valid_rows, cfg, VALID_SPLIT, data_dir)
+    if cfg.train.max_steps_per_epoch is not None:
+        steps = min(steps, cfg.train.max_steps_per_epoch)
+    compute_device = "cuda" if cfg.scaling.use_gpu else "cpu"
+    cpus = _cpus_per_worker(cfg)
+
+    plan, plan_summary = ray.get(
+        ray.remote(num_cpus=0)(_plan_remote).remote(cfg.to_dict(), schema.to_dict(), world, compute_device)
+    )
+    print(f"rayemb: {world} workers x {cpus} CPU, {steps} steps/epoch, plan {plan_summary['fingerprint']}", flush=True)
+
+    tracking_uri = cfg.tracking.tracking_uri or default_tracking_uri(out_dir)
+    ensure_store(tracking_uri)
+    tags = {
+        **standard_tags(),
+        "rayemb.cluster_shape": f"{world}x{compute_device}",
+        "rayemb.plan_fingerprint": plan_summary["fingerprint"],
+        "rayemb.job_name": cfg.name,
+    }
+    run_logger = RunLogger(
+        tracking_uri, cfg.tracking.experiment, run_name=cfg.tracking.run_name or cfg.name,
+        tags=tags, parent_run_id=parent_run_id, spill_dir=os.path.join(out_dir, "mlflow-spill"),
+    ).start()
+    run_logger.log_params({**cfg.flatten(), "data.train_rows": train_rows, "data.valid_rows": valid_rows,
+                           "scaling.cpus_per_worker_resolved": cpus, "train.steps_per_epoch": steps})
+    run_logger.log_text(read_yaml_dict(cfg), "config.yaml")
+    run_logger.log_text(_json(plan_summary), "plan.json")
+
+    queue = Queue(actor_options={"num_cpus": 0})
+    drainer = QueueDrainer(queue, run_logger).start()
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"job": cfg.to_dict(), "schema": schema.to_dict(), "plan": plan, "steps_per_epoch": steps},
+        torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=world, use_gpu=cfg.scaling.use_gpu, resources_per_worker={"CPU": cpus}
+        ),
+        run_config=RunConfig(
+            name=f"{cfg.name}-{int(time.time())}",
+            storage_path=os.path.join(out_dir, "ray_results"),
+            callbacks=[ReportForwarder(queue)],
+            failure_config=FailureConfig(max_failures=cfg.scaling.max_failures),
+        ),
+        datasets={"train": train_ds, "valid": valid_ds},
+    )
+    status, reason = "FAILED", None
+    try:
+        trainer.fit()
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        reason = "interrupted (KeyboardInterrupt)"
+        raise
+    except Exception as e:  # Ray wraps worker errors; surface the root cause in one paragraph
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        raise TrainingError(
+            f"Training job {cfg.name!r} failed: {reason}. The MLflow run is marked FAILED with this reason; "
+            f"worker logs are in the Ray dashboard / job logs.",
+            category="training_failed",
+        ) from e
+    finally:
+        reports = drainer.stop()
+        final = {}
+        for r in reports:
+            final.update({k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        run_logger.finish(status=status, reason=reason)
+        try:
+            ray.kill(queue.actor)
+        except Exception:
+            pass
+    result = TrainResult(
+        run_id=run_logger.run_id, tracking_uri=tracking_uri, status=status, metrics=final,
+        reports=reports, plan=plan_summary, wall_time_s=time.monotonic() - t0,
+    )
+    return result
+
+
+def _json(d: Dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(d, indent=2, sort_keys=True)
