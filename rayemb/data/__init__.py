@@ -1,0 +1,1 @@
+"""Data: schema, synthetic Criteo-shaped generator, batch conversion, statistics."""

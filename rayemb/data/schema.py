@@ -1,0 +1,186 @@
+"""The dataset contract: which columns hold the label, dense and sparse features.
+
+A dataset directory looks like::
+
+    DIR/schema.yaml
+    DIR/train/part-00000.parquet ...
+    DIR/valid/part-00000.parquet ...
+
+``schema.yaml``::
+
+    schema_version: 1
+    label: label
+    dense: [I1, ..., I13]          # float32 columns
+    sparse:                        # int64 (one-hot) or list<int64> (multi-hot) columns
+      - {name: C1, num_embeddings: 45834, multi_hot: false}
+
+Each sparse feature is looked up in its own embedding table of ``num_embeddings``
+rows; ids must lie in ``[0, num_embeddings)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+
+from rayemb.constants import SCHEMA_FILE, TRAIN_SPLIT, VALID_SPLIT
+from rayemb.errors import DataError
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SparseFeature:
+    name: str
+    num_embeddings: int
+    multi_hot: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise DataError("A sparse feature in schema.yaml has an empty name; give every feature a column name.")
+        if int(self.num_embeddings) < 1:
+            raise DataError(
+                f"Sparse feature {self.name!r} declares num_embeddings={self.num_embeddings}; "
+                "it must be a positive row count (the number of distinct ids, ids in [0, num_embeddings))."
+            )
+
+
+@dataclass(frozen=True)
+class DatasetSchema:
+    label: str
+    dense: Tuple[str, ...]
+    sparse: Tuple[SparseFeature, ...]
+
+    def __post_init__(self) -> None:
+        names = [self.label, *self.dense, *(f.name for f in self.sparse)]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise DataError(f"schema.yaml names columns {dupes} more than once; every column must be unique.")
+        if not self.sparse:
+            raise DataError("schema.yaml declares no sparse features; an embedding model needs at least one.")
+
+    @property
+    def sparse_names(self) -> List[str]:
+        return [f.name for f in self.sparse]
+
+    def feature(self, name: str) -> SparseFeature:
+        for f in self.sparse:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "label": self.label,
+            "dense": list(self.dense),
+            "sparse": [dataclasses.asdict(f) for f in self.sparse],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any], source: str = "schema") -> "DatasetSchema":
+        try:
+            return cls(
+                label=str(d["label"]),
+                dense=tuple(str(c) for c in d.get("dense", [])),
+                sparse=tuple(
+                    SparseFeature(str(s["name"]), int(s["num_embeddings"]), bool(s.get("multi_hot", False)))
+                    for s in d["sparse"]
+                ),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(
+                f"{source} is malformed ({type(e).__name__}: {e}). It needs keys 'label', 'dense' and "
+                "'sparse' (a list of {name, num_embeddings, multi_hot}); regenerate it with `rayemb gen-data` "
+                "or fix it by hand."
+            ) from None
+
+    def save(self, directory: str) -> str:
+        path = os.path.join(directory, SCHEMA_FILE)
+        with open(path, "w") as f:
+            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+        return path
+
+    @classmethod
+    def load(cls, directory: str) -> "DatasetSchema":
+        path = os.path.join(directory, SCHEMA_FILE)
+        if not os.path.isfile(path):
+            raise DataError(
+                f"No {SCHEMA_FILE} in data directory {directory!r}. Point data.path at a directory made by "
+                f"`rayemb gen-data --out DIR` (or write {SCHEMA_FILE} next to your parquet files)."
+            )
+        with open(path) as f:
+            d = yaml.safe_load(f) or {}
+        return cls.from_dict(d, source=path)
+
+
+def split_dir(data_dir: str, split: str) -> str:
+    return os.path.join(data_dir, split)
+
+
+def parquet_files(data_dir: str, split: str = TRAIN_SPLIT) -> List[str]:
+    """Sorted parquet files of one split; raises DataError when there are none."""
+    d = split_dir(data_dir, split)
+    files = sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".parquet")) if os.path.isdir(d) else []
+    if not files:
+        raise DataError(
+            f"Data directory {data_dir!r} has no parquet files under {split}/. Generate data with "
+            f"`rayemb gen-data --out {data_dir} --rows N` or set data.path to a directory with "
+            f"{TRAIN_SPLIT}/ and {VALID_SPLIT}/ parquet splits."
+        )
+    return files
+
+
+def check_parquet_columns(schema: DatasetSchema, data_dir: str, split: str) -> None:
+    """Checks the parquet schema of ``split`` against ``schema``: presence and types.
+
+    Reads only the file footers, so it is cheap on any data size and runs before
+    any work starts.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = parquet_files(data_dir, split)
+    actual = pq.read_schema(files[0])
+    where = f"{split_dir(data_dir, split)} (e.g. {os.path.basename(files[0])})"
+    missing = [c for c in [schema.label, *schema.dense, *schema.sparse_names] if c not in actual.names]
+    if missing:
+        raise DataError(
+            f"Dataset {where} is missing configured column(s) {missing}; it has {actual.names[:8]}"
+            f"{'...' if len(actual.names) > 8 else ''}. Fix data.path, or make schema.yaml match the files."
+        )
+
+    def bad(col: str, want: str, got: Any) -> DataError:
+        return DataError(
+            f"Column {col!r} of dataset {where} has type {got}, expected {want}. Rewrite the column with "
+            f"that type (or fix its entry in schema.yaml)."
+        )
+
+    for col in [schema.label, *schema.dense]:
+        t = actual.field(col).type
+        if not (pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)):
+            raise bad(col, "a numeric type", t)
+    for feat in schema.sparse:
+        t = actual.field(feat.name).type
+        if feat.multi_hot:
+            if not ((pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type)):
+                raise bad(feat.name, "list<int64> (multi_hot: true)", t)
+        elif not pa.types.is_integer(t):
+            raise bad(feat.name, "int64 (multi_hot: false)", t)
+
+
+def load_checked(data_dir: str, splits: Optional[List[str]] = None) -> DatasetSchema:
+    """Loads ``DIR/schema.yaml`` and checks every split's parquet columns against it."""
+    if not os.path.isdir(data_dir):
+        raise DataError(
+            f"Data path {data_dir!r} does not exist. Generate it with `rayemb gen-data --out {data_dir} "
+            "--rows N`, or set data.path (e.g. `--set data.path=/abs/dir`) to an existing dataset."
+        )
+    schema = DatasetSchema.load(data_dir)
+    for split in splits or [TRAIN_SPLIT, VALID_SPLIT]:
+        check_parquet_columns(schema, data_dir, split)
+    return schema
