@@ -45,3 +45,7 @@ class TrainingError(RayembError):
     """The distributed training run failed."""
 
     exit_code = 1
+
+
+class TrackingError(RayembError):
+    """An MLflow store, experiment or run asked for does not exist or cannot be read."""
