@@ -506,6 +506,7 @@ def predict_table_bytes(
     length_bytes: int = 8,
     weighted: bool = False,
     column_shards: int = 1,
+    cold_sharding: str = "row_wise",
 ) -> Dict[str, float]:
     """Predicted bytes per training step (forward + backward) of one table, by collective.
 
@@ -523,7 +524,8 @@ def predict_table_bytes(
       every bag's length), reduce-scatter (W-1)·B·D·s, all-gather (W-1)·B·D·s
     * column_wise (pooled, k shards): k x table_wise with D/k columns per shard
     * hybrid: all-reduce 2·(W-1)·|F|·D·s, cold ids q·(1-h)·B·P·id + lengths
-      (W-1)·B·len (row-wise cold), rows 2·q·(1-h)·B·P·D·s
+      (q·B·len table-wise cold, (W-1)·B·len row-wise cold; ids and lengths
+      k-fold for k column shards), rows 2·q·(1-h)·B·P·D·s
 
     Metadata all-to-alls (per-rank split sizes, W²·features·8 bytes) are
     included. Weighted features add 4 bytes per exchanged id. Source: DESIGN §4;
@@ -553,10 +555,17 @@ def predict_table_bytes(
             "all_gather": rs,
         }
     cold_ids = (1.0 - hot_share) * n_ids
-    return {
-        "all_reduce": 2.0 * (w - 1) * num_hot * d * s,
-        "all_to_all": q * cold_ids * idb + (w - 1) * bags * length_bytes + meta + 2.0 * q * cold_ids * d * s,
-    }
+    out = {"all_reduce": 2.0 * (w - 1) * num_hot * d * s} if num_hot else {}
+    if num_hot >= num_rows:
+        return out
+    if cold_sharding == "row_wise":
+        lookup = q * cold_ids * idb + (w - 1) * bags * length_bytes + meta
+    elif cold_sharding == "table_wise":
+        lookup = q * cold_ids * idb + q * bags * length_bytes + meta
+    else:
+        lookup = column_shards * (q * cold_ids * idb + q * bags * length_bytes + meta)
+    out["all_to_all"] = lookup + 2.0 * q * cold_ids * d * s
+    return out
 
 
 def predict_bytes_per_step(tables: Sequence[Mapping[str, object]]) -> Dict[str, float]:

@@ -132,16 +132,28 @@ def _bag_kinds(remapper, feats) -> set:
     return kinds
 
 
-def _rowwise_adagrad_(params, state: Dict[int, torch.Tensor]) -> None:
+def _rowwise_adagrad_(params, state: Dict[int, torch.Tensor], blocks: Dict[int, Tuple[torch.Tensor, list]]) -> None:
     """Reference row-wise Adagrad (FBGEMM EXACT_ROWWISE_ADAGRAD):
-    ``G_r += mean_j g_rj²;  w_r -= lr · g_r / (sqrt(G_r) + eps)``."""
+    ``G_r += mean_j g_rj²;  w_r -= lr · g_r / (sqrt(G_r) + eps)``.
+
+    Under column-wise sharding each column shard keeps its own row state (the
+    mean runs over the shard's columns only), so ``blocks[id(p)] = (rows,
+    [(c0, width), ...])`` gives, for the rows in mask ``rows``, the column
+    blocks that carry separate state; other rows use the full row.
+    """
     with torch.no_grad():
         for p in params:
             if p.grad is None:
                 continue
-            s = state.setdefault(id(p), torch.zeros(p.shape[0], 1))
-            s += p.grad.pow(2).mean(dim=1, keepdim=True)
-            p -= LR * p.grad / (s.sqrt() + EPS)
+            g = p.grad
+            s = state.setdefault(id(p), torch.zeros_like(p))
+            inc = g.pow(2).mean(dim=1, keepdim=True).expand_as(g).clone()
+            if id(p) in blocks:
+                rows, cols = blocks[id(p)]
+                for c0, c in cols:
+                    inc[rows, c0:c0 + c] = g[rows, c0:c0 + c].pow(2).mean(dim=1, keepdim=True)
+            s += inc
+            p -= LR * g / (s.sqrt() + EPS)
 
 
 class _Head(torch.nn.Module):
@@ -234,6 +246,9 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, spec,
     ref_head_opt = torch.optim.SGD(reference.head.parameters(), lr=LR)
     ref_sparse_opt = torch.optim.SGD(ref_sparse_params, lr=LR) if optimizer == "sgd" else None
     ada_state: Dict[int, torch.Tensor] = {}
+    ada_blocks = _column_blocks(plan, reference, remapper) if placement == "column_wise" else {}
+    if placement == "column_wise":  # otherwise CW would degenerate to TW
+        assert any(len(cols) > 1 for _, cols in ada_blocks.values()), ada_blocks
     bce = torch.nn.BCEWithLogitsLoss()
     lo, hi = rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH
     kinds: set = set()
@@ -256,7 +271,7 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, spec,
         if ref_sparse_opt is not None:
             ref_sparse_opt.step()
         else:
-            _rowwise_adagrad_(ref_sparse_params, ada_state)
+            _rowwise_adagrad_(ref_sparse_params, ada_state, ada_blocks)
 
     assert {"empty", "all_hot", "all_cold", "mixed", "duplicate"} <= kinds, kinds
     assert bytes_seen > 0
@@ -297,6 +312,24 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, spec,
     torch.testing.assert_close(cov, torch.tensor([float(c.num_embeddings * c.embedding_dim) for c in configs],
                                                  dtype=torch.float64))
     return {"max_diff": max_diff, "bytes": bytes_seen}
+
+
+def _column_blocks(plan, reference, remapper) -> Dict[int, Tuple[torch.Tensor, list]]:
+    """Per reference table parameter: (rows held column-wise, column blocks) from the plan's CW shards."""
+    out = {}
+    for module_plan in plan.plan.values():
+        for table, ps in module_plan.items():
+            if ps.sharding_type != "column_wise":
+                continue
+            logical = table.removesuffix("__cold")
+            weight = reference.sparse.embedding_bags[logical].weight
+            rows = torch.ones(weight.shape[0], dtype=torch.bool)
+            if table.endswith("__cold"):
+                rows[:] = False
+                rows[torch.from_numpy(remapper.cold_ids(logical))] = True
+            cols = sorted({(s.shard_offsets[1], s.shard_sizes[1]) for s in ps.sharding_spec.shards})
+            out[id(weight)] = (rows, cols)
+    return out
 
 
 def _equivalence_rank(rank: int, world_size: int, placements, optimizers) -> Dict[str, Dict[str, float]]:
