@@ -254,6 +254,26 @@ def _counting(hook: Callable[..., Any], world_size: int) -> Callable[..., Any]:
     return counted_hook
 
 
+def _find_ddps(model: nn.Module, ddp_type: type) -> List[tuple]:
+    """Every DDP reachable from ``model``, including those TorchRec keeps in the
+    plain-list ``_lookups`` attribute of sharded modules (invisible to ``named_modules``)."""
+    found: List[tuple] = []
+    seen: set = set()
+    stack: List[tuple] = [("", model)]
+    while stack:
+        prefix, mod = stack.pop()
+        for name, m in mod.named_modules(prefix=prefix):
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            if isinstance(m, ddp_type):
+                found.append((name, m))
+            lookups = m.__dict__.get("_lookups")
+            if isinstance(lookups, (list, tuple)):
+                stack.extend((f"{name}._lookups.{i}", x) for i, x in enumerate(lookups) if isinstance(x, nn.Module))
+    return found
+
+
 def instrument_ddp(model: nn.Module) -> int:
     """Install byte-counting comm hooks on every DDP inside ``model``; returns how many.
 
@@ -268,9 +288,7 @@ def instrument_ddp(model: nn.Module) -> int:
     from torch.nn.parallel import DistributedDataParallel
 
     n = 0
-    for name, m in model.named_modules():
-        if not isinstance(m, DistributedDataParallel):
-            continue
+    for name, m in _find_ddps(model, DistributedDataParallel):
         if getattr(m, "_rayemb_counted", False):
             continue
         w = m.process_group.size()
