@@ -31,7 +31,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from rayemb.constants import TRACKING_URI_ENV_VAR
+from rayemb.config import TrackingConfig, resolve_path
+from rayemb.constants import MLFLOW_DB_FILE, TRACKING_URI_ENV_VAR
 from rayemb.errors import TrackingError
 from rayemb.tracking import plots
 from rayemb.tracking.mlflow import TAG_KIND, RunLogger
@@ -60,7 +61,8 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--out", required=True, help="output folder for compare.csv, compare.md and PNG charts")
     parser.add_argument("--log-run", action="store_true", help=f"also log the outputs as a run named '{COMPARISON_RUN_NAME}'")
     parser.add_argument("--tracking-uri", default=None,
-                        help=f"MLflow tracking URI or path of an mlflow.db (default: ${TRACKING_URI_ENV_VAR})")
+                        help=f"MLflow tracking URI or path of an mlflow.db (default: ${TRACKING_URI_ENV_VAR}, "
+                             "else runs/mlflow.db of the workspace)")
     parser.add_argument("--max-runs", type=int, default=DEFAULT_MAX_RUNS, help="compare at most this many runs (oldest first)")
     return parser
 
@@ -126,15 +128,24 @@ def _fmt(v: Optional[float], digits: Optional[int]) -> str:
 
 
 def resolve_tracking_uri(value: Optional[str]) -> str:
-    """``--tracking-uri`` (a URI or the path of an mlflow.db) or ``$MLFLOW_TRACKING_URI``; checks a sqlite file exists."""
+    """``--tracking-uri`` (a URI or the path of an mlflow.db), else ``$MLFLOW_TRACKING_URI``, else the
+    embedded store of the default output folder (``runs/mlflow.db`` under $RAYEMB_WORKSPACE or the cwd).
+
+    A sqlite store must exist: opening a missing one would silently create an empty database.
+    """
     uri = value or os.environ.get(TRACKING_URI_ENV_VAR)
     if not uri:
-        raise TrackingError(
-            "No MLflow tracking store given to `rayemb compare`: neither --tracking-uri nor "
-            f"${TRACKING_URI_ENV_VAR} is set. Pass --tracking-uri with a server URL (http://host:5000) or the "
-            "job's embedded store (sqlite:////abs/path/to/output_dir/mlflow.db, or just that file's path).",
-            category="no_store",
-        )
+        default_db = os.path.join(resolve_path(TrackingConfig().output_dir), MLFLOW_DB_FILE)
+        if not os.path.isfile(default_db):
+            raise TrackingError(
+                "No MLflow tracking store given to `rayemb compare`: neither --tracking-uri nor "
+                f"${TRACKING_URI_ENV_VAR} is set, and the default embedded store {default_db} does not exist. "
+                "Pass --tracking-uri with a server URL (http://host:5000) or the job's embedded store "
+                "(sqlite:////abs/path/to/output_dir/mlflow.db, or just that file's path).",
+                category="no_store",
+            )
+        uri = f"sqlite:///{default_db}"
+        print(f"using the default embedded MLflow store {uri}")
     if "://" not in uri and not uri.startswith("sqlite:"):
         uri = f"sqlite:///{os.path.abspath(uri)}"
     if uri.startswith("sqlite:///"):

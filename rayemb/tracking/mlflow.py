@@ -43,6 +43,7 @@ import getpass
 import json
 import logging
 import math
+import numbers
 import os
 import re
 import subprocess
@@ -278,7 +279,7 @@ class RunLogger:
         tags: extra run tags (e.g. :data:`TAG_CLUSTER_SHAPE`, :data:`TAG_PLAN_FINGERPRINT`);
             they override :func:`standard_tags`.
         parent_run_id: makes this run a child (tag ``mlflow.parentRunId``), e.g. in a sweep.
-        spill_dir: folder of the spill file (default: a new temporary folder).
+        spill_dir: folder of the spill file (default: the system temp folder).
         flush_interval_s: the writer sends what waits at least this often.
         max_buffer: records held in memory; beyond it, records go straight to the spill file.
         system_metrics_interval_s: host CPU/memory % are logged this often (None: never).
@@ -312,8 +313,8 @@ class RunLogger:
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
         self._tags = dict(tags or {})
-        self._spill_dir = spill_dir
-        self.spill_path = os.path.join(spill_dir or "", f"rayemb-mlflow-spill-{uuid.uuid4().hex[:12]}.jsonl")
+        self.spill_path = os.path.join(os.path.abspath(spill_dir) if spill_dir else tempfile.gettempdir(),
+                                       f"rayemb-mlflow-spill-{uuid.uuid4().hex[:12]}.jsonl")
 
         self._buf: Deque[Dict[str, Any]] = deque()
         self._cv = threading.Condition()
@@ -351,10 +352,6 @@ class RunLogger:
         self._started = True
         try:
             _set_client_env_defaults()
-            if self._spill_dir is None:
-                self.spill_path = os.path.join(tempfile.mkdtemp(prefix="rayemb-mlflow-"), os.path.basename(self.spill_path))
-            else:
-                os.makedirs(self._spill_dir, exist_ok=True)
             self._tags = {**standard_tags(), **{k: str(v) for k, v in self._tags.items()}}
             if self.system_metrics_interval_s:
                 self._sampler = _HostSampler()
@@ -379,7 +376,7 @@ class RunLogger:
             for key, value in flatten(params).items():
                 key = _clean_key(key)
                 recs.append({"k": "p", "key": key, "v": str(value)[:_MAX_PARAM_VAL_LENGTH]})
-                if isinstance(value, (bool, int, float)) and math.isfinite(float(value)):
+                if isinstance(value, numbers.Real) and math.isfinite(float(value)):
                     mkey = _clean_key(PARAM_METRIC_PREFIX + key)
                     recs.append({"k": "m", "key": mkey, "v": float(value), "ts": ts, "step": 0})
             self._enqueue(recs)
@@ -488,7 +485,9 @@ class RunLogger:
         try:
             while True:
                 with self._cv:
-                    if not self._finishing and not self._abandon and len(self._buf) < _EARLY_FLUSH_RECORDS:
+                    # finishing and connected: no pause; otherwise sleep until there is work or a retry is due
+                    busy = self._finishing and self._connected
+                    if not busy and not self._abandon and len(self._buf) < _EARLY_FLUSH_RECORDS:
                         self._cv.wait(timeout=self._wait_s())
                     finishing, abandon = self._finishing, self._abandon
                 if abandon:
@@ -643,6 +642,7 @@ class RunLogger:
     def _spill(self, recs: Iterable[Dict[str, Any]]) -> None:
         try:
             with self._spill_lock:
+                os.makedirs(os.path.dirname(self.spill_path), exist_ok=True)
                 with open(self.spill_path, "a", encoding="utf-8") as f:
                     for r in recs:
                         f.write(json.dumps(r) + "\n")

@@ -125,6 +125,7 @@ def test_compare_user_errors_have_categories(store, tmp_path, monkeypatch):
         compare_main(_args("--experiment", EXPERIMENT, "--out", out, "--tracking-uri", f"sqlite:///{missing}"))
     assert e.value.category == "not_found" and not missing.exists()  # no empty store created by mistake
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("RAYEMB_WORKSPACE", str(tmp_path / "empty_workspace"))
     with pytest.raises(RayembError) as e:
         compare_main(_args("--experiment", EXPERIMENT, "--out", out))
     assert e.value.category == "no_store"
@@ -138,6 +139,14 @@ def test_compare_accepts_a_db_path_and_env_uri(store, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     assert compare_main(_args("--experiment", EXPERIMENT, "--out", str(tmp_path / "b"))) == 0
     assert (tmp_path / "b" / "compare.csv").read_text().count("\n") == 3  # header + 2 runs
+    # neither given: the embedded store of the default output folder runs/ of the workspace
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    workspace = tmp_path / "workspace"
+    (workspace / "runs").mkdir(parents=True)
+    (workspace / "runs" / "mlflow.db").symlink_to(db_path)
+    monkeypatch.setenv("RAYEMB_WORKSPACE", str(workspace))
+    assert compare_main(_args("--experiment", EXPERIMENT, "--out", str(tmp_path / "c"))) == 0
+    assert (tmp_path / "c" / "compare.csv").read_text().count("\n") == 3
 
 
 def test_plots_are_valid_pngs(tmp_path):
