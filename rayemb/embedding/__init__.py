@@ -1,0 +1,1 @@
+"""Embedding modules: hybrid hot/cold embedding, CPU-capable sharders, collective byte accounting."""
