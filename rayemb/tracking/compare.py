@@ -54,7 +54,7 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--filter", default="",
                         help="MLflow search filter, e.g. \"params.`model.embedding_dim` = '16'\" or "
                              "\"metrics.`param.train.epochs` >= 2\" (numeric settings are also metrics param.<key>)")
-    parser.add_argument("--metric", dest="metrics", action="extend", nargs="+", default=None,
+    parser.add_argument("--metric", dest="metrics", action="extend", nargs="+", default=None, metavar="NAME",
                         help=f"metric(s) to compare, final value and curve (repeatable; default: {' '.join(DEFAULT_METRICS)})")
     parser.add_argument("--param", default=None,
                         help="param for the final-metric-vs-param chart (default: the differing param, if only one)")
@@ -63,7 +63,7 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--tracking-uri", default=None,
                         help=f"MLflow tracking URI or path of an mlflow.db (default: ${TRACKING_URI_ENV_VAR}, "
                              "else runs/mlflow.db of the workspace)")
-    parser.add_argument("--max-runs", type=int, default=DEFAULT_MAX_RUNS, help="compare at most this many runs (oldest first)")
+    parser.add_argument("--max-runs", type=int, default=DEFAULT_MAX_RUNS, help="compare at most the newest this many runs")
     return parser
 
 
@@ -177,7 +177,7 @@ def build_comparison(client: Any, experiment: str, filter_string: str = "",
         )
     try:
         runs = client.search_runs([exp.experiment_id], filter_string or "", run_view_type=ViewType.ACTIVE_ONLY,
-                                  max_results=max_runs, order_by=["attributes.start_time ASC"])
+                                  max_results=max_runs, order_by=["attributes.start_time DESC"])
     except MlflowException as e:
         raise TrackingError(
             f"The run filter {filter_string!r} is not a valid MLflow search filter: {e.message}. Use MLflow's "
@@ -185,7 +185,7 @@ def build_comparison(client: Any, experiment: str, filter_string: str = "",
             "strings; numeric settings are also metrics named `param.<key>`).",
             category="invalid_filter",
         ) from None
-    runs = [r for r in runs if r.data.tags.get(TAG_KIND) not in SKIPPED_KINDS]
+    runs = [r for r in reversed(runs) if r.data.tags.get(TAG_KIND) not in SKIPPED_KINDS]  # newest N, shown oldest first
     if not runs:
         raise TrackingError(
             f"No training runs in experiment {experiment!r} match the filter {filter_string!r}. Loosen or drop "
