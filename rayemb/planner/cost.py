@@ -37,7 +37,11 @@ replicated bytes (DP tables, hybrid hot sets) capped at
 ``replicated_fraction`` of each rank's capacity, granted to the tables that
 save the most traffic per replicated byte first. Pooled model-parallel tables
 are table-wise when they are smaller than an equal per-rank share of all
-model-parallel rows (so whole tables can be balanced), else row-wise.
+model-parallel rows (so whole tables can be balanced); larger ones are
+table-row-wise on multi-node clusters when their per-rank piece stays under
+``TWRW_MAX_CAPACITY_SHARE`` of a rank (the reduce-scatter stays inside a node:
+2·(L-1)·B·D·s instead of 2·(W-1)·B·D·s — TorchRec's choice for large tables
+at scale), else row-wise over all ranks.
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ OPTIMIZER_STATE_BYTES = 4
 COLUMN_SHARD_DIM = 32
 #: share of a rank's capacity that replicated rows (DP tables, hybrid hot sets) may take
 DEFAULT_REPLICATED_FRACTION = 0.25
+#: a large table is sharded table-row-wise (inside one node) when its per-rank piece is at most this share
+#: of a rank's capacity; otherwise row-wise over all ranks
+TWRW_MAX_CAPACITY_SHARE = 0.25
 
 
 def column_shards(dim: int, world_size: int) -> int:
@@ -171,9 +178,11 @@ class BytesCostModel(PlacementChooser):
             mp_bytes = table.rows * (table.row_bytes + OPTIMIZER_STATE_BYTES)
             if w > 1 and mp_bytes > fair_share_bytes:
                 tw_or_rw = Placement.ROW_WISE
+                if topology.num_nodes > 1 and mp_bytes / l <= TWRW_MAX_CAPACITY_SHARE * topology.capacity_bytes:
+                    tw_or_rw = Placement.TABLE_ROW_WISE
             options = [Placement.DATA_PARALLEL, tw_or_rw]
-            if tw_or_rw == Placement.TABLE_WISE:
-                options.append(Placement.ROW_WISE)  # fallback when the table does not fit one rank
+            if tw_or_rw != Placement.ROW_WISE:
+                options.append(Placement.ROW_WISE)  # fallback when the table does not fit one rank / node
             if table.hot_rows > 0:
                 options.append(Placement.HYBRID)
             if pin is not None:

@@ -168,7 +168,7 @@ def to_torchrec_topology(topology: ClusterTopology) -> Any:
         ddr_cap_bytes=topology.ddr_bytes,
     )
     hardware = HardwareConfig(intra_host_bw=topology.intra_node_bw / 1e3, inter_host_bw=topology.inter_node_bw / 1e3)
-    return TopologyFactory.create_topology(trainer, hardware, KernelConfig(compute_device=topology.compute_device))
+    return TopologyFactory.create_topology(trainer, hardware, KernelConfig(compute_device=topology.compute_device, use_hardware_based_bandwidth=True))
 
 
 __all__ = [
