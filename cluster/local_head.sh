@@ -6,7 +6,8 @@
 #   cluster/local_head.sh stop     # signals the PID it started, waits for it to exit
 #   cluster/local_head.sh status
 #
-# Knobs: RAY_HEAD_PORT (6379), RAY_DASHBOARD_PORT (8265), RAY_HEAD_NUM_CPUS (all),
+# Knobs: RAY_HEAD_PORT (6379), RAY_DASHBOARD_PORT (8265), RAY_DASHBOARD_AGENT_PORT (52365),
+# RAY_HEAD_NUM_CPUS (all), RAY_HEAD_EXTRA_ARGS (more `ray start` flags),
 # RAYEMB_HEAD_DIR (runs/ray-head: pid file and log).
 # Jobs submitted to this head run with RAYEMB_WORKSPACE=<repo>, so relative data and
 # output paths in job configs resolve to this checkout, and with the repo's .venv first
@@ -19,6 +20,7 @@ PID_FILE="$HEAD_DIR/head.pid"
 LOG_FILE="$HEAD_DIR/head.log"
 PORT="${RAY_HEAD_PORT:-6379}"
 DASH_PORT="${RAY_DASHBOARD_PORT:-8265}"
+AGENT_PORT="${RAY_DASHBOARD_AGENT_PORT:-52365}"
 RAY="$ROOT/.venv/bin/ray"
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 
@@ -35,7 +37,8 @@ start() {
   echo "starting ray head on 127.0.0.1:$PORT (dashboard http://127.0.0.1:$DASH_PORT), log $LOG_FILE"
   RAYEMB_WORKSPACE="$ROOT" PATH="$ROOT/.venv/bin:$PATH" RAY_USAGE_STATS_ENABLED=0 \
     nohup "$RAY" start --head --block --node-ip-address 127.0.0.1 --port "$PORT" \
-      --dashboard-host 127.0.0.1 --dashboard-port "$DASH_PORT" --disable-usage-stats "${cpus[@]}" \
+      --dashboard-host 127.0.0.1 --dashboard-port "$DASH_PORT" --dashboard-agent-listen-port "$AGENT_PORT" \
+      --disable-usage-stats "${cpus[@]}" ${RAY_HEAD_EXTRA_ARGS:-} \
       >"$LOG_FILE" 2>&1 &
   echo $! >"$PID_FILE"
   for _ in $(seq 1 120); do
@@ -45,14 +48,18 @@ start() {
       rm -f "$PID_FILE"
       return 1
     fi
-    if curl -sf -o /dev/null "http://127.0.0.1:$DASH_PORT/api/version" 2>/dev/null \
-       || curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$DASH_PORT/api/version" 2>/dev/null | grep -q '^[24]0'; then
+    # ready = the dashboard answers (401 without a token is an answer) and the dashboard
+    # agent, which runs submitted jobs, is healthy
+    if [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$DASH_PORT/api/version" 2>/dev/null)" != 000 ]] \
+       && curl -sf -o /dev/null "http://127.0.0.1:$AGENT_PORT/api/healthz" 2>/dev/null; then
       echo "ray head ready (pid $(cat "$PID_FILE"))"
       return 0
     fi
     sleep 1
   done
-  echo "ray head did not answer on http://127.0.0.1:$DASH_PORT within 120 s; stopping it" >&2
+  echo "ray head did not become ready (dashboard :$DASH_PORT, agent :$AGENT_PORT) within 120 s; stopping it." \
+    "If a port is taken (see $LOG_FILE and the session's dashboard_agent.log), set RAY_HEAD_PORT," \
+    "RAY_DASHBOARD_PORT or RAY_DASHBOARD_AGENT_PORT to free ports." >&2
   stop
   return 1
 }

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
-from rayemb.cli import add_train_arguments, run_cli
+# Run from the job's working dir (the uploaded copy under `ray job submit --working-dir`),
+# not from whichever rayemb happens to be installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rayemb.cli import add_train_arguments, run_cli  # noqa: E402
 
 
 def main(argv: Optional[List[str]] = None) -> int:
