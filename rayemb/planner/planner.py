@@ -337,7 +337,7 @@ def to_sharding_plan(result: PlanResult, module: Any, local_world_size: Optional
         elif p in (Placement.COLUMN_WISE, Placement.TABLE_COLUMN_WISE):
             per_param[name] = sp.column_wise(ranks=list(t.ranks), compute_kernel=t.compute_kernel)
         elif p == Placement.TABLE_ROW_WISE:
-            per_param[name] = sp.table_row_wise(host_index=t.ranks[0] // l, compute_kernel=t.compute_kernel)
+            per_param[name] = sp.table_row_wise(host_index=t.ranks[0] // l)
         else:
             raise PlanError(
                 f"Table {name!r} is hybrid; build its TorchRec plan with engine='torchrec' (PlanResult.sharding_plan) "
