@@ -39,6 +39,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import getpass
 import json
 import logging
@@ -52,6 +53,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Tuple
@@ -361,6 +363,7 @@ class RunLogger:
             logger.warning("rayemb tracking: could not start MLflow run (%s: %s); will retry", type(e).__name__, e)
         self._thread = threading.Thread(target=self._writer, name="rayemb-mlflow-writer", daemon=True)
         self._thread.start()
+        atexit.register(_finish_at_exit, weakref.ref(self))
         return self
 
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -725,6 +728,17 @@ class RunLogger:
             self._connected = False
             self._next_attempt = time.monotonic() + _BACKOFF_INITIAL_S
             return False
+
+
+#: seconds an unfinished run gets to flush when the interpreter exits
+_AT_EXIT_TIMEOUT_S = 10.0
+
+
+def _finish_at_exit(ref: "weakref.ReferenceType[RunLogger]") -> None:
+    """A driver that exits without ``finish()`` (an uncaught error) still flushes and ends its run FAILED."""
+    rl = ref()
+    if rl is not None and rl._finish_result is None:
+        rl.finish("FAILED", reason="the driver process exited without finishing the run", timeout_s=_AT_EXIT_TIMEOUT_S)
 
 
 def _now_ms() -> int:
