@@ -56,7 +56,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_scenario(name: str, uri: str, steps: int, num_metrics: int, finish_timeout_s: float, spill: str) -> Dict[str, Any]:
+def run_scenario(name: str, uri: str, steps: int, num_metrics: int, finish_timeout_s: float,
+                 spill: str) -> Dict[str, Any]:
     rl = RunLogger(uri, "bench-tracking", run_name=name, spill_dir=spill, system_metrics_interval_s=None).start()
     keys = [f"m{i}" for i in range(num_metrics)]
     calls = []

@@ -55,15 +55,18 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
                         help="MLflow search filter, e.g. \"params.`model.embedding_dim` = '16'\" or "
                              "\"metrics.`param.train.epochs` >= 2\" (numeric settings are also metrics param.<key>)")
     parser.add_argument("--metric", dest="metrics", action="extend", nargs="+", default=None, metavar="NAME",
-                        help=f"metric(s) to compare, final value and curve (repeatable; default: {' '.join(DEFAULT_METRICS)})")
+                        help="metric(s) to compare, final value and curve (repeatable; "
+                             f"default: {' '.join(DEFAULT_METRICS)})")
     parser.add_argument("--param", default=None,
                         help="param for the final-metric-vs-param chart (default: the differing param, if only one)")
     parser.add_argument("--out", required=True, help="output folder for compare.csv, compare.md and PNG charts")
-    parser.add_argument("--log-run", action="store_true", help=f"also log the outputs as a run named '{COMPARISON_RUN_NAME}'")
+    parser.add_argument("--log-run", action="store_true",
+                        help=f"also log the outputs as a run named '{COMPARISON_RUN_NAME}'")
     parser.add_argument("--tracking-uri", default=None,
                         help=f"MLflow tracking URI or path of an mlflow.db (default: ${TRACKING_URI_ENV_VAR}, "
                              "else runs/mlflow.db of the workspace)")
-    parser.add_argument("--max-runs", type=int, default=DEFAULT_MAX_RUNS, help="compare at most the newest this many runs")
+    parser.add_argument("--max-runs", type=int, default=DEFAULT_MAX_RUNS,
+                        help="compare at most the newest this many runs")
     return parser
 
 

@@ -419,7 +419,8 @@ class RunLogger:
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         """Sets run tags (values become strings, truncated to MLflow's 8000 characters)."""
         try:
-            self._enqueue([{"k": "t", "key": _clean_key(k), "v": str(v)[:_MAX_TAG_VAL_LENGTH]} for k, v in tags.items()])
+            self._enqueue([{"k": "t", "key": _clean_key(k), "v": str(v)[:_MAX_TAG_VAL_LENGTH]}
+                           for k, v in tags.items()])
         except Exception as e:
             logger.warning("rayemb tracking: set_tags failed (%s: %s)", type(e).__name__, e)
 
@@ -471,7 +472,8 @@ class RunLogger:
             return
         with self._cv:
             if self._finish_result is not None or self._abandon:
-                logger.warning("rayemb tracking: %d records logged after finish(); written to %s", len(recs), self.spill_path)
+                logger.warning("rayemb tracking: %d records logged after finish(); written to %s",
+                               len(recs), self.spill_path)
                 overflow = recs
             elif len(self._buf) + len(recs) <= self.max_buffer:
                 self._buf.extend(recs)
@@ -575,7 +577,8 @@ class RunLogger:
         exp = client.get_experiment_by_name(self.experiment)
         if exp is None:
             try:
-                self.experiment_id = client.create_experiment(self.experiment, artifact_location=self._artifact_location())
+                self.experiment_id = client.create_experiment(
+                    self.experiment, artifact_location=self._artifact_location())
             except MlflowException:  # another process created it first
                 exp = client.get_experiment_by_name(self.experiment)
                 if exp is None:

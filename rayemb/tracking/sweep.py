@@ -85,7 +85,8 @@ def run_sweep(
     parsed = [parse_sweep(s) for s in sweep_specs]
     keys = [k for k, _ in parsed]
     if not parsed:
-        raise ConfigError("run_sweep got no --sweep spec. Pass at least one --sweep key=v1,v2.", category="invalid_sweep")
+        raise ConfigError("run_sweep got no --sweep spec. Pass at least one --sweep key=v1,v2.",
+                          category="invalid_sweep")
     if len(set(keys)) != len(keys):
         raise ConfigError(f"--sweep names the same key twice ({', '.join(keys)}). Give each key once, with all "
                           "its values: --sweep key=v1,v2,v3.", category="invalid_sweep")
