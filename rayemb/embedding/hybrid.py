@@ -307,7 +307,11 @@ class HybridRemapper:
 
 
 def _sub_config(t: EmbeddingBagConfig, suffix: str, rows: int) -> Dict[str, object]:
+    # Keep the logical table's init range: TorchRec's default, uniform(±sqrt(1/V)),
+    # would otherwise follow the half's row count and inflate small hot halves.
     return dict(
+        weight_init_max=t.get_weight_init_max(),
+        weight_init_min=t.get_weight_init_min(),
         name=t.name + suffix,
         embedding_dim=t.embedding_dim,
         num_embeddings=rows,
@@ -480,6 +484,22 @@ def hybrid_constraints(
     return out
 
 
+def replicated_embedding_parameters(model: nn.Module) -> Dict[str, nn.Parameter]:
+    """Embedding parameters DMP left dense and data-parallel (hybrid hot halves, DP tables).
+
+    TorchRec fuses the optimizer of sharded tables into their backward, but
+    data-parallel tables use the ``dense`` kernel: their DDP-averaged gradients
+    need a regular optimizer, normally of the same kind as the fused one
+    (e.g. ``torchrec.optim.RowWiseAdagrad``). Call after ``DistributedModelParallel``.
+    """
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    return {
+        n: p for n, p in in_backward_optimizer_filter(model.named_parameters())
+        if ".embedding_bags." in f".{n}" or ".embeddings." in f".{n}"
+    }
+
+
 def hybrid_sharders() -> list:
     """Sharders for DMP / the planner: TorchRec's, with row-wise EBC allowed on CPU."""
     from rayemb.embedding.sharders import cpu_capable_sharders
@@ -586,6 +606,7 @@ __all__ = [
     "HybridRemapper",
     "hybrid_constraints",
     "hybrid_sharders",
+    "replicated_embedding_parameters",
     "predict_bytes_per_step",
     "predict_table_bytes",
 ]

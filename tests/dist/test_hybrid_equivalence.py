@@ -185,7 +185,12 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, spec,
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from rayemb.embedding.comm import CommCounter, instrument_ddp
-    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, hybrid_constraints, hybrid_sharders
+    from rayemb.embedding.hybrid import (
+        HybridEmbeddingBagCollection,
+        hybrid_constraints,
+        hybrid_sharders,
+        replicated_embedding_parameters,
+    )
 
     configs = _configs(spec)
     in_dim = sum(c.embedding_dim for c in configs)
@@ -234,8 +239,9 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, spec,
 
     # DP hot halves and the head use regular optimizers on DDP-averaged gradients
     dense = dict(in_backward_optimizer_filter(model.named_parameters()))
-    hot_dense = {k: p for k, p in dense.items() if "__hot" in k}
-    head_dense = {k: p for k, p in dense.items() if "__hot" not in k}
+    hot_dense = replicated_embedding_parameters(model)
+    assert sorted(hot_dense) == sorted(k for k in dense if "__hot" in k) and hot_dense, sorted(dense)
+    head_dense = {k: p for k, p in dense.items() if k not in hot_dense}
     assert set(head_dense) == {"head.linear.weight", "head.linear.bias"}, sorted(dense)
     opts = [KeyedOptimizerWrapper(head_dense, lambda ps: torch.optim.SGD(ps, lr=LR))]
     if hot_dense:

@@ -129,3 +129,11 @@ def test_predictor_matches_design_formulas() -> None:
     assert rw["reduce_scatter"] == rw["all_gather"] == 3 * 1024 * 16 * 4
     with pytest.raises(ConfigError):
         predict_table_bytes("nonsense", **kw)
+
+
+def test_halves_keep_the_logical_tables_init_range() -> None:
+    # TorchRec's default init is uniform(±sqrt(1/rows)); a 4-row hot half must not get ±0.5
+    hy = HybridEmbeddingBagCollection([_cfg("big", 10000)], {"big": np.arange(4)})
+    bound = (1 / 10000) ** 0.5
+    assert hy.hot.embedding_bags["big__hot"].weight.abs().max() <= bound
+    assert hy.cold["d4"].embeddings["big__cold"].weight.abs().max() <= bound
