@@ -226,7 +226,10 @@ class HybridRemapper:
                 continue
             hot = ht.hot_ids
             pos = np.searchsorted(hot, values)
-            is_hot = (pos < hot.size) & (hot[np.minimum(pos, max(hot.size - 1, 0))] == values) if hot.size else np.zeros(values.shape, bool)
+            if hot.size:
+                is_hot = hot[np.minimum(pos, hot.size - 1)] == values
+            else:
+                is_hot = np.zeros(values.shape, dtype=bool)
             bag = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
             w = None if weights is None else np.asarray(weights, dtype=np.float32)
             if ht.num_hot > 0:
