@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -448,33 +448,43 @@ class HybridEmbeddingBagCollection(nn.Module):
 # ---- PLACEMENT (constraints for TorchRec's planner) ---- #
 
 
+#: TorchRec EmbeddingCollection sharding types usable for cold halves on CPU and GPU
+COLD_SHARDING_TYPES = ("row_wise", "table_wise", "column_wise")
+
+
 def hybrid_constraints(
     module: HybridEmbeddingBagCollection,
-    cold_sharding_type: str = "row_wise",
+    cold_sharding_type: Union[str, Mapping[str, str]] = "row_wise",
     plain_sharding_types: Optional[Mapping[str, Sequence[str]]] = None,
     min_partition: Optional[int] = None,
 ) -> Dict[str, "ParameterConstraints"]:
     """``ParameterConstraints`` pinning hot halves to DP (dense) and cold halves to ``cold_sharding_type`` (fused).
 
     Feed them to ``EmbeddingShardingPlanner(topology, constraints=...)``.
-    ``plain_sharding_types`` optionally restricts non-hybrid tables
-    (table name -> allowed types); ``min_partition`` bounds column-wise shard
-    width of cold tables.
+    ``cold_sharding_type`` is one type for all hybrid tables or a mapping
+    table name -> type. ``plain_sharding_types`` optionally restricts
+    non-hybrid tables (table name -> allowed types; data_parallel gets the
+    dense kernel, the others the fused one); ``min_partition`` bounds the
+    column-wise shard width of cold halves.
     """
     from torchrec.distributed.planner.types import ParameterConstraints
 
-    if cold_sharding_type not in ("row_wise", "table_wise", "column_wise"):
-        raise ConfigError(
-            f"cold_sharding_type {cold_sharding_type!r} is not supported for the cold half of a "
-            "hybrid table; use row_wise, table_wise or column_wise (EmbeddingCollection shardings)."
-        )
     out: Dict[str, ParameterConstraints] = {}
     r = module.remapper
     for t in module.embedding_bag_configs():
         if t.name not in r.hybrid_tables():
             if plain_sharding_types and t.name in plain_sharding_types:
-                out[t.name] = ParameterConstraints(sharding_types=list(plain_sharding_types[t.name]))
+                types = list(plain_sharding_types[t.name])
+                kernels = ["dense"] if types == ["data_parallel"] else None
+                out[t.name] = ParameterConstraints(sharding_types=types, compute_kernels=kernels)
             continue
+        cold_type = cold_sharding_type if isinstance(cold_sharding_type, str) else cold_sharding_type.get(
+            t.name, "row_wise")
+        if cold_type not in COLD_SHARDING_TYPES:
+            raise ConfigError(
+                f"Sharding type {cold_type!r} is not supported for the cold half of hybrid table "
+                f"{t.name!r}; use one of {COLD_SHARDING_TYPES} (EmbeddingCollection shardings)."
+            )
         ht = r._hybrid[t.name]
         if ht.num_hot:
             out[t.name + HOT_SUFFIX] = ParameterConstraints(
@@ -482,9 +492,49 @@ def hybrid_constraints(
             )
         if ht.num_cold:
             out[t.name + COLD_SUFFIX] = ParameterConstraints(
-                sharding_types=[cold_sharding_type], compute_kernels=["fused"], min_partition=min_partition
+                sharding_types=[cold_type], compute_kernels=["fused"], min_partition=min_partition
             )
     return out
+
+
+def hybrid_from_placements(
+    tables: Sequence[EmbeddingBagConfig],
+    placements: Mapping[str, object],
+    hot_ids: Mapping[str, np.ndarray],
+    is_weighted: bool = False,
+    device: Optional[torch.device] = None,
+) -> Tuple[HybridEmbeddingBagCollection, Dict[str, "ParameterConstraints"]]:
+    """Module + planner constraints from per-table placements (e.g. ``PlanResult.tables``).
+
+    ``placements[name]`` has ``.placement`` (``"hybrid"`` or a TorchRec
+    sharding type, str or enum) and ``.sharding_type`` (for hybrid tables:
+    the cold half's type), like :class:`rayemb.planner.types.TablePlan`.
+    Hybrid tables take their hot ids from ``hot_ids`` (e.g.
+    ``FrequentSplit.hot_ids(name)``); the others stay plain, constrained to
+    their sharding type. Tables absent from ``placements`` are plain and
+    unconstrained.
+    """
+    hybrid_hot: Dict[str, np.ndarray] = {}
+    cold_types: Dict[str, str] = {}
+    plain_types: Dict[str, List[str]] = {}
+    for t in tables:
+        tp = placements.get(t.name)
+        if tp is None:
+            continue
+        placement = str(getattr(getattr(tp, "placement"), "value", getattr(tp, "placement")))
+        sharding_type = str(getattr(getattr(tp, "sharding_type"), "value", getattr(tp, "sharding_type")))
+        if placement == "hybrid":
+            if t.name not in hot_ids:
+                raise ConfigError(
+                    f"Table {t.name!r} is placed hybrid but no hot ids were given for it. "
+                    "Pass the split's hot ids (FrequentSplit.hot_ids) for every hybrid table."
+                )
+            hybrid_hot[t.name] = hot_ids[t.name]
+            cold_types[t.name] = sharding_type
+        else:
+            plain_types[t.name] = [sharding_type]
+    module = HybridEmbeddingBagCollection(tables, hybrid_hot, is_weighted=is_weighted, device=device)
+    return module, hybrid_constraints(module, cold_types, plain_types)
 
 
 def replicated_embedding_parameters(model: nn.Module) -> Dict[str, nn.Parameter]:
@@ -603,11 +653,13 @@ def predict_bytes_per_step(tables: Sequence[Mapping[str, object]]) -> Dict[str, 
 
 
 __all__ = [
+    "COLD_SHARDING_TYPES",
     "COLD_SUFFIX",
     "HOT_SUFFIX",
     "HybridEmbeddingBagCollection",
     "HybridRemapper",
     "hybrid_constraints",
+    "hybrid_from_placements",
     "hybrid_sharders",
     "replicated_embedding_parameters",
     "predict_bytes_per_step",

@@ -20,6 +20,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from rayemb.embedding.hybrid import (
     HybridEmbeddingBagCollection,
     HybridRemapper,
+    hybrid_constraints,
+    hybrid_from_placements,
     predict_table_bytes,
 )
 from rayemb.errors import ConfigError, DataError
@@ -137,3 +139,22 @@ def test_halves_keep_the_logical_tables_init_range() -> None:
     bound = (1 / 10000) ** 0.5
     assert hy.hot.embedding_bags["big__hot"].weight.abs().max() <= bound
     assert hy.cold["d4"].embeddings["big__cold"].weight.abs().max() <= bound
+
+
+def test_hybrid_from_placements_builds_module_and_constraints() -> None:
+    from types import SimpleNamespace as P
+
+    tables = [_cfg("h", 10), _cfg("d", 10), _cfg("t", 10), _cfg("free", 10)]
+    placements = {"h": P(placement="hybrid", sharding_type="table_wise"),
+                  "d": P(placement="data_parallel", sharding_type="data_parallel"),
+                  "t": P(placement="table_wise", sharding_type="table_wise")}
+    module, cons = hybrid_from_placements(tables, placements, {"h": np.array([1, 2])})
+    assert module.remapper.hybrid_tables() == ["h"]
+    assert cons["h__hot"].sharding_types == ["data_parallel"] and cons["h__hot"].compute_kernels == ["dense"]
+    assert cons["h__cold"].sharding_types == ["table_wise"] and cons["h__cold"].compute_kernels == ["fused"]
+    assert cons["d"].compute_kernels == ["dense"] and cons["t"].sharding_types == ["table_wise"]
+    assert "free" not in cons
+    with pytest.raises(ConfigError):
+        hybrid_from_placements(tables, placements, {})
+    with pytest.raises(ConfigError):
+        hybrid_constraints(module, "data_parallel")
