@@ -140,7 +140,11 @@ class GreedyRankAssigner(RankAssigner):
 def _sharding_types_for(placement: Placement, pin: Optional[TablePin], topology: ClusterTopology) -> List[str]:
     if placement == Placement.DATA_PARALLEL or (pin is not None and pin.sharding is not None):
         return [placement.value]
-    options = [placement.value, Placement.TABLE_WISE.value, Placement.ROW_WISE.value, Placement.COLUMN_WISE.value]
+    # the cost model's split-or-not decision stands (a table it splits for balance is never whole);
+    # among the remaining pooled types the proposer chooses by TorchRec's perf estimate
+    options = [placement.value, Placement.ROW_WISE.value, Placement.COLUMN_WISE.value]
+    if placement == Placement.TABLE_WISE:
+        options.append(Placement.TABLE_WISE.value)
     if topology.num_nodes > 1:
         options.append(Placement.TABLE_ROW_WISE.value)
     return list(dict.fromkeys(options))
@@ -442,11 +446,11 @@ def summary_table(result: PlanResult, max_rows: int = 40) -> str:
     """Per-table and per-rank text tables (the ranks summarised when there are many)."""
     lines = [f"plan: {len(result.tables)} tables on {result.world_size} ranks, engine={result.engine}, "
              f"predicted {_human(result.predicted_bytes_per_step)}/step, max/mean memory {result.memory_imbalance:.3f}",
-             "", f"{'table':<10} {'placement':<18} {'sharding':<18} {'ranks':>7} {'hot_rows':>9} {'memory':>11} {'bytes/step':>11}"]
+             "", f"{'table':<10} {'placement':<18} {'sharding':<18} {'ranks':>8} {'hot_rows':>9} {'memory':>11} {'bytes/step':>11}"]
     items = list(result.tables.values())
     for t in items[:max_rows]:
-        rk = f"{len(t.ranks)}" if len(t.ranks) > 1 else str(t.ranks[0]) if t.ranks else "-"
-        lines.append(f"{t.name:<10} {t.placement.value:<18} {t.sharding_type:<18} {rk:>7} {t.hot_rows:>9} "
+        rk = f"{len(t.ranks)} rk" if len(t.ranks) > 1 else f"r{t.ranks[0]}" if t.ranks else "-"
+        lines.append(f"{t.name:<10} {t.placement.value:<18} {t.sharding_type:<18} {rk:>8} {t.hot_rows:>9} "
                      f"{_human(t.memory_bytes):>11} {_human(t.predicted_bytes_per_step):>11}")
     if len(items) > max_rows:
         lines.append(f"... {len(items) - max_rows} more tables (see plan.json)")
