@@ -28,7 +28,7 @@ node without torchrec.
 Example::
 
     >>> topo = described_topology(world_size=16, gpus_per_node=8, hbm_gib=80)
-    >>> result = plan([TableSpec("C1", rows=10**6, dim=64)], topo, global_batch=65536)
+    >>> result = plan([TableSpec("C1", rows=10**6, dim=64)], topo, global_batch=65536, engine="fast")
     >>> result.tables["C1"].placement.value, result.all_fit()
     ('table_row_wise', True)
     >>> json.dump(result.to_json(), open("plan.json", "w"))
