@@ -49,13 +49,27 @@ def _train(args: argparse.Namespace) -> int:
     from rayemb.train.trainer import run_training
 
     cfg = load_config(args.config, args.set or [])
-    if args.sweep:
-        from rayemb.tracking.sweep import run_sweep
+    if not args.sweep:
+        result = run_training(cfg)
+        _print_result(result)
+        return 0
 
-        return run_sweep(cfg, args.config, args.set or [], args.sweep)
-    result = run_training(cfg)
-    _print_result(result)
-    return 0
+    from rayemb.config import resolve_path
+    from rayemb.tracking.mlflow import default_tracking_uri, ensure_store
+    from rayemb.tracking.sweep import run_sweep
+
+    def run_one(overrides: List[str], parent_run_id: str) -> int:
+        try:
+            result = run_training(load_config(args.config, overrides), parent_run_id=parent_run_id)
+        except RayembError as e:  # keep the sweep going; the parent run ends FAILED
+            print(f"rayemb: error: {e}", file=sys.stderr)
+            return e.exit_code
+        _print_result(result)
+        return 0 if result.status == "FINISHED" else 1
+
+    uri = cfg.tracking.tracking_uri or default_tracking_uri(resolve_path(cfg.tracking.output_dir))
+    ensure_store(uri)
+    return run_sweep(args.set or [], args.sweep, run_one, uri, cfg.tracking.experiment)
 
 
 def _print_result(result) -> None:

@@ -41,6 +41,8 @@ class DataConfig:
     batch_size: int = 1024
     #: what to do with ids outside ``[0, num_embeddings)``: fail, hash (mod V) or clip
     id_policy: str = "error"
+    #: a stats.json from `rayemb stats` to reuse when its dataset fingerprint matches (else recomputed)
+    stats_path: Optional[str] = None
 
     def __post_init__(self) -> None:
         _require(bool(self.path), "data.path", "it is empty", "Set it to a dataset directory from `rayemb gen-data`.")

@@ -40,6 +40,36 @@ def _batches(shard, batch_size: int, converter) -> Iterator[Any]:
         yield converter(table)
 
 
+def peak_memory_bytes(device) -> int:
+    """Peak memory of this rank: CUDA allocator peak on GPU, else the process's max RSS."""
+    import resource
+
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+class StepTimer:
+    """Accumulates wall time per phase of a training step (data wait, forward, backward, optimizer)."""
+
+    PHASES = ("data_wait", "forward", "backward", "optimizer")
+
+    def __init__(self) -> None:
+        self.totals = dict.fromkeys(self.PHASES, 0.0)
+        self._t = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.totals[phase] += now - self._t
+        self._t = now
+
+    def reset(self) -> None:
+        self.totals = dict.fromkeys(self.PHASES, 0.0)
+        self._t = time.perf_counter()
+
+
 def _gather(arr: np.ndarray) -> np.ndarray:
     import torch.distributed as dist
 
@@ -120,32 +150,48 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     for epoch in range(cfg.train.epochs):
         it = _batches(ray.train.get_dataset_shard("train"), cfg.data.batch_size, converter)
         window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
+        timer = StepTimer()
         for _ in range(steps_per_epoch):
             batch = next(it, None)
             if not _all_have(batch is not None, device):
                 logger.warning("rank %d: a rank ran out of data at step %d; ending the epoch early", rank, step)
                 break
-            logits = model(batch.dense.to(device), batch.sparse.to(device))
-            loss = loss_fn(logits, batch.labels.to(device))
+            dense, sparse, labels = batch.dense.to(device), batch.sparse.to(device), batch.labels.to(device)
+            timer.lap("data_wait")
+            logits = model(dense, sparse)
+            loss = loss_fn(logits, labels)
+            timer.lap("forward")
             optimizer.zero_grad()
-            loss.backward()
+            loss.backward()  # also applies the fused embedding optimizer
+            timer.lap("backward")
             optimizer.step()
+            timer.lap("optimizer")
             step += 1
             window_loss += float(loss.detach())
             window_steps += 1
             if step % log_every == 0:
                 elapsed = time.perf_counter() - window_t0
-                mean_loss = torch.tensor([window_loss / window_steps], device=device)
-                dist.all_reduce(mean_loss)
-                ray.train.report(
-                    {
-                        "step": step,
-                        "epoch": epoch,
-                        "train_loss": float(mean_loss.item()) / world,
-                        "samples_per_s": window_steps * global_batch / max(elapsed, 1e-9),
-                    }
+                # mean over ranks of: loss, per-phase seconds per step
+                vals = torch.tensor(
+                    [window_loss / window_steps] + [timer.totals[p] / window_steps for p in StepTimer.PHASES],
+                    dtype=torch.float64, device=device,
                 )
+                dist.all_reduce(vals)
+                vals = (vals / world).tolist()
+                mem = torch.tensor([peak_memory_bytes(device)], dtype=torch.float64, device=device)
+                mems = [torch.zeros_like(mem) for _ in range(world)]
+                dist.all_gather(mems, mem)
+                metrics = {
+                    "step": step,
+                    "epoch": epoch,
+                    "train_loss": vals[0],
+                    "samples_per_s": window_steps * global_batch / max(elapsed, 1e-9),
+                    **{f"time_s.{p}": v for p, v in zip(StepTimer.PHASES, vals[1:])},
+                    **{f"peak_memory_bytes.rank{r}": float(m.item()) for r, m in enumerate(mems)},
+                }
+                ray.train.report(metrics)
                 window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
+                timer.reset()
         valid = evaluate(model, ray.train.get_dataset_shard("valid"), cfg.data.batch_size, converter, device)
         if rank == 0:
             logger.info("epoch %d step %d: %s", epoch, step, valid)

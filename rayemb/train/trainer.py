@@ -55,6 +55,67 @@ def _steps(rows: int, cfg: JobConfig, split: str, data_dir: str) -> int:
     return steps
 
 
+def _stats_and_split(cfg: JobConfig, schema: DatasetSchema, data_dir: str, world: int):
+    """One statistics pass (or a matching stats.json) and the frequent-category split.
+
+    Out-of-range ids fail here, before any worker starts, under ``data.id_policy: error``.
+    """
+    from rayemb.data.stats import check_ids, load_or_compute_stats
+    from rayemb.planner.split import HugeCTRSplitRule
+
+    t0 = time.monotonic()
+    stats_path = resolve_path(cfg.data.stats_path) if cfg.data.stats_path else None
+    stats = load_or_compute_stats(data_dir, stats_path)
+    check_ids(stats, schema, cfg.data.id_policy)
+    split = HugeCTRSplitRule(
+        world_size=world, global_batch_size=cfg.data.batch_size * world, embedding_dim=cfg.model.embedding_dim
+    ).split(stats)
+    print(f"rayemb: statistics of {stats['rows']:,} rows in {time.monotonic() - t0:.1f}s; frequent-category split:",
+          flush=True)
+    print(split.summary_table(), flush=True)
+    return stats, split
+
+
+def _log_stats_and_split(run_logger: Any, stats: Dict[str, Any], split: Any, job_dir: str) -> None:
+    """Writes stats.json, split.json and the frequency chart under ``job_dir`` and logs them to the run."""
+    from rayemb.data.stats import plot_frequencies, write_stats_json
+
+    run_logger.log_artifact(write_stats_json(stats, os.path.join(job_dir, "stats.json")))
+    split_path = os.path.join(job_dir, "split.json")
+    with open(split_path, "w") as f:
+        f.write(_json(split.to_dict()))
+    run_logger.log_artifact(split_path)
+    for name, t in split.tables.items():
+        run_logger.log_metrics({f"split.hot_rows.{name}": float(t.num_hot), f"split.hot_share.{name}": t.hot_share},
+                               step=0)
+    try:
+        run_logger.log_artifact(plot_frequencies(stats, os.path.join(job_dir, "frequencies.png")), "charts")
+    except Exception as e:  # a chart never fails a job
+        logger.warning("could not plot frequencies: %s", e)
+
+
+def _log_charts(run_logger: Any, reports: List[Dict[str, Any]], job_dir: str) -> None:
+    """Loss/AUC curves and peak memory per rank, as PNGs under ``job_dir`` and in the run's charts/."""
+    from rayemb.tracking.plots import plot_memory_per_rank, plot_training_curves
+
+    history: Dict[str, List[Any]] = {}
+    for r in reports:
+        for k, v in r.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                history.setdefault(k, []).append((r.get("step", 0), v))
+    try:
+        curves = plot_training_curves(history, os.path.join(job_dir, "training_curves.png"), metrics=("loss", "auc"))
+        run_logger.log_artifact(curves, "charts")
+        peaks = [r for r in reports if any(k.startswith("peak_memory_bytes.") for k in r)]
+        if peaks:
+            last = peaks[-1]
+            ranks = sorted((int(k.rsplit("rank", 1)[1]), v) for k, v in last.items() if k.startswith("peak_memory_bytes."))
+            mem = plot_memory_per_rank([v for _, v in ranks], os.path.join(job_dir, "memory_per_rank.png"))
+            run_logger.log_artifact(mem, "charts")
+    except Exception as e:  # a chart never fails a job
+        logger.warning("could not draw training charts: %s", e)
+
+
 def _plan_remote(cfg_dict: Dict[str, Any], schema_dict: Dict[str, Any], world_size: int, compute_device: str):
     from rayemb.config import config_from_dict
     from rayemb.train.sharding import make_plan
@@ -78,7 +139,6 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
     out_dir = resolve_path(cfg.tracking.output_dir)
     schema = load_checked(data_dir)
     print(f"rayemb: data {data_dir} ({len(schema.sparse)} sparse tables), outputs {out_dir}", flush=True)
-    os.makedirs(out_dir, exist_ok=True)
 
     if not ray.is_initialized():
         ray.init(logging_level=logging.WARNING)
@@ -95,11 +155,16 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
     compute_device = "cuda" if cfg.scaling.use_gpu else "cpu"
     cpus = _cpus_per_worker(cfg)
 
+    stats, split = _stats_and_split(cfg, schema, data_dir, world)
+
     plan, plan_summary = ray.get(
         ray.remote(num_cpus=0)(_plan_remote).remote(cfg.to_dict(), schema.to_dict(), world, compute_device)
     )
     print(f"rayemb: {world} workers x {cpus} CPU, {steps} steps/epoch, plan {plan_summary['fingerprint']}", flush=True)
 
+    job_id = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    job_dir = os.path.join(out_dir, "jobs", job_id)  # this job's local copies of what it logs
+    os.makedirs(job_dir, exist_ok=True)
     tracking_uri = cfg.tracking.tracking_uri or default_tracking_uri(out_dir)
     ensure_store(tracking_uri)
     tags = {
@@ -116,6 +181,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
                            "scaling.cpus_per_worker_resolved": cpus, "train.steps_per_epoch": steps})
     run_logger.log_text(read_yaml_dict(cfg), "config.yaml")
     run_logger.log_text(_json(plan_summary), "plan.json")
+    _log_stats_and_split(run_logger, stats, split, job_dir)
 
     queue = Queue(actor_options={"num_cpus": 0})
     drainer = QueueDrainer(queue, run_logger).start()
@@ -127,7 +193,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
             num_workers=world, use_gpu=cfg.scaling.use_gpu, resources_per_worker={"CPU": cpus}
         ),
         run_config=RunConfig(
-            name=f"{cfg.name}-{int(time.time())}",
+            name=job_id,
             storage_path=os.path.join(out_dir, "ray_results"),
             callbacks=[ReportForwarder(queue)],
             failure_config=FailureConfig(max_failures=cfg.scaling.max_failures),
@@ -153,6 +219,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
         final = {}
         for r in reports:
             final.update({k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        _log_charts(run_logger, reports, job_dir)
         run_logger.finish(status=status, reason=reason)
         try:
             ray.kill(queue.actor)

@@ -1,5 +1,7 @@
 """A real training job on a local 2-CPU Ray: 2 gloo workers, sharded DLRM, MLflow sqlite store."""
 
+import json
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -32,6 +34,20 @@ def test_job_learns_and_is_tracked(ray_2_cpus, tiny_data, tmp_path):
     assert steps == sorted(steps) and len(steps) >= 4
     assert loss_hist[-1].value < loss_hist[0].value
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
-    assert {"config.yaml", "plan.json"} <= artifacts
+    assert {"config.yaml", "plan.json", "stats.json", "split.json"} <= artifacts
+    charts = {a.path for a in client.list_artifacts(result.run_id, "charts")}
+    assert {"charts/frequencies.png", "charts/training_curves.png", "charts/memory_per_rank.png"} <= charts
+    local = client.download_artifacts(result.run_id, "charts/training_curves.png", str(tmp_path / "dl"))
+    with open(local, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    # the stats pass saw every train row; the split's hot rows are whole multiples of the world size
+    stats = json.loads(open(client.download_artifacts(result.run_id, "stats.json", str(tmp_path / "dl"))).read())
+    assert stats["rows"] == 36_000 and set(stats["tables"]) == {f"C{i}" for i in range(1, 9)}
+    hot = {k: v for k, v in run.data.metrics.items() if k.startswith("split.hot_rows.")}
+    assert len(hot) == 8 and all(v % 2 == 0 for v in hot.values()) and sum(hot.values()) > 0
+    # per-rank peak memory and the step-time breakdown are stepped metrics
+    assert run.data.metrics["peak_memory_bytes.rank0"] > 50e6 and run.data.metrics["peak_memory_bytes.rank1"] > 50e6
+    for phase in ("data_wait", "forward", "backward", "optimizer"):
+        assert run.data.metrics[f"time_s.{phase}"] > 0
     plan = result.plan
     assert plan["world_size"] == 2 and len(plan["tables"]) == 8
