@@ -115,6 +115,30 @@ class ScalingConfig:
                  "Use -1 (retry forever), 0 or a positive count.")
 
 
+PLANNER_ENGINES = ("auto", "torchrec", "fast")
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    #: let the cost model place tables hybrid (hot rows replicated, cold rows sharded per id)
+    hybrid: bool = True
+    #: "torchrec" (TorchRec's planner, our proposer), "fast" (large clusters) or "auto"
+    engine: str = "auto"
+    #: per-table pins, e.g. ``{C1: {sharding: row_wise, hybrid: false, compute_kernel: fused}}``
+    tables: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require(self.engine in PLANNER_ENGINES, "planner.engine", f"{self.engine!r} is unknown",
+                 f"Use one of {PLANNER_ENGINES}.")
+        for name, pin in self.tables.items():
+            _require(isinstance(pin, dict), f"planner.tables.{name}", f"{pin!r} is not a mapping",
+                     "Write it as {sharding: row_wise, hybrid: false}.")
+
+    def pins(self) -> Dict[str, Dict[str, Any]]:
+        """Pins for :func:`rayemb.planner.plan`; ``hybrid: false`` here turns hybrid off for every unpinned table."""
+        return {k: dict(v) for k, v in self.tables.items()}
+
+
 @dataclass(frozen=True)
 class TrackingConfig:
     experiment: str = "rayemb"
@@ -135,6 +159,7 @@ class JobConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -183,6 +208,10 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"Invalid config value {where}: expected a list, got {value!r}. Write it as [a, b, ...].")
         return tuple(_coerce(x, args[0], f"{where}[{i}]") for i, x in enumerate(value))
+    if origin in (dict, Dict):
+        if not isinstance(value, dict):
+            raise ConfigError(f"Invalid config value {where}: expected a mapping, got {value!r}.")
+        return {str(k): _coerce(v, args[1], f"{where}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, where)
     if hint is bool:
@@ -283,6 +312,6 @@ def read_yaml_dict(cfg: JobConfig) -> str:
 
 
 __all__: List[str] = [
-    "JobConfig", "DataConfig", "ModelConfig", "TrainConfig", "ScalingConfig", "TrackingConfig",
+    "JobConfig", "DataConfig", "ModelConfig", "TrainConfig", "ScalingConfig", "PlannerConfig", "TrackingConfig",
     "load_config", "config_from_dict", "apply_overrides", "resolve_path",
 ]

@@ -19,7 +19,7 @@ usual Criteo preprocessing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -81,9 +81,12 @@ def apply_id_policy(values: np.ndarray, num_embeddings: int, policy: str, name: 
 class BatchConverter:
     """Turns pyarrow batches into :class:`Batch` (picklable; runs in the worker or a Ray Data task)."""
 
-    def __init__(self, schema: DatasetSchema, id_policy: str = "error") -> None:
+    def __init__(self, schema: DatasetSchema, id_policy: str = "error",
+                 remap: Optional[Callable[[Any], Any]] = None) -> None:
         self.schema = schema
         self.id_policy = id_policy
+        #: applied to the KeyedJaggedTensor last, e.g. the hybrid embedding's hot/cold id remap
+        self.remap = remap
 
     @property
     def keys(self) -> List[str]:
@@ -123,4 +126,6 @@ class BatchConverter:
             values=torch.from_numpy(np.concatenate(all_values)),
             lengths=torch.from_numpy(np.concatenate(all_lengths)),
         )
+        if self.remap is not None:
+            kjt = self.remap(kjt)
         return Batch(dense=torch.from_numpy(dense), sparse=kjt, labels=torch.from_numpy(labels_np))

@@ -56,10 +56,13 @@ class DLRM(nn.Module):
 
 
 def table_configs(schema, embedding_dim: int) -> List[EmbeddingBagConfig]:
-    """One ``EmbeddingBagConfig`` per sparse feature of a :class:`DatasetSchema`, named ``t_<feature>``."""
+    """One ``EmbeddingBagConfig`` per sparse feature of a :class:`DatasetSchema`, named after its feature.
+
+    Tables share the feature's name so stats, splits and plans key them alike.
+    """
     return [
         EmbeddingBagConfig(
-            name=f"t_{f.name}",
+            name=f.name,
             embedding_dim=embedding_dim,
             num_embeddings=f.num_embeddings,
             feature_names=[f.name],

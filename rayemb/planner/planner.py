@@ -357,6 +357,21 @@ def to_sharding_plan(result: PlanResult, module: Any, local_world_size: Optional
 # ---- INPUTS ---- #
 
 
+def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: int, bytes_per_element: int = 4):
+    """The default frequent-category rule for ``topology``: HugeCTR's, with its bandwidths and a replicated-row budget."""
+    from rayemb.planner.cost import DEFAULT_REPLICATED_FRACTION
+    from rayemb.planner.split import HugeCTRSplitRule
+
+    bw = topology.inter_node_bw if topology.num_nodes > 1 else topology.intra_node_bw
+    return HugeCTRSplitRule(
+        topology.world_size, global_batch, num_nodes=topology.num_nodes,
+        bw_all_to_all=bw, bw_all_reduce=bw,
+        memory_budget_bytes=int(DEFAULT_REPLICATED_FRACTION * topology.capacity_bytes),
+        embedding_dim=embedding_dim, bytes_per_element=bytes_per_element,
+        optimizer_bytes_per_row=embedding_dim * OPTIMIZER_STATE_BYTES,
+    )
+
+
 def tables_from_schema(
     schema: Any,
     embedding_dim: int,
@@ -364,28 +379,18 @@ def tables_from_schema(
     global_batch: int,
     stats: Optional[Mapping[str, Any]] = None,
     bytes_per_element: int = 4,
+    split: Any = None,
 ) -> List[TableSpec]:
     """TableSpecs of a dataset schema; with ``stats`` (stats.json) pooling factors and hot sets from the split.
 
-    The hot set comes from :class:`rayemb.planner.split.HugeCTRSplitRule` with
-    this topology's bandwidths, under the cost model's replicated-row budget.
+    The hot set comes from ``split`` (a :class:`rayemb.planner.split.FrequentSplit`)
+    when given, else from :func:`split_rule` applied to ``stats``.
     """
-    from rayemb.planner.cost import DEFAULT_REPLICATED_FRACTION
-
     hot: Dict[str, Tuple[int, float]] = {}
     pooling: Dict[str, float] = {}
     if stats is not None:
-        from rayemb.planner.split import HugeCTRSplitRule
-
-        rule = HugeCTRSplitRule(
-            topology.world_size, global_batch, num_nodes=topology.num_nodes,
-            bw_all_to_all=topology.inter_node_bw if topology.num_nodes > 1 else topology.intra_node_bw,
-            bw_all_reduce=topology.inter_node_bw if topology.num_nodes > 1 else topology.intra_node_bw,
-            memory_budget_bytes=int(DEFAULT_REPLICATED_FRACTION * topology.capacity_bytes),
-            embedding_dim=embedding_dim, bytes_per_element=bytes_per_element,
-            optimizer_bytes_per_row=embedding_dim * OPTIMIZER_STATE_BYTES,
-        )
-        split = rule.split(stats)
+        if split is None:
+            split = split_rule(topology, global_batch, embedding_dim, bytes_per_element).split(stats)
         for name, ts in split.tables.items():
             hot[name] = (ts.num_hot, float(ts.hot_share))
         for name, st in stats.get("tables", {}).items():

@@ -116,6 +116,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     from rayemb.config import config_from_dict
     from rayemb.data.batching import BatchConverter
     from rayemb.data.schema import DatasetSchema
+    from rayemb.embedding.comm import COLLECTIVES, CommCounter, instrument_ddp
+    from rayemb.embedding.hybrid import replicated_embedding_parameters
     from rayemb.train.sharding import build_model, sharders
 
     cfg = config_from_dict(loop_config["job"])
@@ -127,22 +129,25 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     compute_device = "cuda" if device.type == "cuda" else "cpu"
     torch.manual_seed(cfg.train.seed)
 
-    model = build_model(cfg, schema, embedding_device=torch.device("meta"), dense_device=device)
-    apply_optimizer_in_backward(
-        _embedding_optimizer(cfg.train.embedding_optimizer),
-        model.embedding.parameters(),
-        {"lr": cfg.train.embedding_lr},
-    )
-    model = DistributedModelParallel(
-        module=model, device=device, plan=loop_config["plan"], sharders=sharders(compute_device)
-    )
-    dense_opt = KeyedOptimizerWrapper(
-        dict(in_backward_optimizer_filter(model.named_parameters())),
-        lambda params: torch.optim.Adagrad(params, lr=cfg.train.dense_lr),
-    )
-    optimizer = CombinedOptimizer([model.fused_optimizer, dense_opt])
+    job_plan = loop_config["plan"]
+    model = build_model(cfg, schema, job_plan.placements, job_plan.hot_ids,
+                        embedding_device=torch.device("meta"), dense_device=device)
+    remapper = model.embedding.remapper
+    emb_opt_cls = _embedding_optimizer(cfg.train.embedding_optimizer)
+    apply_optimizer_in_backward(emb_opt_cls, model.embedding.parameters(), {"lr": cfg.train.embedding_lr})
+    model = DistributedModelParallel(module=model, device=device, plan=job_plan.sharding_plan, sharders=sharders())
+    instrument_ddp(model)
+    # Sharded tables update in their backward (fused FBGEMM optimizer). Replicated embedding rows (hybrid hot
+    # halves, data-parallel tables) are dense parameters with all-reduced gradients: same optimizer kind, own instance.
+    replicated = replicated_embedding_parameters(model)
+    dense = {n: p for n, p in in_backward_optimizer_filter(model.named_parameters()) if n not in replicated}
+    optimizers = [model.fused_optimizer,
+                  KeyedOptimizerWrapper(dense, lambda params: torch.optim.Adagrad(params, lr=cfg.train.dense_lr))]
+    if replicated:
+        optimizers.append(KeyedOptimizerWrapper(replicated, lambda params: emb_opt_cls(params, lr=cfg.train.embedding_lr)))
+    optimizer = CombinedOptimizer(optimizers)
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    converter = BatchConverter(schema, cfg.data.id_policy)
+    converter = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap)
     global_batch = cfg.data.batch_size * world
     log_every = cfg.train.log_every_n_steps
 
@@ -151,6 +156,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         it = _batches(ray.train.get_dataset_shard("train"), cfg.data.batch_size, converter)
         window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
         timer = StepTimer()
+        counter = CommCounter()
         for _ in range(steps_per_epoch):
             batch = next(it, None)
             if not _all_have(batch is not None, device):
@@ -158,12 +164,13 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 break
             dense, sparse, labels = batch.dense.to(device), batch.sparse.to(device), batch.labels.to(device)
             timer.lap("data_wait")
-            logits = model(dense, sparse)
-            loss = loss_fn(logits, labels)
-            timer.lap("forward")
-            optimizer.zero_grad()
-            loss.backward()  # also applies the fused embedding optimizer
-            timer.lap("backward")
+            with counter:  # bytes of the model's own collectives only
+                logits = model(dense, sparse)
+                loss = loss_fn(logits, labels)
+                timer.lap("forward")
+                optimizer.zero_grad()
+                loss.backward()  # also applies the fused embedding optimizer
+                timer.lap("backward")
             optimizer.step()
             timer.lap("optimizer")
             step += 1
@@ -178,6 +185,13 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 )
                 dist.all_reduce(vals)
                 vals = (vals / world).tolist()
+                # bytes sent per step, summed over ranks, per collective family
+                sent = counter.bytes()
+                comm = torch.tensor([sent[c] / window_steps for c in COLLECTIVES], dtype=torch.float64, device=device)
+                dist.all_reduce(comm)
+                comm_metrics = {f"bytes_per_step.{c}": v for c, v in zip(COLLECTIVES, comm.tolist())}
+                comm_metrics["bytes_per_step.total"] = sum(comm_metrics.values())
+                counter.reset()
                 mem = torch.tensor([peak_memory_bytes(device)], dtype=torch.float64, device=device)
                 mems = [torch.zeros_like(mem) for _ in range(world)]
                 dist.all_gather(mems, mem)
@@ -188,6 +202,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                     "samples_per_s": window_steps * global_batch / max(elapsed, 1e-9),
                     **{f"time_s.{p}": v for p, v in zip(StepTimer.PHASES, vals[1:])},
                     **{f"peak_memory_bytes.rank{r}": float(m.item()) for r, m in enumerate(mems)},
+                    **comm_metrics,
                 }
                 ray.train.report(metrics)
                 window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()

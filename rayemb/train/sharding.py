@@ -1,29 +1,49 @@
-"""Sharding plans made with TorchRec's planner, outside the workers.
+"""From statistics to a TorchRec ``ShardingPlan`` for the job's model, outside the workers.
 
-The plan is computed once (in a Ray task, so the driver never imports
-torchrec/fbgemm) for a meta-device copy of the model and travels to every
-worker in the train loop config; all ranks then shard with the same plan.
+The driver computes the frequent-category split (pure numpy) and then, in a
+Ray task (so the driver itself never needs torchrec/fbgemm kernels), runs
+rayemb's planner: the cost model picks data-parallel, pooled model-parallel or
+hybrid per table and TorchRec's planner places the shards. The result travels
+to every worker in the train loop config, so all ranks shard alike.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from typing import Any, Dict, List, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping
+
+import numpy as np
 
 from rayemb.config import JobConfig
 from rayemb.data.schema import DatasetSchema
 
+#: where the embedding module sits in the DLRM (prefix of its sharding plan keys)
+EMBEDDING_MODULE = "embedding"
 
-def build_model(cfg: JobConfig, schema: DatasetSchema, embedding_device: Any, dense_device: Any):
-    """The DLRM of a job: an EmbeddingBagCollection over the schema's tables, MLPs from the config."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+@dataclass
+class JobPlan:
+    """What the workers need to build and shard the model alike on every rank."""
+
+    sharding_plan: Any  # torchrec ShardingPlan keyed by module path in the DLRM
+    placements: Dict[str, Any]  # table -> rayemb.planner.types.TablePlan
+    hot_ids: Dict[str, np.ndarray]  # hybrid table -> its replicated (hot) ids
+    summary: Dict[str, Any]  # plan.json
+
+
+def build_model(
+    cfg: JobConfig, schema: DatasetSchema, placements: Mapping[str, Any], hot_ids: Mapping[str, np.ndarray],
+    embedding_device: Any, dense_device: Any,
+):
+    """The job's DLRM over rayemb's hybrid embedding (tables not placed hybrid stay an ordinary EBC)."""
+    from rayemb.embedding.hybrid import hybrid_from_placements
     from rayemb.model.dlrm import DLRM, table_configs
 
-    ebc = EmbeddingBagCollection(tables=table_configs(schema, cfg.model.embedding_dim), device=embedding_device)
+    embedding, _ = hybrid_from_placements(
+        table_configs(schema, cfg.model.embedding_dim), placements, hot_ids, device=embedding_device
+    )
     return DLRM(
-        ebc,
+        embedding,
         feature_names=schema.sparse_names,
         dense_in_features=len(schema.dense),
         bottom_mlp=cfg.model.bottom_mlp,
@@ -32,35 +52,34 @@ def build_model(cfg: JobConfig, schema: DatasetSchema, embedding_device: Any, de
     )
 
 
-def sharders(compute_device: str) -> List[Any]:
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+def sharders() -> List[Any]:
+    from rayemb.embedding.hybrid import hybrid_sharders
 
-    return [EmbeddingBagCollectionSharder()]
-
-
-def make_plan(cfg: JobConfig, schema: DatasetSchema, world_size: int, compute_device: str) -> Tuple[Any, Dict[str, Any]]:
-    """(TorchRec ``ShardingPlan``, JSON summary) for ``world_size`` ranks on ``compute_device``."""
-    import torch
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-
-    model = build_model(cfg, schema, torch.device("meta"), torch.device("meta"))
-    topology = Topology(world_size=world_size, compute_device=compute_device, local_world_size=world_size)
-    planner = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.data.batch_size)
-    plan = planner.plan(model, sharders(compute_device))
-    return plan, plan_summary(plan, world_size)
+    return hybrid_sharders()
 
 
-def plan_summary(plan: Any, world_size: int) -> Dict[str, Any]:
-    """A JSON-able view of a TorchRec ShardingPlan: per table sharding type, kernel, ranks."""
-    tables: Dict[str, Any] = {}
-    for module_path, module_plan in sorted(plan.plan.items()):
-        for name, ps in sorted(module_plan.items()):
-            tables[name] = {
-                "module": module_path,
-                "sharding_type": ps.sharding_type,
-                "compute_kernel": ps.compute_kernel,
-                "ranks": list(ps.ranks or []),
-            }
-    summary = {"schema_version": 1, "world_size": world_size, "tables": tables}
-    summary["fingerprint"] = hashlib.sha1(json.dumps(summary, sort_keys=True).encode()).hexdigest()[:12]
-    return summary
+def pins_of(cfg: JobConfig, table_names: List[str]) -> Dict[str, Dict[str, Any]]:
+    """The config's per-table pins; ``planner.hybrid: false`` forbids hybrid on every table not pinned otherwise."""
+    pins = cfg.planner.pins()
+    if not cfg.planner.hybrid:
+        for name in table_names:
+            pins.setdefault(name, {}).setdefault("hybrid", False)
+    return pins
+
+
+def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Mapping[str, Any], split: Any, topology: Any) -> JobPlan:
+    """Plans the job's tables on ``topology`` with the split's hot sets (runs where torchrec imports)."""
+    from torchrec.distributed.types import ShardingPlan
+
+    from rayemb.planner import plan, tables_from_schema
+
+    global_batch = cfg.data.batch_size * topology.world_size
+    specs = tables_from_schema(schema, cfg.model.embedding_dim, topology, global_batch, stats, split=split)
+    # Training needs a TorchRec plan of the real module, so the torchrec engine; "fast" is for what-if plans.
+    result = plan(specs, topology, global_batch, pins=pins_of(cfg, schema.sparse_names), engine="torchrec")
+    hot_ids = {name: split.hot_ids(name) for name, tp in result.tables.items() if tp.placement.value == "hybrid"}
+    sharding_plan = ShardingPlan(
+        plan={f"{EMBEDDING_MODULE}.{path}": module_plan for path, module_plan in result.sharding_plan.plan.items()}
+    )
+    return JobPlan(sharding_plan=sharding_plan, placements=dict(result.tables), hot_ids=hot_ids,
+                   summary=result.to_json())

@@ -55,21 +55,36 @@ def _steps(rows: int, cfg: JobConfig, split: str, data_dir: str) -> int:
     return steps
 
 
-def _stats_and_split(cfg: JobConfig, schema: DatasetSchema, data_dir: str, world: int):
+def job_topology(cfg: JobConfig) -> Any:
+    """The live Ray cluster's topology, cut to the job's ``scaling.num_workers`` ranks."""
+    import dataclasses
+
+    from rayemb.planner import topology_from_ray
+
+    world = cfg.scaling.num_workers
+    topo = topology_from_ray(num_workers=world)
+    if topo.world_size != world:  # a GPU cluster larger (or smaller, before it scales up) than the job
+        per_node = min(topo.devices_per_node, world)
+        if world % per_node:
+            per_node = world
+        topo = dataclasses.replace(topo, num_nodes=world // per_node, devices_per_node=per_node)
+    return topo
+
+
+def _stats_and_split(cfg: JobConfig, schema: DatasetSchema, data_dir: str, topology: Any):
     """One statistics pass (or a matching stats.json) and the frequent-category split.
 
     Out-of-range ids fail here, before any worker starts, under ``data.id_policy: error``.
     """
     from rayemb.data.stats import check_ids, load_or_compute_stats
-    from rayemb.planner.split import HugeCTRSplitRule
+    from rayemb.planner.planner import split_rule
 
     t0 = time.monotonic()
     stats_path = resolve_path(cfg.data.stats_path) if cfg.data.stats_path else None
     stats = load_or_compute_stats(data_dir, stats_path)
     check_ids(stats, schema, cfg.data.id_policy)
-    split = HugeCTRSplitRule(
-        world_size=world, global_batch_size=cfg.data.batch_size * world, embedding_dim=cfg.model.embedding_dim
-    ).split(stats)
+    global_batch = cfg.data.batch_size * topology.world_size
+    split = split_rule(topology, global_batch, cfg.model.embedding_dim).split(stats)
     print(f"rayemb: statistics of {stats['rows']:,} rows in {time.monotonic() - t0:.1f}s; frequent-category split:",
           flush=True)
     print(split.summary_table(), flush=True)
@@ -94,6 +109,21 @@ def _log_stats_and_split(run_logger: Any, stats: Dict[str, Any], split: Any, job
         logger.warning("could not plot frequencies: %s", e)
 
 
+def _log_plan(run_logger: Any, summary: Dict[str, Any], job_dir: str) -> None:
+    """plan.json, the plan's per-rank chart, and its headline numbers as metrics."""
+    from rayemb.planner import load_plan_json, plot_plan
+
+    path = os.path.join(job_dir, "plan.json")
+    with open(path, "w") as f:
+        f.write(_json(summary))
+    run_logger.log_artifact(path)
+    run_logger.log_metrics({"plan.predicted_bytes_per_step": float(summary["predicted_bytes_per_step"])}, step=0)
+    try:
+        run_logger.log_artifact(plot_plan(load_plan_json(path), os.path.join(job_dir, "plan.png")), "charts")
+    except Exception as e:  # a chart never fails a job
+        logger.warning("could not draw the plan chart: %s", e)
+
+
 def _log_charts(run_logger: Any, reports: List[Dict[str, Any]], job_dir: str) -> None:
     """Loss/AUC curves and peak memory per rank, as PNGs under ``job_dir`` and in the run's charts/."""
     from rayemb.tracking.plots import plot_memory_per_rank, plot_training_curves
@@ -116,11 +146,18 @@ def _log_charts(run_logger: Any, reports: List[Dict[str, Any]], job_dir: str) ->
         logger.warning("could not draw training charts: %s", e)
 
 
-def _plan_remote(cfg_dict: Dict[str, Any], schema_dict: Dict[str, Any], world_size: int, compute_device: str):
+def _plan_remote(cfg_dict: Dict[str, Any], schema_dict: Dict[str, Any], stats: Dict[str, Any], split: Any,
+                 topology: Any):
     from rayemb.config import config_from_dict
-    from rayemb.train.sharding import make_plan
+    from rayemb.train.sharding import make_job_plan
 
-    return make_plan(config_from_dict(cfg_dict), DatasetSchema.from_dict(schema_dict), world_size, compute_device)
+    return make_job_plan(config_from_dict(cfg_dict), DatasetSchema.from_dict(schema_dict), stats, split, topology)
+
+
+def _fingerprint(summary: Dict[str, Any]) -> str:
+    import hashlib
+
+    return hashlib.sha1(_json(summary).encode()).hexdigest()[:12]
 
 
 def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainResult:
@@ -155,12 +192,18 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
     compute_device = "cuda" if cfg.scaling.use_gpu else "cpu"
     cpus = _cpus_per_worker(cfg)
 
-    stats, split = _stats_and_split(cfg, schema, data_dir, world)
-
-    plan, plan_summary = ray.get(
-        ray.remote(num_cpus=0)(_plan_remote).remote(cfg.to_dict(), schema.to_dict(), world, compute_device)
+    topology = job_topology(cfg)
+    stats, split = _stats_and_split(cfg, schema, data_dir, topology)
+    job_plan = ray.get(
+        ray.remote(num_cpus=0)(_plan_remote).remote(cfg.to_dict(), schema.to_dict(), stats, split, topology)
     )
-    print(f"rayemb: {world} workers x {cpus} CPU, {steps} steps/epoch, plan {plan_summary['fingerprint']}", flush=True)
+    plan_summary = job_plan.summary
+    fingerprint = _fingerprint(plan_summary)
+    placements = {name: t["placement"] for name, t in plan_summary["tables"].items()}
+    print(f"rayemb: plan {fingerprint}: " + ", ".join(
+        f"{p} x{list(placements.values()).count(p)}" for p in sorted(set(placements.values()))), flush=True)
+    print(f"rayemb: {world} workers x {cpus} CPU, {steps} steps/epoch, predicted "
+          f"{plan_summary['predicted_bytes_per_step'] / 1e6:.2f} MB/step", flush=True)
 
     job_id = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     job_dir = os.path.join(out_dir, "jobs", job_id)  # this job's local copies of what it logs
@@ -169,8 +212,8 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
     ensure_store(tracking_uri)
     tags = {
         **standard_tags(),
-        "rayemb.cluster_shape": f"{world}x{compute_device}",
-        "rayemb.plan_fingerprint": plan_summary["fingerprint"],
+        "rayemb.cluster_shape": f"{topology.num_nodes} nodes x {topology.devices_per_node} {compute_device} ranks",
+        "rayemb.plan_fingerprint": fingerprint,
         "rayemb.job_name": cfg.name,
     }
     run_logger = RunLogger(
@@ -180,14 +223,14 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
     run_logger.log_params({**cfg.flatten(), "data.train_rows": train_rows, "data.valid_rows": valid_rows,
                            "scaling.cpus_per_worker_resolved": cpus, "train.steps_per_epoch": steps})
     run_logger.log_text(read_yaml_dict(cfg), "config.yaml")
-    run_logger.log_text(_json(plan_summary), "plan.json")
+    _log_plan(run_logger, plan_summary, job_dir)
     _log_stats_and_split(run_logger, stats, split, job_dir)
 
     queue = Queue(actor_options={"num_cpus": 0})
     drainer = QueueDrainer(queue, run_logger).start()
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"job": cfg.to_dict(), "schema": schema.to_dict(), "plan": plan, "steps_per_epoch": steps},
+        train_loop_config={"job": cfg.to_dict(), "schema": schema.to_dict(), "plan": job_plan, "steps_per_epoch": steps},
         torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=world, use_gpu=cfg.scaling.use_gpu, resources_per_worker={"CPU": cpus}
