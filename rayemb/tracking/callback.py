@@ -1,9 +1,16 @@
-"""Forwards Ray Train reports from the controller to the driver, the only MLflow writer.
+"""Carries metrics from the workers to the driver, the only MLflow writer.
 
-Ray Train v2 runs ``UserCallback.after_report`` in its controller actor, not in
-the driver process. The callback therefore only hands each report to a Ray
-queue (a cheap, non-blocking put); a thread in the driver drains the queue into
-the :class:`~rayemb.tracking.mlflow.RunLogger`. Training never waits on MLflow.
+Two paths feed one Ray queue that a driver thread drains into the
+:class:`~rayemb.tracking.mlflow.RunLogger`:
+
+- epoch reports (``ray.train.report``, with checkpoints): Ray Train v2 runs
+  ``UserCallback.after_report`` in its controller actor, not in the driver, so
+  :class:`ReportForwarder` only puts rank 0's metrics on the queue;
+- step metrics: rank 0 puts them on the queue directly, fire and forget,
+  because ``ray.train.report`` is a barrier across ranks that costs about a
+  second per call on a busy small machine.
+
+Training never waits on MLflow.
 """
 
 from __future__ import annotations

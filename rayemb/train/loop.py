@@ -123,6 +123,9 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     cfg = config_from_dict(loop_config["job"])
     schema = DatasetSchema.from_dict(loop_config["schema"])
     steps_per_epoch: int = loop_config["steps_per_epoch"]
+    # Step metrics go straight to the driver's queue: ray.train.report is a barrier across ranks (about a
+    # second per call on a busy 2-core machine), so it is kept for epoch ends.
+    metrics_queue = loop_config.get("metrics_queue")
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
@@ -204,7 +207,11 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                     **{f"peak_memory_bytes.rank{r}": float(m.item()) for r, m in enumerate(mems)},
                     **comm_metrics,
                 }
-                ray.train.report(metrics)
+                if metrics_queue is None:
+                    ray.train.report(metrics)
+                elif rank == 0:
+                    # Fire and forget: the driver drains this queue into MLflow; no rank waits.
+                    metrics_queue.actor.put_nowait.remote(metrics)
                 window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
                 timer.reset()
         valid = evaluate(model, ray.train.get_dataset_shard("valid"), cfg.data.batch_size, converter, device)

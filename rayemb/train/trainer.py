@@ -230,7 +230,8 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
     drainer = QueueDrainer(queue, run_logger).start()
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"job": cfg.to_dict(), "schema": schema.to_dict(), "plan": job_plan, "steps_per_epoch": steps},
+        train_loop_config={"job": cfg.to_dict(), "schema": schema.to_dict(), "plan": job_plan, "steps_per_epoch": steps,
+                           "metrics_queue": queue},
         torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=world, use_gpu=cfg.scaling.use_gpu, resources_per_worker={"CPU": cpus}

@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from _servers import MlflowServer, free_port
 from mlflow import MlflowClient
 
 import rayemb
@@ -28,12 +26,6 @@ from rayemb.tracking.mlflow import (
     flatten,
     standard_tags,
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -175,7 +167,7 @@ def test_bad_input_is_cleaned_or_dropped_never_raised(sqlite_uri, tmp_path, capl
 
 @pytest.mark.timeout(60)
 def test_unreachable_server_spills_everything_and_buffer_stays_bounded(tmp_path):
-    uri = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     rl = _logger(uri, tmp_path, max_buffer=10)
     t0 = time.perf_counter()
     rl.start()
@@ -197,54 +189,12 @@ def test_unreachable_server_spills_everything_and_buffer_stays_bounded(tmp_path)
 # ---- a real tracking server that dies mid-run ---- #
 
 
-class _Server:
-    """`mlflow server` on 127.0.0.1:port in its own process group (it forks uvicorn workers)."""
-
-    def __init__(self, root: Path, port: int) -> None:
-        self.root, self.port, self.proc = root, port, None
-
-    @property
-    def uri(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        mlflow_bin = Path(sys.executable).parent / "mlflow"
-        cmd = [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-               "--backend-store-uri", f"sqlite:///{self.root.resolve()}/db.sqlite",
-               "--artifacts-destination", str(self.root.resolve() / "artifacts")]
-        env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-        env.pop("MLFLOW_TRACKING_URI", None)
-        self.log = open(self.root / f"server-{time.time():.0f}.log", "ab")
-        self.proc = subprocess.Popen(cmd, cwd=self.root, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env=env)
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.uri}/health", timeout=0.5) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def wait_healthy(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.healthy():
-            assert self.proc.poll() is None, f"mlflow server exited: {self.log.name}"
-            assert time.monotonic() < deadline, f"mlflow server not up after {timeout_s} s"
-            time.sleep(0.25)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the group we created: server + its uvicorn worker
-            self.proc.wait(timeout=30)
-        self.proc = None
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_server_outage_mid_run_loses_nothing_and_never_blocks_the_loop(tmp_path, caplog):
     root = tmp_path / "server"
     root.mkdir()
-    server = _Server(root, _free_port())
+    server = MlflowServer(root, free_port())
     step_s, call_s, wall_ms = [], [], []
 
     def train_step(rl: RunLogger, step: int) -> None:
