@@ -3,7 +3,8 @@
 For Zipf alpha in {0.8, 1.1, 1.3}, one-hot (sum) and multi-hot (mean pooling,
 8 ids per bag on average) features, world size 2 and 4 (real gloo processes on
 this machine), and each plan — ``hybrid`` (hot rows data-parallel, cold rows
-table-wise with per-id exchange), TorchRec ``table_wise``, ``row_wise`` and
+row-wise with per-id exchange: the planner's hybrid placement; ``--hybrid-cold
+table_wise`` measures a table-wise cold half instead), TorchRec ``table_wise``, ``row_wise`` and
 ``data_parallel`` on the same tables — it trains a few steps under
 ``DistributedModelParallel`` and records:
 
@@ -13,6 +14,11 @@ table-wise with per-id exchange), TorchRec ``table_wise``, ``row_wise`` and
 * ``predicted_bytes_per_step``: :func:`rayemb.embedding.hybrid.predict_bytes_per_step`
   from the DESIGN §4 cost model, with the hot share h taken from the stats
   sample (not from the measured batches);
+* ``planner_predicted_bytes_per_step``: what the planner's cost model
+  (:func:`rayemb.planner.cost.table_bytes`) predicts for the same placement,
+  summed over tables, from :class:`rayemb.planner.types.TableSpec` s built as
+  the planner builds them from ``stats.json``: pooling factor = mean ids per bag
+  of the stats sample, hot rows and hot share from the split of that sample;
 * ``step_time_s``: forward + backward + optimizer, the slowest rank, mean over steps.
 
 Hot sets come from exact counts over a separate stats sample and
@@ -20,7 +26,7 @@ Hot sets come from exact counts over a separate stats sample and
 
 Usage::
 
-    python jobs/bench/hybrid_comm.py --out /tmp/hybrid_comm.json [--quick]
+    python jobs/bench/hybrid_comm.py --out /tmp/hybrid_comm.json [--quick] [--hybrid-cold table_wise]
 
 Writes ``{"schema_version": 1, "results": [...]}`` and prints a table.
 """
@@ -45,6 +51,8 @@ PLANS = ("hybrid", "table_wise", "row_wise", "data_parallel")
 ALPHAS = (0.8, 1.1, 1.3)
 POOLINGS = (1.0, 8.0)
 WORLD_SIZES = (2, 4)
+#: cold-half sharding of the ``hybrid`` plan; row-wise is what rayemb's planner deploys for a hybrid table
+HYBRID_COLD_DEFAULT = "row_wise"
 
 
 def _zipf_sampler(num_rows: int, alpha: float, seed: int):
@@ -94,7 +102,13 @@ def _split(cfg: Dict[str, Any], world_size: int):
         }
     stats = {"rows": cfg["stats_batches"] * cfg["batch"], "tables": tables}
     rule = HugeCTRSplitRule(world_size=world_size, global_batch_size=cfg["batch"], embedding_dim=cfg["dim"])
-    return rule.split(stats)
+    return rule.split(stats), _sample_pooling(sample, cfg["tables"])
+
+
+def _sample_pooling(sample: List[Dict[str, tuple]], tables: int) -> Dict[str, float]:
+    """Mean ids per bag of each table over the stats sample (the stats pass's ``pooling_factor.mean``)."""
+    return {f"t{t}": float(sum(int(b[f"f{t}"][1].size) for b in sample) / sum(b[f"f{t}"][0].size for b in sample))
+            for t in range(tables)}
 
 
 def _configs(cfg: Dict[str, Any]):
@@ -117,9 +131,26 @@ def _predict(cfg: Dict[str, Any], plan: str, world_size: int, split) -> float:
         specs.append(dict(
             placement=plan, batch_size=cfg["batch"], dim=cfg["dim"], world_size=world_size,
             pooling=cfg["pooling"], num_rows=cfg["rows"], hot_share=ts.hot_share, num_hot=ts.num_hot,
-            cold_sharding="table_wise",
+            cold_sharding=cfg["hybrid_cold"],
         ))
     return float(sum(predict_bytes_per_step(specs).values()))
+
+
+def _planner_predict(cfg: Dict[str, Any], plan: str, world_size: int, split, pooling: Dict[str, float]) -> float:
+    """The planner's cost model on the tables as it would see them from stats.json, summed over tables.
+
+    All ranks of the bench share one machine, so devices per node = W.
+    """
+    from rayemb.planner.cost import table_bytes
+    from rayemb.planner.types import Placement, TableSpec
+
+    total = 0.0
+    for t in range(cfg["tables"]):
+        ts = split.tables[f"t{t}"]
+        spec = TableSpec(f"t{t}", rows=cfg["rows"], dim=cfg["dim"], pooling_factor=pooling[f"t{t}"],
+                         hot_rows=ts.num_hot, hot_share=ts.hot_share)
+        total += table_bytes(spec, Placement(plan), world_size, world_size, cfg["batch"])
+    return float(total)
 
 
 def _run_plan(rank: int, world_size: int, cfg: Dict[str, Any], plan_name: str, split, batches) -> Dict[str, float]:
@@ -140,7 +171,7 @@ def _run_plan(rank: int, world_size: int, cfg: Dict[str, Any], plan_name: str, s
     configs = _configs(cfg)
     if plan_name == "hybrid":
         module = HybridEmbeddingBagCollection(configs, {f"t{t}": split.hot_ids(f"t{t}") for t in range(cfg["tables"])})
-        constraints = hybrid_constraints(module, "table_wise")
+        constraints = hybrid_constraints(module, cfg["hybrid_cold"])
         remap = module.remapper.remap
     else:
         module = EmbeddingBagCollection(configs)
@@ -200,7 +231,7 @@ def _bench_rank(rank: int, world_size: int, cfg: Dict[str, Any], alphas, pooling
     for alpha in alphas:
         for pooling in poolings:
             c = dict(cfg, alpha=alpha, pooling=pooling)
-            split = _split(c, world_size)
+            split, pooling_seen = _split(c, world_size)
             batches = _make_batches(c, cfg["steps"] + 1, seed=7)
             for plan in plans:
                 r = _run_plan(rank, world_size, c, plan, split, batches)
@@ -208,6 +239,7 @@ def _bench_rank(rank: int, world_size: int, cfg: Dict[str, Any], alphas, pooling
                     "alpha": alpha, "pooling": pooling, "world_size": world_size, "plan": plan,
                     "bytes_per_step": r["bytes_per_step"],
                     "predicted_bytes_per_step": _predict(c, plan, world_size, split),
+                    "planner_predicted_bytes_per_step": _planner_predict(c, plan, world_size, split, pooling_seen),
                     "step_time_s": r["step_time_s"],
                     "hot_rows": int(sum(t.num_hot for t in split.tables.values())) if plan == "hybrid" else 0,
                     "hot_share": float(np.mean([t.hot_share for t in split.tables.values()])) if plan == "hybrid" else 0.0,
@@ -223,7 +255,7 @@ def _run_world(world_size: int, **kwargs: Any) -> List[Dict[str, Any]]:
 
 def format_table(results: List[Dict[str, Any]]) -> str:
     head = (f"{'alpha':>5} {'P':>3} {'W':>2} {'plan':<14}{'MB/step':>9}{'pred MB':>9}{'pred/meas':>10}"
-            f"{'vs best pooled':>15}{'step s':>8}")
+            f"{'planner MB':>11}{'planner/meas':>13}{'vs best pooled':>15}{'step s':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
         pooled = [x["bytes_per_step"] for x in results
@@ -234,6 +266,8 @@ def format_table(results: List[Dict[str, Any]]) -> str:
             f"{r['alpha']:>5.1f} {r['pooling']:>3.0f} {r['world_size']:>2} {r['plan']:<14}"
             f"{r['bytes_per_step'] / 1e6:>9.3f}{r['predicted_bytes_per_step'] / 1e6:>9.3f}"
             f"{r['predicted_bytes_per_step'] / max(r['bytes_per_step'], 1):>10.3f}"
+            f"{r['planner_predicted_bytes_per_step'] / 1e6:>11.3f}"
+            f"{r['planner_predicted_bytes_per_step'] / max(r['bytes_per_step'], 1):>13.3f}"
             f"{r['bytes_per_step'] / best:>15.3f}{r['step_time_s']:>8.3f}"
         )
     return "\n".join(lines)
@@ -250,8 +284,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=3, help="measured steps (after one warm-up)")
     p.add_argument("--stats-batches", type=int, default=20, help="global batches in the stats sample")
     p.add_argument("--world-sizes", default=",".join(map(str, WORLD_SIZES)))
+    p.add_argument("--hybrid-cold", choices=("row_wise", "table_wise"), default=HYBRID_COLD_DEFAULT,
+                   help="sharding of the hybrid plan's cold half (the planner deploys row_wise)")
     a = p.parse_args(argv)
-    cfg = dict(tables=a.tables, rows=a.rows, dim=a.dim, batch=a.batch, steps=a.steps, stats_batches=a.stats_batches)
+    cfg = dict(tables=a.tables, rows=a.rows, dim=a.dim, batch=a.batch, steps=a.steps, stats_batches=a.stats_batches,
+               hybrid_cold=a.hybrid_cold)
     alphas, poolings = ((1.1,), (1.0,)) if a.quick else (ALPHAS, POOLINGS)
     results: List[Dict[str, Any]] = []
     for w in (int(x) for x in a.world_sizes.split(",")):

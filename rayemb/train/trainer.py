@@ -16,7 +16,9 @@ from typing import Any, Dict, List, Optional
 from rayemb.config import JobConfig, read_yaml_dict, resolve_path
 from rayemb.constants import MIN_CPUS_PER_WORKER, RESERVED_DATA_CPUS, TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, load_checked, parquet_files
-from rayemb.errors import DataError, TrainingError
+from rayemb.errors import DataError, RayembError, TrainingError
+from rayemb.planner.types import parse_pins
+from rayemb.train.sharding import pins_of
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +177,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
     data_dir = resolve_path(cfg.data.path)
     out_dir = resolve_path(cfg.tracking.output_dir)
     schema = load_checked(data_dir)
+    parse_pins(pins_of(cfg, schema.sparse_names), schema.sparse_names)  # bad pins fail before any work
     print(f"rayemb: data {data_dir} ({len(schema.sparse)} sparse tables), outputs {out_dir}", flush=True)
 
     if not ray.is_initialized():
@@ -194,9 +197,14 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
 
     topology = job_topology(cfg)
     stats, split = _stats_and_split(cfg, schema, data_dir, topology)
-    job_plan = ray.get(
-        ray.remote(num_cpus=0)(_plan_remote).remote(cfg.to_dict(), schema.to_dict(), stats, split, topology)
-    )
+    try:
+        job_plan = ray.get(
+            ray.remote(num_cpus=0)(_plan_remote).remote(cfg.to_dict(), schema.to_dict(), stats, split, topology)
+        )
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, RayembError):  # show the planner's own message, not the remote traceback
+            raise e.cause from None
+        raise
     plan_summary = job_plan.summary
     fingerprint = _fingerprint(plan_summary)
     placements = {name: t["placement"] for name, t in plan_summary["tables"].items()}

@@ -71,3 +71,11 @@ def test_dataset_missing_a_configured_column(tmp_path, tiny_data):
 
 def test_gen_data_bad_rows(tmp_path):
     _assert_user_error(_cli("gen-data", "--out", str(tmp_path / "d"), "--rows", "1"), "rows=1")
+
+
+def test_bad_table_pin_names_the_table(tmp_path, tiny_data):
+    cfg = os.path.join(REPO, "jobs", "configs", "synth_small.yaml")
+    p = _job("--config", cfg, "--set", f"data.path={tiny_data}", "--set", f"tracking.output_dir={tmp_path}/out",
+             "--set", "planner.tables={C2: {sharding: diagonal}}")
+    _assert_user_error(p, "C2", "diagonal", "row_wise")
+    assert not (tmp_path / "out").exists()
