@@ -19,21 +19,25 @@ usual Criteo preprocessing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from rayemb.data.schema import DatasetSchema
+
+if TYPE_CHECKING:
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from rayemb.errors import DataError
 
 
 @dataclass
 class Batch:
-    dense: "torch.Tensor"  # noqa: F821  (B, num_dense) float32
-    sparse: "KeyedJaggedTensor"  # noqa: F821
-    labels: "torch.Tensor"  # noqa: F821  (B,) float32
+    dense: "torch.Tensor"  # (B, num_dense) float32
+    sparse: "KeyedJaggedTensor"
+    labels: "torch.Tensor"  # (B,) float32
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])

@@ -40,7 +40,7 @@ import pickle
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 
 from rayemb.config import ID_POLICIES
 from rayemb.constants import SCHEMA_FILE, TRAIN_SPLIT
-from rayemb.data.schema import DatasetSchema, check_parquet_columns, parquet_files, split_dir
+from rayemb.data.schema import DatasetSchema, check_parquet_columns, parquet_files
 from rayemb.errors import DataError
 
 logger = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -50,6 +50,9 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from rayemb.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from torchrec.distributed.planner.types import ParameterConstraints
 
 logger = logging.getLogger(__name__)
 

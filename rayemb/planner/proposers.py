@@ -11,7 +11,7 @@ import heapq
 import logging
 import math
 from collections import OrderedDict
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from torchrec.distributed.planner.types import Enumerator, Proposer, ShardingOption, Topology

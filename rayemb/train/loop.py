@@ -129,7 +129,6 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
-    compute_device = "cuda" if device.type == "cuda" else "cpu"
     torch.manual_seed(cfg.train.seed)
 
     job_plan = loop_config["plan"]

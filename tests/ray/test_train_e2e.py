@@ -1,8 +1,18 @@
 """A real training job on a local 2-CPU Ray: 2 gloo workers, sharded DLRM, MLflow sqlite store."""
 
+import contextlib
+import io
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
 
 import pytest
+from _servers import free_port
 from mlflow.tracking import MlflowClient
 
 from rayemb.config import load_config
@@ -51,3 +61,41 @@ def test_job_learns_and_is_tracked(ray_2_cpus, tiny_data, tmp_path):
         assert run.data.metrics[f"time_s.{phase}"] > 0
     plan = result.plan
     assert plan["world_size"] == 2 and len(plan["tables"]) == 8
+
+
+def test_mlflow_ui_command_shows_the_charts(ray_2_cpus, tiny_data, tmp_path):
+    """The `mlflow ui` command rayemb prints serves the run's charts."""
+    from rayemb.cli import _print_result
+    from rayemb.train.trainer import run_training
+
+    cfg = load_config("jobs/configs/synth_small.yaml", [
+        f"data.path={tiny_data}", f"tracking.output_dir={tmp_path}", "train.max_steps_per_epoch=10",
+        "train.log_every_n_steps=5",
+    ])
+    result = run_training(cfg)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        _print_result(result)
+    cmd = re.search(r"browse it with:\s+(mlflow ui .*)$", buf.getvalue(), re.M).group(1).split()
+    port = free_port()
+    cmd = [os.path.join(os.path.dirname(sys.executable), "mlflow"), *cmd[1:]]
+    cmd[cmd.index("--port") + 1] = str(port)
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}/get-artifact?path=charts/training_curves.png&run_uuid={result.run_id}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    body = r.read()
+                break
+            except OSError:
+                assert proc.poll() is None, "mlflow ui exited"
+                assert time.monotonic() < deadline, "mlflow ui did not answer"
+                time.sleep(0.5)
+        assert body[:8] == b"\x89PNG\r\n\x1a\n" and len(body) > 5000
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pyarrow.parquet as pq
-import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
