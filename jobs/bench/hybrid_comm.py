@@ -3,9 +3,9 @@
 For Zipf alpha in {0.8, 1.1, 1.3}, one-hot (sum) and multi-hot (mean pooling,
 8 ids per bag on average) features, world size 2 and 4 (real gloo processes on
 this machine), and each plan — ``hybrid`` (hot rows data-parallel, cold rows
-row-wise with per-id exchange: the planner's hybrid placement; ``--hybrid-cold
-table_wise`` measures a table-wise cold half instead), TorchRec ``table_wise``, ``row_wise`` and
-``data_parallel`` on the same tables — it trains a few steps under
+row-wise with per-id exchange: the planner's hybrid placement;
+``--hybrid-cold table_wise`` measures a table-wise cold half instead), TorchRec
+``table_wise``, ``row_wise`` and ``data_parallel`` on the same tables — it trains a few steps under
 ``DistributedModelParallel`` and records:
 
 * ``bytes_per_step``: bytes sent off-rank summed over ranks, counted by
