@@ -64,6 +64,14 @@ start() {
   return 1
 }
 
+# Ray records the newest head in /tmp/ray/ray_current_cluster and a bare `ray.init()` tries to join it;
+# forget our head once it is gone (only if the record is ours).
+forget_address() {
+  local rec=/tmp/ray/ray_current_cluster
+  [[ -f "$rec" ]] && grep -q ":$PORT\$" "$rec" && rm -f "$rec"
+  return 0
+}
+
 stop() {
   if ! running; then
     rm -f "$PID_FILE"
@@ -75,12 +83,13 @@ stop() {
   echo "stopping ray head (pid $pid)"
   kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 1 60); do
-    kill -0 "$pid" 2>/dev/null || { rm -f "$PID_FILE"; echo "ray head stopped"; return 0; }
+    kill -0 "$pid" 2>/dev/null || { rm -f "$PID_FILE"; forget_address; echo "ray head stopped"; return 0; }
     sleep 1
   done
   echo "ray head (pid $pid) ignored SIGTERM for 60 s; sending SIGKILL" >&2
   kill -KILL "$pid" 2>/dev/null || true
   rm -f "$PID_FILE"
+  forget_address
 }
 
 case "${1:-}" in

@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rayemb._ray import init_ray
 from rayemb.config import ID_POLICIES
 from rayemb.constants import SCHEMA_FILE, TRAIN_SPLIT
 from rayemb.data.schema import DatasetSchema, check_parquet_columns, parquet_files
@@ -514,7 +515,7 @@ def compute_stats(
     ``exact=True`` keeps the full histogram of every table (heavy_hitters lists
     every id, error_bound 0): memory O(distinct ids), for small data and tests.
     Otherwise each table keeps a Misra–Gries summary of ``num_heavy_hitters``
-    counters. Starts Ray (``ray.init()``) only when it is not running. Checks
+    counters. Starts Ray (:func:`rayemb._ray.init_ray`) only when it is not running. Checks
     the columns first (missing column / wrong type: :class:`DataError` naming it).
     Out-of-range ids are counted, not fatal: apply :func:`check_ids` with the
     job's ``data.id_policy``.
@@ -531,8 +532,7 @@ def compute_stats(
     total_rows = 0
     if progress:
         total_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
-    if not ray.is_initialized():
-        ray.init()
+    init_ray()
     ctx = ray.data.DataContext.get_current()
     old_bars = ctx.enable_progress_bars
     ctx.enable_progress_bars = False

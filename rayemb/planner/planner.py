@@ -48,7 +48,6 @@ from rayemb.planner.cost import (
     OPTIMIZER_STATE_BYTES,
     BytesCostModel,
     column_shards,
-    replicated_bytes_per_rank,
     table_bytes,
     table_memory,
 )
@@ -533,10 +532,9 @@ def plan_main(args: argparse.Namespace) -> int:
         )
         global_batch = cfg.data.batch_size * args.world_size
     else:
-        import ray
+        from rayemb._ray import init_ray
 
-        if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), include_dashboard=False, log_to_driver=False)
+        init_ray()
         topo = topology_from_ray(num_workers=cfg.scaling.num_workers)
         if args.hbm_gib:
             topo = topo.with_overrides(hbm_bytes=int(args.hbm_gib * GiB))

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from rayemb._ray import init_ray
 from rayemb.config import JobConfig, read_yaml_dict, resolve_path
 from rayemb.constants import MIN_CPUS_PER_WORKER, RESERVED_DATA_CPUS, TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, load_checked, parquet_files
@@ -180,8 +181,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
     parse_pins(pins_of(cfg, schema.sparse_names), schema.sparse_names)  # bad pins fail before any work
     print(f"rayemb: data {data_dir} ({len(schema.sparse)} sparse tables), outputs {out_dir}", flush=True)
 
-    if not ray.is_initialized():
-        ray.init(logging_level=logging.WARNING)
+    init_ray()
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     train_ds = ray.data.read_parquet(parquet_files(data_dir, TRAIN_SPLIT))

@@ -25,7 +25,7 @@ from rayemb.planner.planner import (
     to_sharding_plan,
 )
 from rayemb.planner.topology import described_topology
-from rayemb.planner.types import GiB, Placement, PlanResult, TableSpec
+from rayemb.planner.types import Placement, PlanResult, TableSpec
 
 CPU2 = described_topology(2, 2, compute_device="cpu", ddr_gib=8)
 
