@@ -31,6 +31,8 @@ TRACKING_URI_ENV_VAR = "MLFLOW_TRACKING_URI"
 RESERVED_DATA_CPUS = 1.0
 MIN_CPUS_PER_WORKER = 0.25
 DEFAULT_LOG_EVERY_N_STEPS = 20
+#: test hook: "STEP:MARKER_FILE" makes a worker fail once at STEP (the marker records that it did)
+FAULT_INJECTION_ENV_VAR = "RAYEMB_FAULT_INJECTION"
 
 # ---- TRACKING ---- #
 MLFLOW_DB_FILE = "mlflow.db"

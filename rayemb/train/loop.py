@@ -11,8 +11,10 @@ and logloss on the validation split, gathered over all ranks, and reports.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -68,6 +70,50 @@ class StepTimer:
     def reset(self) -> None:
         self.totals = dict.fromkeys(self.PHASES, 0.0)
         self._t = time.perf_counter()
+
+
+# ---- CHECKPOINTS ---- #
+#
+# Every epoch end, each rank writes its own shard of the model and optimizer state
+# (TorchRec's state dicts hold ShardedTensors of this rank's rows) as rank<r>.pt into
+# one checkpoint directory: Ray Train syncs the directory name across ranks and
+# uploads every rank's files into it. A restarted worker group (scaling.max_failures)
+# resumes from the epoch after the last checkpoint. Restoring needs the same world
+# size and plan, which the driver guarantees by planning once per job.
+
+
+def _rank_file(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank{rank}.pt")
+
+
+def save_checkpoint(directory: str, model, optimizer, rank: int, epoch: int, step: int) -> None:
+    import torch
+
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "step": step},
+               _rank_file(directory, rank))
+
+
+def restore_checkpoint(model, optimizer, rank: int) -> Tuple[int, int]:
+    """Loads this rank's shard of the latest checkpoint, if any; returns (step, first epoch to run)."""
+    import ray.train
+    import torch
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0, 0
+    with checkpoint.as_directory() as directory:
+        state = torch.load(_rank_file(directory, rank), weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    logger.info("rank %d: resumed from the checkpoint of epoch %d (step %d)", rank, state["epoch"], state["step"])
+    return int(state["step"]), int(state["epoch"]) + 1
+
+
+def _maybe_inject_fault(fault: Optional[Dict[str, Any]], step: int) -> None:
+    """Test hook ($RAYEMB_FAULT_INJECTION=STEP:MARKER_FILE on the driver): fail once at STEP."""
+    if fault and step == fault["step"] and not os.path.exists(fault["marker"]):
+        open(fault["marker"], "w").close()
+        raise RuntimeError(f"injected fault at step {step}")
 
 
 def _gather(arr: np.ndarray) -> np.ndarray:
@@ -153,8 +199,9 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     global_batch = cfg.data.batch_size * world
     log_every = cfg.train.log_every_n_steps
 
-    step = 0
-    for epoch in range(cfg.train.epochs):
+    step, first_epoch = restore_checkpoint(model, optimizer, rank)
+    fault = loop_config.get("fault_injection")
+    for epoch in range(first_epoch, cfg.train.epochs):
         it = _batches(ray.train.get_dataset_shard("train"), cfg.data.batch_size, converter)
         window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
         timer = StepTimer()
@@ -176,6 +223,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
             optimizer.step()
             timer.lap("optimizer")
             step += 1
+            _maybe_inject_fault(fault, step)
             window_loss += float(loss.detach())
             window_steps += 1
             if step % log_every == 0:
@@ -216,4 +264,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         valid = evaluate(model, ray.train.get_dataset_shard("valid"), cfg.data.batch_size, converter, device)
         if rank == 0:
             logger.info("epoch %d step %d: %s", epoch, step, valid)
-        ray.train.report({"step": step, "epoch": epoch, "epoch_end": 1, **valid})
+        with tempfile.TemporaryDirectory() as ckpt_dir:
+            save_checkpoint(ckpt_dir, model, optimizer, rank, epoch, step)
+            ray.train.report({"step": step, "epoch": epoch, "epoch_end": 1, **valid},
+                             checkpoint=ray.train.Checkpoint.from_directory(ckpt_dir))

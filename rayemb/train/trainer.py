@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 from rayemb._ray import init_ray
 from rayemb.config import JobConfig, read_yaml_dict, resolve_path
-from rayemb.constants import MIN_CPUS_PER_WORKER, RESERVED_DATA_CPUS, TRAIN_SPLIT, VALID_SPLIT
+from rayemb.constants import FAULT_INJECTION_ENV_VAR, MIN_CPUS_PER_WORKER, RESERVED_DATA_CPUS, TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, load_checked, parquet_files
 from rayemb.errors import DataError, RayembError, TrainingError
 from rayemb.planner.types import parse_pins
@@ -157,6 +157,15 @@ def _plan_remote(cfg_dict: Dict[str, Any], schema_dict: Dict[str, Any], stats: D
     return make_job_plan(config_from_dict(cfg_dict), DatasetSchema.from_dict(schema_dict), stats, split, topology)
 
 
+def _fault_injection() -> Optional[Dict[str, Any]]:
+    """``$RAYEMB_FAULT_INJECTION=STEP:MARKER_FILE``: a worker fails once at STEP (tests of failure recovery)."""
+    spec = os.environ.get(FAULT_INJECTION_ENV_VAR)
+    if not spec:
+        return None
+    step, marker = spec.split(":", 1)
+    return {"step": int(step), "marker": marker}
+
+
 def _fingerprint(summary: Dict[str, Any]) -> str:
     import hashlib
 
@@ -239,7 +248,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"job": cfg.to_dict(), "schema": schema.to_dict(), "plan": job_plan, "steps_per_epoch": steps,
-                           "metrics_queue": queue},
+                           "metrics_queue": queue, "fault_injection": _fault_injection()},
         torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=world, use_gpu=cfg.scaling.use_gpu, resources_per_worker={"CPU": cpus}
