@@ -248,7 +248,7 @@ def _bench_rank(rank: int, world_size: int, cfg: Dict[str, Any], alphas, pooling
 
 
 def _run_world(world_size: int, **kwargs: Any) -> List[Dict[str, Any]]:
-    from tests.dist._mp import run_multiprocess
+    from rayemb.multiprocess import run_multiprocess
 
     return run_multiprocess(_bench_rank, world_size, timeout_s=3000, **kwargs)[0]
 

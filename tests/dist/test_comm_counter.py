@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _mp import run_multiprocess
+from rayemb.multiprocess import run_multiprocess
 
 
 class _AllReduceInBackward(torch.autograd.Function):

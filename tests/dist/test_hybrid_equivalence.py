@@ -29,7 +29,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _mp import run_multiprocess
+from rayemb.multiprocess import run_multiprocess
 
 LOCAL_BATCH = 4
 STEPS = 3
