@@ -5,11 +5,11 @@ started (never `ray stop`); the test checks that PID is gone afterwards.
 """
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from _servers import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
@@ -17,22 +17,16 @@ BIN = os.path.dirname(sys.executable)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ray_job_submit_against_local_head(tmp_path, tiny_data, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "token")  # the SDK client below sends the head's token
-    dash = _free_port()
+    dash = free_port()
     env = {
         **os.environ,
-        "RAY_HEAD_PORT": str(_free_port()),
+        "RAY_HEAD_PORT": str(free_port()),
         "RAY_DASHBOARD_PORT": str(dash),
-        "RAY_DASHBOARD_AGENT_PORT": str(_free_port()),
-        "RAY_HEAD_EXTRA_ARGS": f"--metrics-export-port {_free_port()} --dashboard-agent-grpc-port {_free_port()} "
-        f"--runtime-env-agent-port {_free_port()} --ray-client-server-port {_free_port()}",
+        "RAY_DASHBOARD_AGENT_PORT": str(free_port()),
+        "RAY_HEAD_EXTRA_ARGS": f"--metrics-export-port {free_port()} --dashboard-agent-grpc-port {free_port()} "
+        f"--runtime-env-agent-port {free_port()} --ray-client-server-port {free_port()}",
         "RAYEMB_HEAD_DIR": str(tmp_path / "head"),
         "RAY_HEAD_NUM_CPUS": "2",
         "RAY_AUTH_MODE": "token",
