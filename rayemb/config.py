@@ -168,6 +168,10 @@ class JobConfig:
     def to_dict(self) -> Dict[str, Any]:
         return _to_plain(dataclasses.asdict(self))
 
+    def to_yaml(self) -> str:
+        """The resolved config as YAML (what ``load_config`` reads back)."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
     def flatten(self) -> Dict[str, Any]:
         """``{"train.epochs": 1, ...}`` for MLflow params."""
         out: Dict[str, Any] = {}
@@ -305,10 +309,6 @@ def resolve_path(path: str) -> str:
     if "://" in path or os.path.isabs(path):
         return path
     return os.path.abspath(os.path.join(os.environ.get(WORKSPACE_ENV_VAR) or os.getcwd(), path))
-
-
-def read_yaml_dict(cfg: JobConfig) -> str:
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 
 __all__: List[str] = [

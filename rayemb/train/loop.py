@@ -169,8 +169,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     cfg = config_from_dict(loop_config["job"])
     schema = DatasetSchema.from_dict(loop_config["schema"])
     steps_per_epoch: int = loop_config["steps_per_epoch"]
-    # Step metrics go straight to the driver's queue: ray.train.report is a barrier across ranks (about a
-    # second per call on a busy 2-core machine), so it is kept for epoch ends.
+    # Step metrics go straight to the driver's queue: ray.train.report is a barrier across ranks (about
+    # 2 s per call measured on a 2-core machine), so it is kept for epoch ends.
     metrics_queue = loop_config.get("metrics_queue")
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()

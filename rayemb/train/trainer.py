@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from rayemb._ray import init_ray
-from rayemb.config import JobConfig, read_yaml_dict, resolve_path
+from rayemb.config import JobConfig, resolve_path
 from rayemb.constants import FAULT_INJECTION_ENV_VAR, MIN_CPUS_PER_WORKER, RESERVED_DATA_CPUS, TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, load_checked, parquet_files
 from rayemb.errors import DataError, RayembError, TrainingError
@@ -129,13 +129,13 @@ def _log_plan(run_logger: Any, summary: Dict[str, Any], job_dir: str) -> None:
 
 def _log_charts(run_logger: Any, reports: List[Dict[str, Any]], job_dir: str) -> None:
     """Loss/AUC curves and peak memory per rank, as PNGs under ``job_dir`` and in the run's charts/."""
+    from rayemb.tracking.callback import numeric_metrics
     from rayemb.tracking.plots import plot_memory_per_rank, plot_training_curves
 
     history: Dict[str, List[Any]] = {}
     for r in reports:
-        for k, v in r.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                history.setdefault(k, []).append((r.get("step", 0), v))
+        for k, v in numeric_metrics(r).items():
+            history.setdefault(k, []).append((r.get("step", 0), v))
     try:
         curves = plot_training_curves(history, os.path.join(job_dir, "training_curves.png"), metrics=("loss", "auc"))
         run_logger.log_artifact(curves, "charts")
@@ -239,7 +239,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
     ).start()
     run_logger.log_params({**cfg.flatten(), "data.train_rows": train_rows, "data.valid_rows": valid_rows,
                            "scaling.cpus_per_worker_resolved": cpus, "train.steps_per_epoch": steps})
-    run_logger.log_text(read_yaml_dict(cfg), "config.yaml")
+    run_logger.log_text(cfg.to_yaml(), "config.yaml")
     _log_plan(run_logger, plan_summary, job_dir)
     _log_stats_and_split(run_logger, stats, split, job_dir)
 
