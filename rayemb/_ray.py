@@ -13,9 +13,16 @@ def init_ray() -> None:
     starts a private local Ray on 127.0.0.1.
 
     A bare ``ray.init()`` would instead try to join whatever cluster
-    ``/tmp/ray/ray_current_cluster`` last recorded — a head that may be long
-    gone, which makes ``ray.init()`` wait for a GCS that never answers. Set
-    ``RAY_ADDRESS=auto`` (or ``host:port``) to use a running cluster from a shell.
+    ``$RAY_TMPDIR/ray/ray_current_cluster`` (``RAY_TMPDIR`` defaults to ``TMPDIR``,
+    then ``/tmp``) last recorded — a head that may be long gone, which makes
+    ``ray.init()`` wait for a GCS that never answers. The private local Ray also
+    keeps its session under ``$RAY_TMPDIR/ray``.
+
+    To use a running cluster from a shell, set ``RAY_ADDRESS=host:port`` together
+    with its token: Ray turns token auth on for an explicit address only with
+    ``RAY_AUTH_MODE=token`` and reads the token from ``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``. For the head of
+    ``cluster/local_head.sh``, ``eval "$(bash cluster/local_head.sh env)"`` sets all of it.
     """
     import ray
 
