@@ -73,13 +73,19 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _print_result(result) -> None:
+    from rayemb.logs import redact_uri
+
     m = result.metrics
-    auc = m.get("valid_auc", float("nan"))
+    nan = float("nan")
+    best, best_epoch = m.get("best_valid_auc", m.get("valid_auc", nan)), int(m.get("best_epoch", m.get("epoch", 0)))
     print(
         f"rayemb: run {result.run_id} {result.status} in {result.wall_time_s:.0f}s; "
-        f"valid_auc={auc:.4f} valid_logloss={m.get('valid_logloss', float('nan')):.4f}"
+        f"best_valid_auc={best:.4f} (epoch {best_epoch + 1}); last epoch valid_auc={m.get('valid_auc', nan):.4f} "
+        f"valid_logloss={m.get('valid_logloss', nan):.4f}"
     )
-    uri = result.tracking_uri
+    if result.best_checkpoint:
+        print(f"rayemb: best checkpoint: {result.best_checkpoint}")
+    uri = redact_uri(result.tracking_uri)
     print(f"rayemb: MLflow store: {uri}")
     print(f"rayemb: browse it with:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
 
@@ -138,7 +144,10 @@ def _unavailable(name: str, err: Exception) -> Callable[[argparse.Namespace], in
 
 
 def run_cli(argv: Optional[Sequence[str]], parser: argparse.ArgumentParser) -> int:
+    from rayemb.logs import quiet_third_party_logs
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet_third_party_logs()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -148,7 +157,9 @@ def run_cli(argv: Optional[Sequence[str]], parser: argparse.ArgumentParser) -> i
     except RayembError as e:
         if os.environ.get("RAYEMB_DEBUG"):
             raise
-        print(f"rayemb: error: {e}", file=sys.stderr)
+        from rayemb.logs import redact_text
+
+        print(f"rayemb: error: {redact_text(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("rayemb: interrupted", file=sys.stderr)

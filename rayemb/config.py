@@ -84,6 +84,11 @@ class TrainConfig:
     log_every_n_steps: int = DEFAULT_LOG_EVERY_N_STEPS
     #: cap on steps per epoch (None: the whole train split)
     max_steps_per_epoch: Optional[int] = None
+    #: stop after this many epochs without a validation-AUC gain (None: run every epoch); the run
+    #: reports best_valid_auc / best_epoch either way, and Ray Train keeps the best checkpoint
+    early_stopping_patience: Optional[int] = None
+    #: a checkpoint_* directory of an earlier job (same config and world size) to continue from
+    resume_from: Optional[str] = None
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train.epochs", f"{self.epochs} < 1", "Train at least one epoch.")
@@ -95,6 +100,9 @@ class TrainConfig:
                  "Use a positive step count.")
         _require(self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1, "train.max_steps_per_epoch",
                  f"{self.max_steps_per_epoch} < 1", "Use a positive cap or null for the whole split.")
+        _require(self.early_stopping_patience is None or self.early_stopping_patience >= 1,
+                 "train.early_stopping_patience", f"{self.early_stopping_patience} < 1",
+                 "Use a positive number of epochs, or null to run every epoch.")
 
 
 @dataclass(frozen=True)
@@ -227,6 +235,11 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             raise ConfigError(f"Invalid config value {where}: expected an integer, got {value!r}.")
         return value
     if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string; users write it that way
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"Invalid config value {where}: expected a number, got {value!r}.")
         return float(value)

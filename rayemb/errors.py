@@ -8,7 +8,7 @@ they survive crossing Ray process boundaries.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, List, Optional, Set, Tuple
 
 
 class RayembError(Exception):
@@ -47,5 +47,37 @@ class TrainingError(RayembError):
     exit_code = 1
 
 
+class TrainingDivergedError(RayembError):
+    """The loss became NaN or infinite: the job's learning rates or data make training diverge."""
+
+
 class TrackingError(RayembError):
     """An MLflow store, experiment or run asked for does not exist or cannot be read."""
+
+
+def find_user_error(exc: BaseException, _seen: Optional[Set[int]] = None) -> Optional[RayembError]:
+    """The first :class:`RayembError` inside ``exc``: itself, its causes, or a Ray wrapper's cause.
+
+    Ray hands a worker's or task's exception back wrapped (``RayTaskError`` with
+    ``.cause``, Ray Data's ``UserCodeException`` chained by ``__cause__``, Ray
+    Train's ``WorkerGroupError`` with ``.worker_failures``); the user needs the
+    rayemb message inside, not the wrapper's traceback.
+    """
+    seen = _seen if _seen is not None else set()
+    if exc is None or id(exc) in seen:
+        return None
+    seen.add(id(exc))
+    if isinstance(exc, RayembError):
+        # a RayTaskError made "as instance of cause" is also a RayembError: return the plain cause it wraps
+        cause = getattr(exc, "cause", None)
+        return find_user_error(cause, seen) if isinstance(cause, RayembError) else exc
+    nested: List[Any] = [getattr(exc, "cause", None), exc.__cause__, exc.__context__]
+    failures = getattr(exc, "worker_failures", None)
+    if isinstance(failures, dict):
+        nested.extend(failures.values())
+    for inner in nested:
+        if isinstance(inner, BaseException):
+            found = find_user_error(inner, seen)
+            if found is not None:
+                return found
+    return None

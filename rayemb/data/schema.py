@@ -113,8 +113,20 @@ class DatasetSchema:
                 f"No {SCHEMA_FILE} in data directory {directory!r}. Point data.path at a directory made by "
                 f"`rayemb gen-data --out DIR` (or write {SCHEMA_FILE} next to your parquet files)."
             )
-        with open(path) as f:
-            d = yaml.safe_load(f) or {}
+        try:
+            with open(path) as f:
+                d = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+            raise DataError(
+                f"{path} is not valid YAML{at} ({getattr(e, 'problem', None) or type(e).__name__}). Fix the syntax, "
+                "or regenerate the dataset with `rayemb gen-data`.", category="invalid_schema",
+            ) from None
+        if not isinstance(d, dict):
+            raise DataError(f"{path} must hold a mapping with keys label, dense and sparse; it holds "
+                            f"{type(d).__name__}. Fix it, or regenerate the dataset with `rayemb gen-data`.",
+                            category="invalid_schema")
         return cls.from_dict(d, source=path)
 
 
@@ -135,28 +147,50 @@ def parquet_files(data_dir: str, split: str = TRAIN_SPLIT) -> List[str]:
     return files
 
 
-def check_parquet_columns(schema: DatasetSchema, data_dir: str, split: str) -> None:
-    """Checks the parquet schema of ``split`` against ``schema``: presence and types.
-
-    Reads only the file footers, so it is cheap on any data size and runs before
-    any work starts.
-    """
+def _read_footer_schema(path: str) -> Any:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    files = parquet_files(data_dir, split)
-    actual = pq.read_schema(files[0])
-    where = f"{split_dir(data_dir, split)} (e.g. {os.path.basename(files[0])})"
+    try:
+        return pq.read_schema(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(
+            f"Parquet file {path!r} cannot be read ({type(e).__name__}: {str(e).strip()[:200]}). It is corrupt or "
+            "truncated: rewrite it (e.g. rerun the conversion that made it) or remove it from the dataset.",
+            category="corrupt_file",
+        ) from None
+
+
+def check_parquet_columns(schema: DatasetSchema, data_dir: str, split: str) -> None:
+    """Checks the parquet schema of every file of ``split`` against ``schema``: presence and types.
+
+    Reads only the file footers (a truncated file fails here, named), so it is
+    cheap on any data size and runs before any work starts.
+    """
+    for path in parquet_files(data_dir, split):
+        _check_file_columns(schema, _read_footer_schema(path), f"{split_dir(data_dir, split)}/{os.path.basename(path)}")
+
+
+def count_rows(data_dir: str, split: str) -> int:
+    """Rows of a split from the parquet footers (no data pages are read)."""
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in parquet_files(data_dir, split))
+
+
+def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
+    import pyarrow as pa
+
     missing = [c for c in [schema.label, *schema.dense, *schema.sparse_names] if c not in actual.names]
     if missing:
         raise DataError(
-            f"Dataset {where} is missing configured column(s) {missing}; it has {actual.names[:8]}"
+            f"Parquet file {where} is missing configured column(s) {missing}; it has {actual.names[:8]}"
             f"{'...' if len(actual.names) > 8 else ''}. Fix data.path, or make schema.yaml match the files."
         )
 
     def bad(col: str, want: str, got: Any) -> DataError:
         return DataError(
-            f"Column {col!r} of dataset {where} has type {got}, expected {want}. Rewrite the column with "
+            f"Column {col!r} of parquet file {where} has type {got}, expected {want}. Rewrite the column with "
             f"that type (or fix its entry in schema.yaml)."
         )
 

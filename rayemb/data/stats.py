@@ -50,8 +50,9 @@ import pyarrow.parquet as pq
 from rayemb._ray import init_ray
 from rayemb.config import ID_POLICIES
 from rayemb.constants import SCHEMA_FILE, TRAIN_SPLIT
+from rayemb.data.checks import ValueSummary
 from rayemb.data.schema import DatasetSchema, check_parquet_columns, parquet_files
-from rayemb.errors import DataError
+from rayemb.errors import DataError, find_user_error
 
 logger = logging.getLogger(__name__)
 
@@ -418,25 +419,43 @@ def _summarize_table(
 
 
 def _summarize_files(
-    batch: pa.Table, *, features: Sequence[Tuple[str, int, bool]], capacity: Optional[int], rows_per_read: int
+    batch: pa.Table, *, features: Sequence[Tuple[str, int, bool]], capacity: Optional[int], rows_per_read: int,
+    label: Optional[str] = None, dense: Sequence[str] = (),
 ) -> pa.Table:
-    """Ray Data UDF: parquet paths in, one row per file out, holding its pickled ``{name: TableSummary}``.
+    """Ray Data UDF: parquet paths in, one row per file out, holding its pickled summaries.
 
     Each file is read with pyarrow's ``ParquetFile.iter_batches`` in batches of
     ``rows_per_read`` rows (bounded memory) and the batch summaries are merged
-    in the task, so only k counters per table leave it.
+    in the task, so only k counters per table leave it. The pickled value is
+    ``({name: TableSummary}, ValueSummary)``: the sparse tables and the label and
+    dense value checks. A file that cannot be decoded raises :class:`DataError`
+    naming it.
     """
     names = [f[0] for f in features]
+    columns = names + ([label] if label else []) + list(dense)
     blobs = []
     for path in batch.column("path").to_pylist():
         merger = _TreeMerger()
-        pf = pq.ParquetFile(path)
-        for rb in pf.iter_batches(batch_size=rows_per_read, columns=names, use_threads=False):
-            merger.push(_summarize_table(pa.Table.from_batches([rb]), features, capacity))
+        values = ValueSummary()
+        try:
+            pf = pq.ParquetFile(path)
+            for rb in pf.iter_batches(batch_size=rows_per_read, columns=columns, use_threads=False):
+                table = pa.Table.from_batches([rb])
+                if features:
+                    merger.push(_summarize_table(table, features, capacity))
+                values = values + ValueSummary.of_table(table, label, dense)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            # Returned, not raised: Ray Data would wrap a raised error in its own exception and traceback.
+            blobs.append(pickle.dumps(DataError(
+                f"Parquet file {path!r} cannot be read ({type(e).__name__}: {str(e).strip()[:200]}). It is corrupt "
+                "or truncated: rewrite it (e.g. rerun the conversion that made it) or remove it from the dataset.",
+                category="corrupt_file",
+            ), protocol=pickle.HIGHEST_PROTOCOL))
+            continue
         part = merger.result()
-        if part is None:  # a file without rows
+        if part is None:  # a file without rows, or no sparse tables asked for
             part = {n: TableSummary(n, v, capacity) for n, v, _ in features}
-        blobs.append(pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL))
+        blobs.append(pickle.dumps((part, values), protocol=pickle.HIGHEST_PROTOCOL))
     return pa.table({"summary": pa.array(blobs, type=pa.large_binary())})
 
 
@@ -505,8 +524,13 @@ def compute_stats(
     split: str = TRAIN_SPLIT,
     num_heavy_hitters: int = DEFAULT_NUM_HEAVY_HITTERS,
     progress: bool = False,
+    tables: bool = True,
 ) -> Dict[str, Any]:
     """Computes the ``stats.json`` dict of ``data_dir/split`` in one streaming Ray Data pass.
+
+    The same pass counts bad label and dense values (``"values"``, see
+    :mod:`rayemb.data.checks`); ``tables=False`` does only that (the validation
+    split needs no table statistics).
 
     One Ray Data map task per parquet file reads it in bounded batches and
     emits that file's summaries; the driver merges them in a tree as they
@@ -528,7 +552,7 @@ def compute_stats(
     check_parquet_columns(schema, data_dir, split)
     files = parquet_files(data_dir, split)
     fingerprint = dataset_fingerprint(data_dir, split)
-    features = [(f.name, int(f.num_embeddings), bool(f.multi_hot)) for f in schema.sparse]
+    features = [(f.name, int(f.num_embeddings), bool(f.multi_hot)) for f in schema.sparse] if tables else []
     total_rows = 0
     if progress:
         total_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
@@ -538,6 +562,7 @@ def compute_stats(
     ctx.enable_progress_bars = False
     t0 = time.monotonic()
     merger = _TreeMerger()
+    value_summary = ValueSummary()
     rows = values = blocks = 0
     last_print = t0
     try:
@@ -555,19 +580,30 @@ def compute_stats(
                 "features": features,
                 "capacity": None if exact else num_heavy_hitters,
                 "rows_per_read": DEFAULT_ROWS_PER_READ,
+                "label": schema.label,
+                "dense": list(schema.dense),
             },
         )
         for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
             for blob in batch.column("summary").to_pylist():
-                part: Dict[str, TableSummary] = pickle.loads(blob)
-                first = next(iter(part.values()))
-                rows += first.rows
+                loaded = pickle.loads(blob)
+                if isinstance(loaded, DataError):  # an unreadable file, named
+                    raise loaded
+                part, file_values = loaded
+                rows += file_values.rows
                 values += sum(s.values for s in part.values())
                 blocks += 1
-                merger.push(part)
+                value_summary = value_summary + file_values
+                if part:
+                    merger.push(part)
             if progress and time.monotonic() - last_print >= 2.0:
                 last_print = time.monotonic()
                 _print_progress(rows, total_rows, values, t0)
+    except Exception as e:  # a task's DataError (corrupt file) arrives wrapped by Ray: show it as it is
+        user_error = find_user_error(e)
+        if user_error is not None:
+            raise user_error from None
+        raise
     finally:
         ctx.enable_progress_bars = old_bars
     merged = merger.result()
@@ -588,6 +624,7 @@ def compute_stats(
         "exact": bool(exact),
         "num_heavy_hitters": None if exact else int(num_heavy_hitters),
         "elapsed_s": round(elapsed, 3),
+        "values": value_summary.to_dict(),
         "tables": {name: merged[name].to_dict() for name, _, _ in features},
     }
 
@@ -663,6 +700,7 @@ def load_or_compute_stats(
     split: str = TRAIN_SPLIT,
     exact: bool = False,
     num_heavy_hitters: int = DEFAULT_NUM_HEAVY_HITTERS,
+    progress: bool = False,
 ) -> Dict[str, Any]:
     """Reuses ``stats_path`` when its fingerprint and split match ``data_dir``, else computes stats.
 
@@ -670,11 +708,13 @@ def load_or_compute_stats(
     """
     if stats_path and os.path.isfile(stats_path):
         stats = load_stats_json(stats_path)
-        if stats.get("fingerprint") == dataset_fingerprint(data_dir, split) and stats.get("split", split) == split:
+        if (stats.get("fingerprint") == dataset_fingerprint(data_dir, split) and stats.get("split", split) == split
+                and "values" in stats):
             logger.info("reusing %s (fingerprint matches %s)", stats_path, data_dir)
             return stats
-        logger.warning("%s was computed for other data than %s/%s; recomputing", stats_path, data_dir, split)
-    return compute_stats(data_dir, exact=exact, split=split, num_heavy_hitters=num_heavy_hitters)
+        logger.warning("%s was computed for other data than %s/%s (or by an older rayemb); recomputing",
+                       stats_path, data_dir, split)
+    return compute_stats(data_dir, exact=exact, split=split, num_heavy_hitters=num_heavy_hitters, progress=progress)
 
 
 def plot_frequencies(stats: Mapping[str, Any], png_path: str) -> str:

@@ -54,9 +54,11 @@ def numeric_metrics(report: Dict[str, Any]) -> Dict[str, float]:
 class QueueDrainer:
     """Driver-side thread: drains forwarded reports into a RunLogger and keeps the latest values."""
 
-    def __init__(self, queue: Any, run_logger: Any, poll_s: float = 0.2) -> None:
+    def __init__(self, queue: Any, run_logger: Any, poll_s: float = 0.2, progress: Optional[Any] = None) -> None:
         self.queue = queue
         self.run_logger = run_logger
+        #: e.g. a :class:`rayemb.train.progress.ProgressPrinter`: ``update(report)`` per report
+        self.progress = progress
         self.poll_s = poll_s
         self.reports: List[Dict[str, Any]] = []
         self._stop = threading.Event()
@@ -69,6 +71,11 @@ class QueueDrainer:
     def _handle(self, report: Dict[str, Any]) -> None:
         self.reports.append(report)
         self.run_logger.log_metrics(numeric_metrics(report), step=int(report.get("step", 0)))
+        if self.progress is not None:
+            try:
+                self.progress.update(report)
+            except Exception as e:  # a progress line never fails a job
+                logger.warning("rayemb: progress line failed (%s: %s)", type(e).__name__, e)
 
     def _drain_once(self, block: bool) -> bool:
         try:

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from rayemb.constants import MLFLOW_DB_FILE, TRACKING_URI_ENV_VAR
+from rayemb.logs import redact_text, redact_uri
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ _CLIENT_ENV_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(DEFAULT_MLFLOW_HTTP_MAX_RETRIES),
     "MLFLOW_HTTP_REQUEST_TIMEOUT": str(DEFAULT_MLFLOW_HTTP_TIMEOUT_S),
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    # MLflow prints "View run ... at: <tracking URI>" with any credentials in it; rayemb prints its own, redacted
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
 
 # ---- BATCHING AND BACKOFF ---- #
@@ -306,6 +309,8 @@ class RunLogger:
         system_metrics_interval_s: Optional[float] = DEFAULT_SYSTEM_METRICS_INTERVAL_S,
     ) -> None:
         self.tracking_uri = tracking_uri
+        #: the URI as logs and messages show it: credentials replaced by ***
+        self.shown_uri = redact_uri(tracking_uri)
         self.experiment = experiment
         self.run_name = run_name
         self.parent_run_id = parent_run_id
@@ -360,7 +365,7 @@ class RunLogger:
                 self._next_sample = time.monotonic() + self.system_metrics_interval_s
             self._try_connect()
         except Exception as e:
-            logger.warning("rayemb tracking: could not start MLflow run (%s: %s); will retry", type(e).__name__, e)
+            logger.warning("rayemb tracking: could not start MLflow run (%s: %s); will retry", type(e).__name__, _short(e))
         self._thread = threading.Thread(target=self._writer, name="rayemb-mlflow-writer", daemon=True)
         self._thread.start()
         atexit.register(_finish_at_exit, weakref.ref(self))
@@ -378,13 +383,13 @@ class RunLogger:
             ts = _now_ms()
             for key, value in flatten(params).items():
                 key = _clean_key(key)
-                recs.append({"k": "p", "key": key, "v": str(value)[:_MAX_PARAM_VAL_LENGTH]})
+                recs.append({"k": "p", "key": key, "v": str(redact_uri(value))[:_MAX_PARAM_VAL_LENGTH]})
                 if isinstance(value, numbers.Real) and math.isfinite(float(value)):
                     mkey = _clean_key(PARAM_METRIC_PREFIX + key)
                     recs.append({"k": "m", "key": mkey, "v": float(value), "ts": ts, "step": 0})
             self._enqueue(recs)
         except Exception as e:
-            logger.warning("rayemb tracking: log_params failed (%s: %s)", type(e).__name__, e)
+            logger.warning("rayemb tracking: log_params failed (%s: %s)", type(e).__name__, _short(e))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Enqueues one point per metric at ``step``, stamped with the current time; returns at once."""
@@ -400,29 +405,29 @@ class RunLogger:
                 recs.append({"k": "m", "key": _clean_key(key), "v": v, "ts": ts, "step": int(step)})
             self._enqueue(recs)
         except Exception as e:
-            logger.warning("rayemb tracking: log_metrics failed (%s: %s)", type(e).__name__, e)
+            logger.warning("rayemb tracking: log_metrics failed (%s: %s)", type(e).__name__, _short(e))
 
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
         """Uploads a file (or folder) later; it must still exist when the writer gets to it."""
         try:
             self._enqueue([{"k": "a", "path": os.path.abspath(local_path), "dst": artifact_path}])
         except Exception as e:
-            logger.warning("rayemb tracking: log_artifact failed (%s: %s)", type(e).__name__, e)
+            logger.warning("rayemb tracking: log_artifact failed (%s: %s)", type(e).__name__, _short(e))
 
     def log_text(self, text: str, artifact_file: str) -> None:
         """Stores ``text`` as the artifact ``artifact_file`` (e.g. ``"config.yaml"``)."""
         try:
-            self._enqueue([{"k": "x", "text": str(text), "file": artifact_file}])
+            self._enqueue([{"k": "x", "text": redact_text(str(text)), "file": artifact_file}])
         except Exception as e:
-            logger.warning("rayemb tracking: log_text failed (%s: %s)", type(e).__name__, e)
+            logger.warning("rayemb tracking: log_text failed (%s: %s)", type(e).__name__, _short(e))
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         """Sets run tags (values become strings, truncated to MLflow's 8000 characters)."""
         try:
-            self._enqueue([{"k": "t", "key": _clean_key(k), "v": str(v)[:_MAX_TAG_VAL_LENGTH]}
+            self._enqueue([{"k": "t", "key": _clean_key(k), "v": redact_text(str(v))[:_MAX_TAG_VAL_LENGTH]}
                            for k, v in tags.items()])
         except Exception as e:
-            logger.warning("rayemb tracking: set_tags failed (%s: %s)", type(e).__name__, e)
+            logger.warning("rayemb tracking: set_tags failed (%s: %s)", type(e).__name__, _short(e))
 
     def finish(self, status: str = "FINISHED", reason: Optional[str] = None, timeout_s: float = 60.0) -> bool:
         """Flushes everything, then sets the run's terminal status; waits at most ``timeout_s``.
@@ -459,10 +464,10 @@ class RunLogger:
             if not ok:
                 logger.warning(
                     "rayemb tracking: run %s not fully written to %s within %.0f s; undelivered records are in %s",
-                    self.run_id, self.tracking_uri, timeout_s, self.spill_path,
+                    self.run_id, self.shown_uri, timeout_s, self.spill_path,
                 )
         except Exception as e:
-            logger.warning("rayemb tracking: finish failed (%s: %s)", type(e).__name__, e)
+            logger.warning("rayemb tracking: finish failed (%s: %s)", type(e).__name__, _short(e))
             ok = False
         self._finish_result = ok
         return ok
@@ -562,12 +567,12 @@ class RunLogger:
             if not self._outage_logged:
                 logger.warning(
                     "rayemb tracking: MLflow at %s unreachable (%s: %s); buffering to %s and retrying",
-                    self.tracking_uri, type(e).__name__, _short(e), self.spill_path,
+                    self.shown_uri, type(e).__name__, _short(e), self.spill_path,
                 )
                 self._outage_logged = True
             return False
         if self._outage_logged:
-            logger.info("rayemb tracking: MLflow at %s reachable again; replaying buffered records", self.tracking_uri)
+            logger.info("rayemb tracking: MLflow at %s reachable again; replaying buffered records", self.shown_uri)
         self._connected, self._outage_logged, self._backoff_s = True, False, _BACKOFF_INITIAL_S
         return True
 
@@ -594,7 +599,7 @@ class RunLogger:
         run = client.create_run(self.experiment_id, tags=tags, run_name=self.run_name)
         self.run_id = run.info.run_id
         logger.info("rayemb tracking: MLflow run %s (%s) in experiment %r at %s",
-                    self.run_id, run.info.run_name, self.experiment, self.tracking_uri)
+                    self.run_id, run.info.run_name, self.experiment, self.shown_uri)
 
     def _artifact_location(self) -> Optional[str]:
         """For sqlite stores, artifacts live next to the database (MLflow's default is ./mlruns of the cwd)."""
@@ -679,7 +684,7 @@ class RunLogger:
             self._next_attempt = time.monotonic() + _BACKOFF_INITIAL_S
             if not self._outage_logged:
                 logger.warning("rayemb tracking: MLflow at %s unreachable (%s: %s); buffering to %s",
-                               self.tracking_uri, type(err).__name__, _short(err), self.spill_path)
+                               self.shown_uri, type(err).__name__, _short(err), self.spill_path)
                 self._outage_logged = True
             return False
         for rec in batch:
@@ -749,7 +754,8 @@ def _now_ms() -> int:
 
 
 def _short(e: BaseException, limit: int = 300) -> str:
-    s = str(e).replace("\n", " ")
+    """One line of an exception's text, credentials in URIs redacted (client errors quote the URL)."""
+    s = redact_text(str(e).replace("\n", " "))
     return s if len(s) <= limit else s[:limit] + "…"
 
 

@@ -11,6 +11,7 @@ and logloss on the validation split, gathered over all ranks, and reports.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 import time
@@ -75,38 +76,45 @@ class StepTimer:
 # ---- CHECKPOINTS ---- #
 #
 # Every epoch end, each rank writes its own shard of the model and optimizer state
-# (TorchRec's state dicts hold ShardedTensors of this rank's rows) as rank<r>.pt into
-# one checkpoint directory: Ray Train syncs the directory name across ranks and
-# uploads every rank's files into it. A restarted worker group (scaling.max_failures)
-# resumes from the epoch after the last checkpoint. Restoring needs the same world
-# size and plan, which the driver guarantees by planning once per job.
+# as rank<r>.pt (plain tensors, see rayemb.train.checkpoint) into one checkpoint
+# directory, and rank 0 writes meta.json: Ray Train syncs the directory name across
+# ranks and uploads every rank's files into it. A restarted worker group
+# (scaling.max_failures) resumes from the epoch after the latest checkpoint; a new
+# job resumes from train.resume_from. Both need the same world size and plan.
 
 
-def _rank_file(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank{rank}.pt")
+def restore_checkpoint(model, optimizer, rank: int, resume_from: Optional[str] = None) -> Tuple[int, int, Dict[str, Any]]:
+    """Loads this rank's shard of the latest checkpoint (else of ``resume_from``), if any.
 
-
-def save_checkpoint(directory: str, model, optimizer, rank: int, epoch: int, step: int) -> None:
-    import torch
-
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "step": step},
-               _rank_file(directory, rank))
-
-
-def restore_checkpoint(model, optimizer, rank: int) -> Tuple[int, int]:
-    """Loads this rank's shard of the latest checkpoint, if any; returns (step, first epoch to run)."""
+    Returns (step, first epoch to run, the checkpoint's bookkeeping entries).
+    """
     import ray.train
-    import torch
+
+    from rayemb.train.checkpoint import load_rank
 
     checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
-        return 0, 0
-    with checkpoint.as_directory() as directory:
-        state = torch.load(_rank_file(directory, rank), weights_only=False)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    logger.info("rank %d: resumed from the checkpoint of epoch %d (step %d)", rank, state["epoch"], state["step"])
-    return int(state["step"]), int(state["epoch"]) + 1
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            extra = load_rank(directory, rank, model, optimizer)
+    elif resume_from:
+        extra = load_rank(resume_from, rank, model, optimizer)
+    else:
+        return 0, 0, {}
+    logger.info("rank %d: resumed from the checkpoint of epoch %d (step %d)", rank, extra["epoch"], extra["step"])
+    return int(extra["step"]), int(extra["epoch"]) + 1, extra
+
+
+def check_finite_loss(loss_value: float, step: int, epoch: int, rank: int) -> None:
+    """Stops the job with a clear error when the loss is NaN or infinite (training has diverged)."""
+    if not math.isfinite(loss_value):
+        from rayemb.errors import TrainingDivergedError
+
+        raise TrainingDivergedError(
+            f"The training loss became {loss_value} at step {step} (epoch {epoch}, rank {rank}): training diverged. "
+            "Lower train.dense_lr / train.embedding_lr, or check the data for extreme dense values; "
+            "the MLflow run is marked FAILED.",
+            category="non_finite_loss",
+        )
 
 
 def _maybe_inject_fault(fault: Optional[Dict[str, Any]], step: int) -> None:
@@ -164,7 +172,11 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     from rayemb.data.schema import DatasetSchema
     from rayemb.embedding.comm import COLLECTIVES, CommCounter, instrument_ddp
     from rayemb.embedding.hybrid import replicated_embedding_parameters
+    from rayemb.logs import quiet_third_party_logs
+    from rayemb.train.checkpoint import save_rank, write_meta
     from rayemb.train.sharding import build_model, sharders
+
+    quiet_third_party_logs()
 
     cfg = config_from_dict(loop_config["job"])
     schema = DatasetSchema.from_dict(loop_config["schema"])
@@ -199,7 +211,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     global_batch = cfg.data.batch_size * world
     log_every = cfg.train.log_every_n_steps
 
-    step, first_epoch = restore_checkpoint(model, optimizer, rank)
+    step, first_epoch, resumed = restore_checkpoint(model, optimizer, rank, loop_config.get("resume_from"))
+    best = EarlyStopping(cfg.train.early_stopping_patience, resumed)
     fault = loop_config.get("fault_injection")
     for epoch in range(first_epoch, cfg.train.epochs):
         it = _batches(ray.train.get_dataset_shard("train"), cfg.data.batch_size, converter)
@@ -216,6 +229,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
             with counter:  # bytes of the model's own collectives only
                 logits = model(dense, sparse)
                 loss = loss_fn(logits, labels)
+                loss_value = float(loss.detach())
+                check_finite_loss(loss_value, step + 1, epoch, rank)
                 timer.lap("forward")
                 optimizer.zero_grad()
                 loss.backward()  # also applies the fused embedding optimizer
@@ -224,7 +239,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
             timer.lap("optimizer")
             step += 1
             _maybe_inject_fault(fault, step)
-            window_loss += float(loss.detach())
+            window_loss += loss_value
             window_steps += 1
             if step % log_every == 0:
                 elapsed = time.perf_counter() - window_t0
@@ -262,9 +277,41 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
                 timer.reset()
         valid = evaluate(model, ray.train.get_dataset_shard("valid"), cfg.data.batch_size, converter, device)
+        stop = best.update(epoch, valid["valid_auc"])  # every rank sees the same gathered AUC: same decision
         if rank == 0:
             logger.info("epoch %d step %d: %s", epoch, step, valid)
+        report = {"step": step, "epoch": epoch, "epoch_end": 1, **valid, **best.metrics(), "early_stopped": int(stop)}
         with tempfile.TemporaryDirectory() as ckpt_dir:
-            save_checkpoint(ckpt_dir, model, optimizer, rank, epoch, step)
-            ray.train.report({"step": step, "epoch": epoch, "epoch_end": 1, **valid},
-                             checkpoint=ray.train.Checkpoint.from_directory(ckpt_dir))
+            save_rank(ckpt_dir, rank, model, optimizer, {"epoch": epoch, "step": step, **best.state()})
+            if rank == 0:
+                write_meta(ckpt_dir, {"world_size": world, "plan_fingerprint": loop_config.get("plan_fingerprint"),
+                                      "epoch": epoch, "step": step, **best.state(), **valid})
+            ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(ckpt_dir))
+        if stop:
+            if rank == 0:
+                logger.info("early stopping after epoch %d: no valid_auc gain for %d epoch(s)", epoch, best.patience)
+            break
+
+
+class EarlyStopping:
+    """Tracks the best validation AUC over epochs; says when ``patience`` epochs brought no gain."""
+
+    def __init__(self, patience: Optional[int], resumed: Optional[Dict[str, Any]] = None) -> None:
+        resumed = resumed or {}
+        self.patience = patience
+        self.best_auc = float(resumed.get("best_valid_auc", float("-inf")))
+        self.best_epoch = int(resumed.get("best_epoch", -1))
+        self.bad_epochs = int(resumed.get("epochs_without_gain", 0))
+
+    def update(self, epoch: int, auc: float) -> bool:
+        if math.isfinite(auc) and auc > self.best_auc:
+            self.best_auc, self.best_epoch, self.bad_epochs = auc, epoch, 0
+        else:
+            self.bad_epochs += 1
+        return self.patience is not None and self.bad_epochs >= self.patience
+
+    def metrics(self) -> Dict[str, float]:
+        return {"best_valid_auc": self.best_auc, "best_epoch": float(self.best_epoch)}
+
+    def state(self) -> Dict[str, Any]:
+        return {"best_valid_auc": self.best_auc, "best_epoch": self.best_epoch, "epochs_without_gain": self.bad_epochs}

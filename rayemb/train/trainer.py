@@ -11,13 +11,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from rayemb._ray import init_ray
 from rayemb.config import JobConfig, resolve_path
 from rayemb.constants import FAULT_INJECTION_ENV_VAR, MIN_CPUS_PER_WORKER, RESERVED_DATA_CPUS, TRAIN_SPLIT, VALID_SPLIT
-from rayemb.data.schema import DatasetSchema, load_checked, parquet_files
-from rayemb.errors import DataError, RayembError, TrainingError
+from rayemb.data.schema import DatasetSchema, count_rows, load_checked, parquet_files
+from rayemb.errors import DataError, RayembError, TrainingError, find_user_error
+from rayemb.logs import redact_uri
 from rayemb.planner.types import parse_pins
 from rayemb.train.sharding import pins_of
 
@@ -33,6 +34,8 @@ class TrainResult:
     reports: List[Dict[str, Any]] = field(default_factory=list)
     plan: Dict[str, Any] = field(default_factory=dict)
     wall_time_s: float = 0.0
+    #: Ray Train's checkpoint of the epoch with the best validation AUC
+    best_checkpoint: Optional[str] = None
 
 
 def _cpus_per_worker(cfg: JobConfig) -> float:
@@ -79,13 +82,18 @@ def _stats_and_split(cfg: JobConfig, schema: DatasetSchema, data_dir: str, topol
 
     Out-of-range ids fail here, before any worker starts, under ``data.id_policy: error``.
     """
-    from rayemb.data.stats import check_ids, load_or_compute_stats
+    from rayemb.data.checks import ValueSummary, check_values
+    from rayemb.data.stats import check_ids, compute_stats, load_or_compute_stats
     from rayemb.planner.planner import split_rule
 
     t0 = time.monotonic()
     stats_path = resolve_path(cfg.data.stats_path) if cfg.data.stats_path else None
-    stats = load_or_compute_stats(data_dir, stats_path)
+    print(f"rayemb: statistics pass over {data_dir}/{TRAIN_SPLIT} ...", flush=True)
+    stats = load_or_compute_stats(data_dir, stats_path, progress=True)
+    check_values(ValueSummary.from_dict(stats["values"]), schema.label, f"{data_dir}/{TRAIN_SPLIT}")
     check_ids(stats, schema, cfg.data.id_policy)
+    valid_values = compute_stats(data_dir, split=VALID_SPLIT, tables=False)["values"]
+    check_values(ValueSummary.from_dict(valid_values), schema.label, f"{data_dir}/{VALID_SPLIT}")
     global_batch = cfg.data.batch_size * topology.world_size
     split = split_rule(topology, global_batch, cfg.model.embedding_dim).split(stats)
     print(f"rayemb: statistics of {stats['rows']:,} rows in {time.monotonic() - t0:.1f}s; frequent-category split:",
@@ -152,8 +160,10 @@ def _log_charts(run_logger: Any, reports: List[Dict[str, Any]], job_dir: str) ->
 def _plan_remote(cfg_dict: Dict[str, Any], schema_dict: Dict[str, Any], stats: Dict[str, Any], split: Any,
                  topology: Any):
     from rayemb.config import config_from_dict
+    from rayemb.logs import quiet_third_party_logs
     from rayemb.train.sharding import make_job_plan
 
+    quiet_third_party_logs()
     return make_job_plan(config_from_dict(cfg_dict), DatasetSchema.from_dict(schema_dict), stats, split, topology)
 
 
@@ -166,6 +176,22 @@ def _fault_injection() -> Optional[Dict[str, Any]]:
     return {"step": int(step), "marker": marker}
 
 
+def _check_resume(cfg: JobConfig, fingerprint: str) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """(directory, meta) of ``train.resume_from`` after checking it fits this job; None when not resuming."""
+    if not cfg.train.resume_from:
+        return None
+    from rayemb.train.checkpoint import check_checkpoint_dir
+
+    directory = resolve_path(cfg.train.resume_from)
+    meta = check_checkpoint_dir(directory, cfg.scaling.num_workers, fingerprint)
+    if int(meta.get("epoch", -1)) + 1 >= cfg.train.epochs:
+        raise DataError(
+            f"Checkpoint {directory!r} (train.resume_from) already holds epoch {int(meta['epoch']) + 1} of "
+            f"train.epochs={cfg.train.epochs}: nothing is left to train. Raise train.epochs (e.g. "
+            f"--set train.epochs={int(meta['epoch']) + 2}).", category="bad_checkpoint")
+    return directory, meta
+
+
 def _fingerprint(summary: Dict[str, Any]) -> str:
     import hashlib
 
@@ -175,13 +201,14 @@ def _fingerprint(summary: Dict[str, Any]) -> str:
 def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainResult:
     """Runs one training job on the current (or a new local) Ray cluster; returns when it ends."""
     import ray
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Queue
 
     from rayemb.tracking.callback import QueueDrainer, ReportForwarder
     from rayemb.tracking.mlflow import RunLogger, default_tracking_uri, ensure_store, standard_tags
     from rayemb.train.loop import train_loop_per_worker
+    from rayemb.train.progress import ProgressPrinter
 
     t0 = time.monotonic()
     data_dir = resolve_path(cfg.data.path)
@@ -195,7 +222,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
     ctx.enable_progress_bars = False
     train_ds = ray.data.read_parquet(parquet_files(data_dir, TRAIN_SPLIT))
     valid_ds = ray.data.read_parquet(parquet_files(data_dir, VALID_SPLIT))
-    train_rows, valid_rows = train_ds.count(), valid_ds.count()
+    train_rows, valid_rows = count_rows(data_dir, TRAIN_SPLIT), count_rows(data_dir, VALID_SPLIT)  # footers only
     world = cfg.scaling.num_workers
     steps = _steps(train_rows, cfg, TRAIN_SPLIT, data_dir)
     _steps(valid_rows, cfg, VALID_SPLIT, data_dir)
@@ -221,6 +248,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
         f"{p} x{list(placements.values()).count(p)}" for p in sorted(set(placements.values()))), flush=True)
     print(f"rayemb: {world} workers x {cpus} CPU, {steps} steps/epoch, predicted "
           f"{plan_summary['predicted_bytes_per_step'] / 1e6:.2f} MB/step", flush=True)
+    resume_from = _check_resume(cfg, fingerprint)
 
     job_id = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     job_dir = os.path.join(out_dir, "jobs", job_id)  # this job's local copies of what it logs
@@ -237,6 +265,8 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
         tracking_uri, cfg.tracking.experiment, run_name=cfg.tracking.run_name or cfg.name,
         tags=tags, parent_run_id=parent_run_id, spill_dir=os.path.join(out_dir, "mlflow-spill"),
     ).start()
+    print(f"rayemb: MLflow run {run_logger.run_id or '(pending)'} in experiment {cfg.tracking.experiment!r} at "
+          f"{redact_uri(tracking_uri)}", flush=True)
     run_logger.log_params({**cfg.flatten(), "data.train_rows": train_rows, "data.valid_rows": valid_rows,
                            "scaling.cpus_per_worker_resolved": cpus, "train.steps_per_epoch": steps})
     run_logger.log_text(cfg.to_yaml(), "config.yaml")
@@ -244,11 +274,16 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
     _log_stats_and_split(run_logger, stats, split, job_dir)
 
     queue = Queue(actor_options={"num_cpus": 0})
-    drainer = QueueDrainer(queue, run_logger).start()
+    first_epoch = int(resume_from[1]["epoch"]) + 1 if resume_from else 0
+    progress = ProgressPrinter(cfg.train.epochs, steps, cfg.data.batch_size * world)
+    drainer = QueueDrainer(queue, run_logger, progress=progress).start()
+    print(f"rayemb: training epochs {first_epoch + 1}..{cfg.train.epochs} ({steps} steps each)"
+          + (f", resuming from {resume_from[0]}" if resume_from else ""), flush=True)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"job": cfg.to_dict(), "schema": schema.to_dict(), "plan": job_plan, "steps_per_epoch": steps,
-                           "metrics_queue": queue, "fault_injection": _fault_injection()},
+                           "metrics_queue": queue, "fault_injection": _fault_injection(),
+                           "plan_fingerprint": fingerprint, "resume_from": resume_from[0] if resume_from else None},
         torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=world, use_gpu=cfg.scaling.use_gpu, resources_per_worker={"CPU": cpus}
@@ -258,17 +293,26 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
             storage_path=os.path.join(out_dir, "ray_results"),
             callbacks=[ReportForwarder(queue)],
             failure_config=FailureConfig(max_failures=cfg.scaling.max_failures),
+            # the best epoch by validation AUC is kept, and the latest (Ray never deletes it) to resume from
+            checkpoint_config=CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="valid_auc",
+                                               checkpoint_score_order="max"),
         ),
         datasets={"train": train_ds, "valid": valid_ds},
     )
-    status, reason = "FAILED", None
+    status, reason, best_checkpoint = "FAILED", None, None
     try:
-        trainer.fit()
+        result = trainer.fit()
         status = "FINISHED"
+        if result.best_checkpoints:
+            best_checkpoint = result.best_checkpoints[0][0].path
     except KeyboardInterrupt:
         reason = "interrupted (KeyboardInterrupt)"
         raise
     except Exception as e:  # Ray wraps worker errors; surface the root cause in one paragraph
+        user_error = find_user_error(e)
+        if user_error is not None:  # bad input found by a worker (data, diverging learning rate, checkpoint)
+            reason = user_error.message
+            raise user_error from None
         reason = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         raise TrainingError(
             f"Training job {cfg.name!r} failed: {reason}. The MLflow run is marked FAILED with this reason; "
@@ -280,17 +324,18 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
         final = {}
         for r in reports:
             final.update({k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        if best_checkpoint:
+            run_logger.set_tags({"rayemb.best_checkpoint": best_checkpoint})
         _log_charts(run_logger, reports, job_dir)
         run_logger.finish(status=status, reason=reason)
         try:
             ray.kill(queue.actor)
         except Exception:
             pass
-    result = TrainResult(
+    return TrainResult(
         run_id=run_logger.run_id, tracking_uri=tracking_uri, status=status, metrics=final,
-        reports=reports, plan=plan_summary, wall_time_s=time.monotonic() - t0,
+        reports=reports, plan=plan_summary, wall_time_s=time.monotonic() - t0, best_checkpoint=best_checkpoint,
     )
-    return result
 
 
 def _json(d: Dict[str, Any]) -> str:

@@ -1,0 +1,122 @@
+"""Value checks of the label and dense columns, computed in the statistics pass.
+
+A label that is null, NaN, infinite or anything but 0/1 goes straight into the
+loss; a NaN dense value poisons every weight it touches. Neither shows up as an
+error until the run has finished with garbage, so the statistics pass counts
+them per file (a mergeable :class:`ValueSummary`, summed on the driver) and
+:func:`check_values` fails the job before any worker starts, naming the column,
+how many values and examples.
+
+Example::
+
+    >>> s = ValueSummary.of_table(pa.table({"label": [0.0, 1.0, 0.5]}), "label", [])
+    >>> s.label_not_binary, s.label_examples
+    (1, [0.5])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rayemb.errors import DataError
+
+#: example bad label values kept for error messages
+NUM_LABEL_EXAMPLES = 5
+
+
+@dataclass
+class ValueSummary:
+    """Counts of bad label and dense values in some rows (merge with ``+``)."""
+
+    rows: int = 0
+    label_nulls: int = 0
+    label_non_finite: int = 0
+    label_not_binary: int = 0
+    label_positives: int = 0
+    label_examples: List[float] = field(default_factory=list)
+    #: dense column -> NaN or infinite (non-null) values
+    dense_non_finite: Dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of_table(cls, table: pa.Table, label: Optional[str], dense: Sequence[str]) -> "ValueSummary":
+        s = cls(rows=table.num_rows)
+        if label is not None:
+            col = table.column(label)
+            s.label_nulls = int(col.null_count)
+            y = pc.drop_null(col).to_numpy().astype(np.float64, copy=False) if col.num_chunks else np.zeros(0)
+            finite = np.isfinite(y)
+            binary = (y == 0.0) | (y == 1.0)
+            s.label_non_finite = int((~finite).sum())
+            s.label_not_binary = int((finite & ~binary).sum())
+            s.label_positives = int((y == 1.0).sum())
+            bad = y[~binary]
+            if bad.size:
+                s.label_examples = [float(v) for v in np.unique(bad)[:NUM_LABEL_EXAMPLES]]
+        for name in dense:
+            col = table.column(name)
+            if not pa.types.is_floating(col.type):
+                continue  # integers and booleans cannot be NaN
+            x = pc.drop_null(col).to_numpy().astype(np.float64, copy=False) if col.num_chunks else np.zeros(0)
+            n = int((~np.isfinite(x)).sum())
+            if n:
+                s.dense_non_finite[name] = n
+        return s
+
+    def __add__(self, other: "ValueSummary") -> "ValueSummary":
+        dense = dict(self.dense_non_finite)
+        for k, v in other.dense_non_finite.items():
+            dense[k] = dense.get(k, 0) + v
+        examples = sorted(set(self.label_examples) | set(other.label_examples), key=str)[:NUM_LABEL_EXAMPLES]
+        return ValueSummary(
+            rows=self.rows + other.rows,
+            label_nulls=self.label_nulls + other.label_nulls,
+            label_non_finite=self.label_non_finite + other.label_non_finite,
+            label_not_binary=self.label_not_binary + other.label_not_binary,
+            label_positives=self.label_positives + other.label_positives,
+            label_examples=examples,
+            dense_non_finite=dense,
+        )
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "label": {"nulls": self.label_nulls, "non_finite": self.label_non_finite,
+                      "not_binary": self.label_not_binary, "positives": self.label_positives,
+                      "examples": self.label_examples},
+            "dense_non_finite": dict(self.dense_non_finite),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ValueSummary":
+        lab = d.get("label", {})
+        return cls(rows=int(d.get("rows", 0)), label_nulls=int(lab.get("nulls", 0)),
+                   label_non_finite=int(lab.get("non_finite", 0)), label_not_binary=int(lab.get("not_binary", 0)),
+                   label_positives=int(lab.get("positives", 0)), label_examples=list(lab.get("examples", [])),
+                   dense_non_finite={k: int(v) for k, v in d.get("dense_non_finite", {}).items()})
+
+
+def check_values(summary: ValueSummary, label: str, where: str) -> None:
+    """Raises :class:`DataError` when ``summary`` (of the dataset split ``where``) holds bad labels or dense values."""
+    problems = []
+    if summary.label_nulls:
+        problems.append(f"label column {label!r} has {summary.label_nulls:,} null value(s)")
+    if summary.label_non_finite:
+        problems.append(f"label column {label!r} has {summary.label_non_finite:,} NaN or infinite value(s)")
+    if summary.label_not_binary:
+        problems.append(f"label column {label!r} has {summary.label_not_binary:,} value(s) that are not 0 or 1")
+    if problems and summary.label_examples:
+        problems[-1] += f" (e.g. {summary.label_examples})"
+    if problems:
+        problems[-1] += "; rayemb trains click models, so labels must be 0 or 1 — drop or fix those rows"
+    if summary.dense_non_finite:
+        cols = ", ".join(f"{k!r} ({v:,})" for k, v in sorted(summary.dense_non_finite.items()))
+        problems.append(f"dense column(s) {cols} hold NaN or infinite values — fill them (e.g. with 0) or drop "
+                        "those rows")
+    if problems:
+        raise DataError(f"Dataset {where} ({summary.rows:,} rows): " + "; ".join(problems) + ".",
+                        category="invalid_values")

@@ -1,0 +1,113 @@
+"""Logs a person can read: third-party noise silenced where it is made, secrets kept out.
+
+Two libraries log through the *root* logger, so their records cannot be
+silenced by a logger level without silencing everything else:
+
+- FBGEMM logs every embedding kernel's full constructor arguments
+  (``[TBE=...] SplitTableBatchedEmbeddingBagsCodegen Arguments: {...}``, several
+  KB per table group per rank) at INFO;
+- TorchRec's plan validation warns ``Sharding spec not found for ...`` for every
+  data-parallel table, which has no sharding spec by design.
+
+:func:`quiet_third_party_logs` installs a filter on the root logger that drops
+exactly those records (and nothing at WARNING or above from FBGEMM) and lowers
+the chatty library loggers to WARNING. Call it in every process that builds or
+plans models: the CLI, the planning task and every training worker.
+
+:func:`redact_uri` hides credentials in URIs (``http://user:pw@host`` ->
+``http://user:***@host``, and secret query parameters) wherever rayemb logs or
+prints one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Mapping
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+#: library loggers that are chatty at INFO and say nothing a user acts on
+_CHATTY_LOGGERS = ("fbgemm_gpu", "alembic", "mlflow.store.db")
+
+_SECRET_QUERY_KEYS = re.compile(r"(pass|secret|token|key|credential|signature|auth)", re.IGNORECASE)
+REDACTED = "***"
+
+
+#: (message prefix, highest level dropped) of records that say nothing a user can act on
+_NOISE = (
+    ("[TBE=", logging.INFO),                                   # FBGEMM: every kernel's constructor arguments
+    ("Successfully loaded: '", logging.INFO),                  # FBGEMM: each of its 14 .so files at import
+    ("Sharding spec not found for ", logging.WARNING),         # TorchRec: every data-parallel table, by design
+    ("Sharding Type is data_parallel, caching params", logging.WARNING),  # TorchRec: same, per table and rank
+)
+#: loggers (besides the root) that emit the records above; a logger's filter sees only its own records
+_NOISY_LOGGERS = ("torchrec.distributed.utils", "torchrec.distributed.planner.planners")
+#: Python warnings from library internals, not from anything rayemb or its user does
+_NOISY_WARNINGS = (
+    (FutureWarning, r"`broadcast_buffers` is deprecated"),     # TorchRec's own DDP wrapping
+    (FutureWarning, r"Please use DTensor instead and we are deprecating ShardedTensor"),  # TorchRec's state dicts
+    (UserWarning, r".*an autograd kernel was not registered to the Autograd key"),  # FBGEMM CPU dense lookup
+)
+
+
+class _ThirdPartyNoiseFilter(logging.Filter):
+    """Drops FBGEMM's per-kernel argument dumps and TorchRec's data-parallel notices (see ``_NOISE``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg if isinstance(record.msg, str) else ""
+        return not any(msg.startswith(prefix) and record.levelno <= level for prefix, level in _NOISE)
+
+
+_FILTER = _ThirdPartyNoiseFilter()
+
+
+def quiet_third_party_logs() -> None:
+    """Idempotent: silence FBGEMM/TorchRec noise in this process, keep real warnings."""
+    import warnings
+
+    for lg in (logging.getLogger(), *map(logging.getLogger, _NOISY_LOGGERS)):
+        if _FILTER not in lg.filters:
+            lg.addFilter(_FILTER)
+    for category, pattern in _NOISY_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern, category=category)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # "is_fx_tracing will return true ..."
+    for name in _CHATTY_LOGGERS:
+        lg = logging.getLogger(name)
+        if lg.level == logging.NOTSET or lg.level < logging.WARNING:
+            lg.setLevel(logging.WARNING)
+
+
+def redact_uri(uri: Any) -> Any:
+    """``uri`` with any password and secret-looking query values replaced by ``***``; other values unchanged.
+
+    >>> redact_uri("http://alice:s3cret@mlflow.internal:5000/?token=abc&x=1")
+    'http://alice:***@mlflow.internal:5000/?token=%2A%2A%2A&x=1'
+    """
+    if not isinstance(uri, str) or "://" not in uri:
+        return uri
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return uri
+    netloc, query = parts.netloc, parts.query
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:{REDACTED}@{host}" if ":" in userinfo else f"{REDACTED}@{host}"
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(_SECRET_QUERY_KEYS.search(k) for k, _ in pairs):
+            query = urlencode([(k, REDACTED if _SECRET_QUERY_KEYS.search(k) else v) for k, v in pairs])
+    if (netloc, query) == (parts.netloc, parts.query):
+        return uri  # nothing secret: keep it byte for byte (urlunsplit would turn sqlite://// into sqlite://)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redact_mapping(values: Mapping[str, Any]) -> dict:
+    """A copy of a flat mapping with every URI-looking string value redacted."""
+    return {k: redact_uri(v) for k, v in values.items()}
+
+
+def redact_text(text: str) -> str:
+    """Redacts every ``scheme://user:password@`` credential inside free text (error messages, YAML)."""
+    return re.sub(r"([A-Za-z][A-Za-z0-9+.\-]*://)([^/\s:@]+):([^/\s@]+)@", rf"\1\2:{REDACTED}@", text)

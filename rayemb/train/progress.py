@@ -1,0 +1,99 @@
+"""Progress lines the driver prints while a job trains (they show up in ``ray job logs``).
+
+Fed by the driver thread that drains rank 0's metric reports::
+
+    rayemb: epoch 1/2 step 140/702 (20%) loss 0.4731 | 23,400 samples/s | ETA 1m02s
+    rayemb: epoch 1/2 done: valid_auc 0.9134 valid_logloss 0.4312 (best so far)
+
+A line at most every ``min_interval_s`` seconds during an epoch, and one per
+epoch end. The ETA counts the training steps left in the job at the rate seen
+since the first report of this driver (so a resumed job is not misjudged), or at
+the first report's own samples/s.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, Dict, Optional, TextIO
+
+
+def format_duration(seconds: float) -> str:
+    """``75`` -> ``"1m15s"``; ``3725`` -> ``"1h02m"``."""
+    s = int(max(0.0, seconds) + 0.5)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+class ProgressPrinter:
+    """Turns step and epoch-end reports into a few readable lines."""
+
+    def __init__(self, epochs: int, steps_per_epoch: int, global_batch: int, min_interval_s: float = 5.0,
+                 out: Optional[TextIO] = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.epochs = epochs
+        self.steps_per_epoch = steps_per_epoch
+        self.total_steps = epochs * steps_per_epoch
+        self.global_batch = global_batch
+        self.min_interval_s = min_interval_s
+        self.out = out
+        self.clock = clock
+        self._first: Optional[tuple] = None  # (time, step) of the first report seen
+        self._last_print = float("-inf")
+        self._best_auc = float("-inf")
+
+    def _print(self, line: str) -> None:
+        print(f"rayemb: {line}", file=self.out or sys.stdout, flush=True)
+
+    def eta_s(self, step: int, samples_per_s: Optional[float] = None) -> Optional[float]:
+        """Seconds of training left: at the rate seen since the first report, else the report's own rate."""
+        now = self.clock()
+        if self._first is not None and step > self._first[1] and now > self._first[0]:
+            rate = (step - self._first[1]) / (now - self._first[0])
+        elif samples_per_s:
+            rate = samples_per_s / self.global_batch
+        else:
+            return None
+        return max(0, self.total_steps - step) / rate
+
+    def update(self, report: Dict[str, Any]) -> None:
+        step = int(report.get("step", 0))
+        epoch = int(report.get("epoch", 0))
+        if self._first is None:
+            self._first = (self.clock(), step)
+        if report.get("epoch_end"):
+            self._epoch_end(epoch, report)
+            return
+        if "train_loss" not in report:
+            return
+        now = self.clock()
+        if now - self._last_print < self.min_interval_s:
+            return
+        self._last_print = now
+        in_epoch = step - epoch * self.steps_per_epoch
+        eta = self.eta_s(step, float(report["samples_per_s"]) if "samples_per_s" in report else None)
+        parts = [
+            f"epoch {epoch + 1}/{self.epochs} step {in_epoch}/{self.steps_per_epoch} "
+            f"({100.0 * in_epoch / max(1, self.steps_per_epoch):.0f}%) loss {float(report['train_loss']):.4f}",
+        ]
+        if "samples_per_s" in report:
+            parts.append(f"{float(report['samples_per_s']):,.0f} samples/s")
+        parts.append(f"ETA {format_duration(eta)}" if eta is not None else "ETA ?")
+        self._print(" | ".join(parts))
+
+    def _epoch_end(self, epoch: int, report: Dict[str, Any]) -> None:
+        auc = float(report.get("valid_auc", float("nan")))
+        note = ""
+        if auc > self._best_auc:
+            self._best_auc = auc
+            note = " (best so far)"
+        elif "best_valid_auc" in report:
+            note = f" (best {float(report['best_valid_auc']):.4f} at epoch {int(report.get('best_epoch', 0)) + 1})"
+        line = (f"epoch {epoch + 1}/{self.epochs} done: valid_auc {auc:.4f} "
+                f"valid_logloss {float(report.get('valid_logloss', float('nan'))):.4f}{note}")
+        if report.get("early_stopped"):
+            line += "; stopping early (no valid_auc gain)"
+        self._print(line)
+        self._last_print = float("-inf")  # the next epoch's first report prints

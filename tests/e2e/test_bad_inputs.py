@@ -1,0 +1,279 @@
+"""Every kind of bad input a user can hand `jobs/train.py`, through the real CLI.
+
+Each case must end with: exit code 2, one `rayemb: error:` paragraph naming the
+input (and no Python traceback), and nothing half-written — no output
+directory, hence no MLflow run, for errors found before the run starts. Errors
+found while training (a diverging loss) must also mark the MLflow run FAILED
+with the reason; that case, and credentials in the tracking URI, are tested
+against a real `mlflow server` at the end.
+
+Cases that stop before Ray starts take a few seconds; those found by the
+statistics pass start a private local Ray (marked slow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, List, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from _servers import MlflowServer, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "jobs" / "configs" / "synth_small.yaml"
+SLOW = pytest.mark.slow
+
+
+def _run(args: Sequence[str], cwd: Path, timeout: int = 600, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "jobs" / "train.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def _part(data: Path, split: str = "train") -> Path:
+    return sorted((data / split).glob("*.parquet"))[0]
+
+
+def _rewrite(path: Path, fn: Callable[[pa.Table], pa.Table]) -> None:
+    pq.write_table(fn(pq.read_table(path)), path)
+
+
+def _label_with(value: float, split: str = "train") -> Callable[[Path], None]:
+    def mutate(data: Path) -> None:
+        def fn(t: pa.Table) -> pa.Table:
+            y = t.column("label").to_numpy().astype(np.float32)
+            y[7] = value
+            return t.set_column(t.schema.get_field_index("label"), "label", pa.array(y))
+
+        _rewrite(_part(data, split), fn)
+
+    return mutate
+
+
+def _null_label(data: Path) -> None:
+    def fn(t: pa.Table) -> pa.Table:
+        y = t.column("label").to_pylist()
+        y[3] = None
+        return t.set_column(t.schema.get_field_index("label"), "label", pa.array(y, pa.float32()))
+
+    _rewrite(_part(data), fn)
+
+
+def _nan_dense(data: Path) -> None:
+    def fn(t: pa.Table) -> pa.Table:
+        x = t.column("I4").to_numpy().astype(np.float32)
+        x[11] = np.nan
+        return t.set_column(t.schema.get_field_index("I4"), "I4", pa.array(x))
+
+    _rewrite(_part(data), fn)
+
+
+def _id_out_of_range(data: Path) -> None:
+    schema = yaml.safe_load((data / "schema.yaml").read_text())
+    feat = schema["sparse"][1]
+
+    def fn(t: pa.Table) -> pa.Table:
+        x = t.column(feat["name"]).to_numpy().copy()
+        x[5] = feat["num_embeddings"] + 10
+        return t.set_column(t.schema.get_field_index(feat["name"]), feat["name"], pa.array(x))
+
+    _rewrite(_part(data), fn)
+
+
+def _split_in_two(data: Path, mutate_second: Callable[[pa.Table], pa.Table]) -> None:
+    path = _part(data)
+    t = pq.read_table(path)
+    half = t.num_rows // 2
+    pq.write_table(t.slice(0, half), path)
+    pq.write_table(mutate_second(t.slice(half)), path.with_name("part-99999.parquet"))
+
+
+def _second_file_missing_column(data: Path) -> None:
+    _split_in_two(data, lambda t: t.drop(["C3"]))
+
+
+def _second_file_wrong_type(data: Path) -> None:
+    _split_in_two(data, lambda t: t.set_column(t.schema.get_field_index("C2"), "C2",
+                                                pa.array([str(v) for v in t.column("C2").to_pylist()])))
+
+
+def _truncated_file(data: Path) -> None:
+    path = _part(data)
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+
+
+def _corrupt_page(data: Path) -> None:
+    path = _part(data)
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 3: len(raw) // 3 + 4096] = bytes(4096)  # footer intact, a data page destroyed
+    path.write_bytes(bytes(raw))
+
+
+def _schema_text(text: str) -> Callable[[Path], None]:
+    return lambda data: (data / "schema.yaml").write_text(text)
+
+
+def _schema_edit(fn: Callable[[dict], None]) -> Callable[[Path], None]:
+    def mutate(data: Path) -> None:
+        d = yaml.safe_load((data / "schema.yaml").read_text())
+        fn(d)
+        (data / "schema.yaml").write_text(yaml.safe_dump(d))
+
+    return mutate
+
+
+def _empty_train(data: Path) -> None:
+    path = _part(data)
+    pq.write_table(pq.read_table(path).slice(0, 0), path)
+
+
+def _no_parquet(data: Path) -> None:
+    for p in (data / "train").glob("*.parquet"):
+        p.unlink()
+
+
+def _fake_checkpoint(tmp: Path, ranks: Sequence[int], corrupt: Sequence[int] = (), world: int = 2) -> Path:
+    import torch
+
+    ckpt = tmp / "checkpoint_old"
+    ckpt.mkdir()
+    (ckpt / "meta.json").write_text(json.dumps({"world_size": world, "epoch": 0, "step": 10}))
+    for r in ranks:
+        torch.save({"model": {}, "optimizer": {}, "epoch": 0, "step": 10}, ckpt / f"rank{r}.pt")
+        if r in corrupt:
+            raw = (ckpt / f"rank{r}.pt").read_bytes()
+            (ckpt / f"rank{r}.pt").write_bytes(raw[: len(raw) // 2])
+    return ckpt
+
+
+# (id, mutate the dataset copy, extra CLI args ({tmp} is the test dir), words the message must hold, marks)
+CASES: List = [
+    # ---- the config ----
+    pytest.param(None, ["--config", "{tmp}/absent.yaml"], ["absent.yaml", "does not exist"], id="config-missing"),
+    pytest.param("config: [unclosed", ["--config", "{tmp}/bad.yaml"], ["bad.yaml", "not valid YAML"],
+                 id="config-invalid-yaml"),
+    pytest.param("- just\n- a list\n", ["--config", "{tmp}/bad.yaml"], ["bad.yaml", "mapping"], id="config-not-mapping"),
+    pytest.param(None, ["--set", "train.epoch=2"], ["epoch", "Unknown config key"], id="config-unknown-key"),
+    pytest.param(None, ["--set", "data.batch_size=-3"], ["data.batch_size", "positive"], id="config-negative-batch"),
+    pytest.param(None, ["--set", "train.epochs=many"], ["train.epochs", "integer"], id="config-wrong-type"),
+    pytest.param(None, ["--set", "train.epochs"], ["train.epochs", "key=value"], id="config-override-syntax"),
+    pytest.param(None, ["--set", "train.early_stopping_patience=0"], ["train.early_stopping_patience"],
+                 id="config-bad-patience"),
+    pytest.param(None, ["--set", "planner.tables={C2: {sharding: diagonal}}"], ["C2", "diagonal", "row_wise"],
+                 id="pin-unknown-sharding"),
+    # ---- the dataset's files ----
+    pytest.param(None, ["--set", "data.path={tmp}/absent"], ["absent", "rayemb gen-data"], id="data-path-missing"),
+    pytest.param(lambda d: (d / "schema.yaml").unlink(), [], ["schema.yaml", "rayemb gen-data"], id="schema-missing"),
+    pytest.param(_schema_text("label: label\ndense: [I1\n"), [], ["schema.yaml", "not valid YAML", "line"],
+                 id="schema-invalid-yaml"),
+    pytest.param(_schema_text("just a string\n"), [], ["schema.yaml", "mapping"], id="schema-not-mapping"),
+    pytest.param(_schema_edit(lambda d: d.pop("sparse")), [], ["schema.yaml", "sparse"], id="schema-no-sparse"),
+    pytest.param(_schema_edit(lambda d: d["sparse"][0].update(num_embeddings=0)), [], ["num_embeddings=0"],
+                 id="schema-zero-rows"),
+    pytest.param(_no_parquet, [], ["no parquet files", "train/"], id="split-without-files"),
+    pytest.param(_second_file_missing_column, [], ["part-99999.parquet", "C3", "missing"],
+                 id="second-file-missing-column"),
+    pytest.param(_second_file_wrong_type, [], ["part-99999.parquet", "C2", "int64"], id="second-file-wrong-type"),
+    pytest.param(_truncated_file, [], ["part-00000.parquet", "corrupt or truncated"], id="parquet-truncated"),
+    pytest.param(None, ["--set", "data.stats_path={tmp}/stats.json"], ["stats.json", "not valid JSON"],
+                 id="stats-json-corrupt"),
+    pytest.param(None, ["--set", "train.resume_from={tmp}/no-such-checkpoint"], ["no-such-checkpoint", "does not exist"],
+                 id="resume-missing-dir"),
+    # ---- values, found by the statistics pass (a private local Ray) ----
+    pytest.param(_label_with(float("nan")), [], ["label", "NaN", "train"], id="label-nan", marks=SLOW),
+    pytest.param(_label_with(2.0), [], ["label", "not 0 or 1", "2.0"], id="label-not-binary", marks=SLOW),
+    pytest.param(_null_label, [], ["label", "null"], id="label-null", marks=SLOW),
+    pytest.param(_label_with(float("inf"), split="valid"), [], ["label", "valid", "infinite"], id="valid-label-inf",
+                 marks=SLOW),
+    pytest.param(_nan_dense, [], ["I4", "NaN"], id="dense-nan", marks=SLOW),
+    pytest.param(_id_out_of_range, [], ["out-of-range", "data.id_policy"], id="id-out-of-range", marks=SLOW),
+    pytest.param(_corrupt_page, [], ["part-00000.parquet", "corrupt or truncated"], id="parquet-corrupt-page",
+                 marks=SLOW),
+    pytest.param(_empty_train, [], ["0 rows", "fewer than one global batch"], id="split-empty", marks=SLOW),
+    pytest.param("ckpt-missing-rank", [], ["rank1.pt is missing", "train.resume_from"], id="resume-missing-rank-file",
+                 marks=SLOW),
+    pytest.param("ckpt-corrupt-rank", [], ["rank0.pt", "train.resume_from"], id="resume-corrupt-rank-file",
+                 marks=SLOW),
+]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mutate,args,needles", CASES)
+def test_bad_input_is_a_clear_error_and_nothing_is_written(tmp_path, tiny_data, mutate, args, needles):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data, data)
+    (tmp_path / "stats.json").write_text("{ not json")
+    out = tmp_path / "out"
+    extra: List[str] = []
+    if callable(mutate):
+        mutate(data)
+    elif mutate == "ckpt-missing-rank":
+        extra = ["--set", f"train.resume_from={_fake_checkpoint(tmp_path, ranks=[0])}"]
+    elif mutate == "ckpt-corrupt-rank":
+        extra = ["--set", f"train.resume_from={_fake_checkpoint(tmp_path, ranks=[0, 1], corrupt=[0])}"]
+    elif isinstance(mutate, str):
+        (tmp_path / "bad.yaml").write_text(mutate)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    base = [] if "--config" in args else ["--config", str(CONFIG)]
+    p = _run([*base, "--set", f"data.path={data}", "--set", f"tracking.output_dir={out}", "--set", "data.batch_size=256",
+              *extra, *args], cwd=tmp_path)
+    assert p.returncode == 2, (p.returncode, p.stdout[-2000:], p.stderr[-4000:])
+    assert "Traceback" not in p.stderr and "Traceback" not in p.stdout, p.stderr[-4000:]
+    errors = [line for line in p.stderr.splitlines() if line.startswith("rayemb: error: ")]
+    assert len(errors) == 1, p.stderr[-4000:]
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    assert not out.exists(), f"half-written outputs: {list(out.rglob('*'))[:10]}"
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow"), free_port())
+    server.start()
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_diverging_loss_fails_the_run_with_the_step_and_keeps_credentials_out(tmp_path, tiny_data, mlflow_server):
+    """A learning rate that makes the loss non-finite: exit 2, the step named, the MLflow run FAILED with the
+    reason. The tracking URI carries credentials, which must appear in no output, param, tag or artifact."""
+    from mlflow import MlflowClient
+
+    secret = "s3cr3t-pw"
+    uri = f"http://alice:{secret}@127.0.0.1:{mlflow_server.port}"
+    out = tmp_path / "out"
+    p = _run(["--config", str(CONFIG), "--set", f"data.path={tiny_data}", "--set", f"tracking.output_dir={out}",
+              "--set", "data.batch_size=256", "--set", "train.dense_lr=1e30", "--set", "train.embedding_lr=1e30",
+              "--set", "scaling.max_failures=0", "--set", "tracking.experiment=diverge",
+              "--set", f"tracking.tracking_uri={uri}"], cwd=tmp_path)
+    assert p.returncode == 2, (p.returncode, p.stdout[-3000:], p.stderr[-4000:])
+    errors = [line for line in p.stderr.splitlines() if line.startswith("rayemb: error: ")]
+    assert len(errors) == 1 and "training loss became" in errors[0] and "at step" in errors[0], p.stderr[-3000:]
+    assert "train.dense_lr" in errors[0]
+    assert secret not in p.stdout + p.stderr
+    assert f"alice:***@127.0.0.1:{mlflow_server.port}" in p.stdout  # the store is still shown, redacted
+
+    client = MlflowClient(mlflow_server.uri)
+    exp = client.get_experiment_by_name("diverge")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.status == "FAILED"
+    assert "training loss became" in run.data.tags["rayemb.failure_reason"]
+    assert run.data.params["tracking.tracking_uri"] == f"http://alice:***@127.0.0.1:{mlflow_server.port}"
+    every_value = [*run.data.params.values(), *run.data.tags.values()]
+    assert not [v for v in every_value if secret in v]
+    config_text = client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))
+    assert secret not in Path(config_text).read_text()
