@@ -171,6 +171,12 @@ def test_ray_job_submit_against_local_head(tmp_path, tiny_data):
         assert status.stdout.strip().splitlines()[-1] == "SUCCEEDED", status.stdout + status.stderr
         assert "FINISHED" in out and "valid_auc=" in out
         assert (tmp_path / "out" / "mlflow.db").exists()
+        # logs a person can read: no third-party dumps, progress lines from the driver
+        for noise in ("SplitTableBatchedEmbeddingBagsCodegen Arguments", "Sharding spec not found"):
+            assert noise not in out, noise
+        assert re.search(r"rayemb: epoch 1/1 step \d+/70 \(\d+%\) loss \d\.\d{4} \| [\d,]+ samples/s \| ETA \d+", out), out[-4000:]
+        assert re.search(r"rayemb: epoch 1/1 done: valid_auc 0\.\d{4} valid_logloss \d\.\d{4} \(best so far\)", out)
+        assert re.search(r"rayemb: statistics pass over .*train", out)
     finally:
         stop_head(env, pid)
     assert not (tmp_path / "home" / ".ray").exists(), "the head and its job must not write ~/.ray"
