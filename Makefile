@@ -3,9 +3,12 @@
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
+# extra arguments for the job, e.g. make run ARGS="--set train.epochs=3"
+ARGS ?=
 
 help:
 	@echo "make run        install if needed, generate data, start a local Ray head, submit jobs/train.py"
+	@echo "                (job arguments: make run ARGS=\"--set train.epochs=3\")"
 	@echo "make test       install if needed and run the whole test suite (slow tests included)"
 	@echo "make test-fast  the suite without tests marked slow"
 
@@ -13,7 +16,7 @@ install:
 	@bash scripts/install.sh
 
 run: install
-	@bash scripts/run.sh
+	@bash scripts/run.sh $(ARGS)
 
 # pytest exits 5 when it collects no test: that must not pass.
 test: install
