@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -92,8 +93,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train.epochs", f"{self.epochs} < 1", "Train at least one epoch.")
-        _require(self.dense_lr > 0, "train.dense_lr", f"{self.dense_lr} is not positive", "Use e.g. 0.05.")
-        _require(self.embedding_lr > 0, "train.embedding_lr", f"{self.embedding_lr} is not positive", "Use e.g. 0.05.")
+        for key, lr in (("train.dense_lr", self.dense_lr), ("train.embedding_lr", self.embedding_lr)):
+            _require(math.isfinite(lr) and lr > 0, key, f"{lr} is not a positive finite number", "Use e.g. 0.05.")
         _require(self.embedding_optimizer in EMBEDDING_OPTIMIZERS, "train.embedding_optimizer",
                  f"{self.embedding_optimizer!r} is unknown", f"Use one of {EMBEDDING_OPTIMIZERS}.")
         _require(self.log_every_n_steps >= 1, "train.log_every_n_steps", f"{self.log_every_n_steps} < 1",

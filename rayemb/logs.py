@@ -27,10 +27,11 @@ from typing import Any, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 #: library loggers that are chatty at INFO and say nothing a user acts on
-_CHATTY_LOGGERS = ("fbgemm_gpu", "alembic", "mlflow.store.db")
+_CHATTY_LOGGERS = ("torchrec", "fbgemm_gpu", "alembic", "mlflow.store.db")
 
 _SECRET_QUERY_KEYS = re.compile(r"(pass|secret|token|key|credential|signature|auth)", re.IGNORECASE)
 REDACTED = "***"
+_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
 
 
 #: (message prefix, highest level dropped) of records that say nothing a user can act on
@@ -109,5 +110,5 @@ def redact_mapping(values: Mapping[str, Any]) -> dict:
 
 
 def redact_text(text: str) -> str:
-    """Redacts every ``scheme://user:password@`` credential inside free text (error messages, YAML)."""
-    return re.sub(r"([A-Za-z][A-Za-z0-9+.\-]*://)([^/\s:@]+):([^/\s@]+)@", rf"\1\2:{REDACTED}@", text)
+    """Redacts every URI inside free text (error messages, YAML) as :func:`redact_uri` does."""
+    return _URI_IN_TEXT.sub(lambda m: redact_uri(m.group(0)), text)

@@ -56,7 +56,7 @@ class ValueSummary:
             s.label_positives = int((y == 1.0).sum())
             bad = y[~binary]
             if bad.size:
-                s.label_examples = [float(v) for v in np.unique(bad)[:NUM_LABEL_EXAMPLES]]
+                s.label_examples = _unique_examples(bad.tolist())
         for name in dense:
             col = table.column(name)
             if not pa.types.is_floating(col.type):
@@ -71,7 +71,7 @@ class ValueSummary:
         dense = dict(self.dense_non_finite)
         for k, v in other.dense_non_finite.items():
             dense[k] = dense.get(k, 0) + v
-        examples = sorted(set(self.label_examples) | set(other.label_examples), key=str)[:NUM_LABEL_EXAMPLES]
+        examples = _unique_examples([*self.label_examples, *other.label_examples])
         return ValueSummary(
             rows=self.rows + other.rows,
             label_nulls=self.label_nulls + other.label_nulls,
@@ -98,6 +98,13 @@ class ValueSummary:
                    label_non_finite=int(lab.get("non_finite", 0)), label_not_binary=int(lab.get("not_binary", 0)),
                    label_positives=int(lab.get("positives", 0)), label_examples=list(lab.get("examples", [])),
                    dense_non_finite={k: int(v) for k, v in d.get("dense_non_finite", {}).items()})
+
+
+def _unique_examples(values: Sequence[float]) -> List[float]:
+    """Sorted distinct values (NaN once, last), at most NUM_LABEL_EXAMPLES."""
+    finite = sorted({float(v) for v in values if not np.isnan(v)})
+    has_nan = any(np.isnan(v) for v in values)
+    return (finite + ([float("nan")] if has_nan else []))[:NUM_LABEL_EXAMPLES]
 
 
 def check_values(summary: ValueSummary, label: str, where: str) -> None:

@@ -110,9 +110,10 @@ def read_meta(directory: str) -> Optional[Dict[str, Any]]:
         return None
     try:
         with open(path) as f:
-            return json.load(f)
+            meta = json.load(f)
     except (OSError, json.JSONDecodeError):
         return None
+    return meta if isinstance(meta, dict) else None
 
 
 def load_rank(directory: str, rank: int, model: Any, optimizer: Any) -> Dict[str, Any]:
