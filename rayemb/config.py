@@ -24,6 +24,7 @@ import yaml
 
 from rayemb.constants import DEFAULT_LOG_EVERY_N_STEPS, WORKSPACE_ENV_VAR
 from rayemb.errors import ConfigError
+from rayemb.units import flatten
 
 ID_POLICIES = ("error", "hash", "clip")
 EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
@@ -183,17 +184,7 @@ class JobConfig:
 
     def flatten(self) -> Dict[str, Any]:
         """``{"train.epochs": 1, ...}`` for MLflow params."""
-        out: Dict[str, Any] = {}
-
-        def walk(prefix: str, d: Dict[str, Any]) -> None:
-            for k, v in d.items():
-                if isinstance(v, dict):
-                    walk(f"{prefix}{k}.", v)
-                else:
-                    out[f"{prefix}{k}"] = v
-
-        walk("", self.to_dict())
-        return out
+        return flatten(self.to_dict())
 
     def replace(self, **sections: Any) -> "JobConfig":
         return dataclasses.replace(self, **sections)
