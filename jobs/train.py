@@ -11,7 +11,8 @@ from typing import List, Optional
 # not from whichever rayemb happens to be installed.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rayemb.cli import add_train_arguments, run_cli  # noqa: E402
+from rayemb.cli import run_cli  # noqa: E402
+from rayemb.cli.train import add_train_arguments, train_main  # noqa: E402
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -23,9 +24,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_train_arguments(parser)
-    from rayemb.cli import _train
-
-    parser.set_defaults(func=_train)
+    parser.set_defaults(func=train_main)
     return run_cli(argv, parser)
 
 

@@ -14,13 +14,14 @@ Example::
     >>> result.status, result.metrics["valid_auc"]
 """
 
+from rayemb._version import __version__
 from rayemb.config import JobConfig, load_config
 from rayemb.errors import ConfigError, DataError, PlanError, RayembError, TrainingError
 from rayemb.train.trainer import TrainResult, run_training
 
-__version__ = "0.1.0"
 
 __all__ = [
+    "__version__",
     "JobConfig", "load_config", "run_training", "TrainResult",
     "RayembError", "ConfigError", "DataError", "PlanError", "TrainingError",
 ]

@@ -11,12 +11,14 @@ false, same data, same seed — and writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _report import print_table, write_result  # noqa: E402
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -47,13 +49,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "run_id": r.run_id})
     out = {"schema_version": 1, "config": args.config, "overrides": args.set, "results": results,
            "auc_diff": results[0]["valid_auc"] - results[1]["valid_auc"]}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=2)
-    print(f"{'hybrid':>7} {'valid_auc':>10} {'logloss':>8} {'bytes/step':>11}  placements")
-    for r in results:
-        print(f"{str(r['hybrid']):>7} {r['valid_auc']:>10.4f} {r['valid_logloss']:>8.4f} "
-              f"{(r['bytes_per_step'] or 0):>11.0f}  {r['placements']}")
+    write_result(args.out, out)
+    print_table(results, [("hybrid", ">7", "{}"), ("valid_auc", ">10", "{:.4f}"), ("logloss", ">8", "{:.4f}"),
+                          ("bytes/step", ">11", "{:.0f}"), ("placements", "", "{}")],
+                keys=["hybrid", "valid_auc", "valid_logloss", "bytes_per_step", "placements"])
     print(f"AUC(hybrid) - AUC(no hybrid) = {out['auc_diff']:+.4f}")
     return 0
 

@@ -11,7 +11,7 @@ row-wise with per-id exchange: the planner's hybrid placement;
 * ``bytes_per_step``: bytes sent off-rank summed over ranks, counted by
   :class:`rayemb.embedding.comm.CommCounter` on the collectives really called
   (all-to-all, all-reduce incl. DDP's, reduce-scatter, all-gather);
-* ``predicted_bytes_per_step``: :func:`rayemb.embedding.hybrid.predict_bytes_per_step`
+* ``predicted_bytes_per_step``: :func:`rayemb.planner.traffic.predict_bytes_per_step`
   from the DESIGN §4 cost model, with the hot share h taken from the stats
   sample (not from the measured batches);
 * ``planner_predicted_bytes_per_step``: what the planner's cost model
@@ -89,6 +89,7 @@ def _make_batches(cfg: Dict[str, Any], n: int, seed: int) -> List[Dict[str, tupl
 
 def _split(cfg: Dict[str, Any], world_size: int):
     """Hot ids per table from exact counts over a stats sample, HugeCTR rule (multi-node form)."""
+    from rayemb.data.stats_types import DatasetStats, TableStats
     from rayemb.planner.split import HugeCTRSplitRule
 
     sample = _make_batches(cfg, cfg["stats_batches"], seed=99)
@@ -96,11 +97,11 @@ def _split(cfg: Dict[str, Any], world_size: int):
     for t in range(cfg["tables"]):
         ids = np.concatenate([b[f"f{t}"][1] for b in sample])
         uniq, cnt = np.unique(ids, return_counts=True)
-        tables[f"t{t}"] = {
-            "heavy_hitters": np.stack([uniq, cnt], axis=1).tolist(),
-            "values": int(ids.size), "num_embeddings": cfg["rows"], "error_bound": 0,
-        }
-    stats = {"rows": cfg["stats_batches"] * cfg["batch"], "tables": tables}
+        tables[f"t{t}"] = TableStats(
+            heavy_hitters=np.stack([uniq, cnt], axis=1),
+            values=int(ids.size), num_embeddings=cfg["rows"], error_bound=0,
+        )
+    stats = DatasetStats(rows=cfg["stats_batches"] * cfg["batch"], tables=tables)
     rule = HugeCTRSplitRule(world_size=world_size, global_batch_size=cfg["batch"], embedding_dim=cfg["dim"])
     return rule.split(stats), _sample_pooling(sample, cfg["tables"])
 
@@ -123,7 +124,7 @@ def _configs(cfg: Dict[str, Any]):
 
 
 def _predict(cfg: Dict[str, Any], plan: str, world_size: int, split) -> float:
-    from rayemb.embedding.hybrid import predict_bytes_per_step
+    from rayemb.planner.traffic import predict_bytes_per_step
 
     specs = []
     for t in range(cfg["tables"]):
@@ -166,12 +167,13 @@ def _run_plan(rank: int, world_size: int, cfg: Dict[str, Any], plan_name: str, s
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from rayemb.embedding.comm import CommCounter, instrument_ddp
-    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, hybrid_constraints, hybrid_sharders
+    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
+    from rayemb.embedding.sharders import cpu_capable_sharders
 
     configs = _configs(cfg)
     if plan_name == "hybrid":
         module = HybridEmbeddingBagCollection(configs, {f"t{t}": split.hot_ids(f"t{t}") for t in range(cfg["tables"])})
-        constraints = hybrid_constraints(module, cfg["hybrid_cold"])
+        constraints = module.parameter_constraints(cfg["hybrid_cold"])
         remap = module.remapper.remap
     else:
         module = EmbeddingBagCollection(configs)
@@ -179,7 +181,7 @@ def _run_plan(rank: int, world_size: int, cfg: Dict[str, Any], plan_name: str, s
         constraints = {c.name: ParameterConstraints(sharding_types=[plan_name], compute_kernels=[kernel]) for c in configs}
         remap = None
     apply_optimizer_in_backward(torch.optim.SGD, module.parameters(), {"lr": 0.01})
-    sharders = hybrid_sharders()
+    sharders = cpu_capable_sharders()
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device="cpu"),
                                        constraints=constraints)
     plan = planner.collective_plan(module, sharders, dist.GroupMember.WORLD)

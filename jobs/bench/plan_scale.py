@@ -56,7 +56,8 @@ def _torchrec_baseline(world_size: int, num_tables: int, q: Any) -> None:
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.planner import criteo_1tb_tables, described_topology, to_torchrec_topology
+    from rayemb.planner import criteo_1tb_tables, described_topology
+    from rayemb.planner.torchrec_plan import to_torchrec_topology
 
     tables = criteo_1tb_tables(num_tables, dim=128)
     ebc = EmbeddingBagCollection([EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,

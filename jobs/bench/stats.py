@@ -28,7 +28,6 @@ with each method's speed relative to rayemb.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -38,6 +37,9 @@ import time
 from typing import Any, Dict, List, Optional
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _report import print_table, write_result  # noqa: E402
 
 
 def _result(method: str, rows: int, tables: int, seconds: float) -> Dict[str, Any]:
@@ -107,13 +109,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         # best of --repeats warm passes. The in-memory baselines have no start-up to exclude.
         t0 = time.perf_counter()
         stats = compute_stats(data)
-        results.append(_result("rayemb_cold", stats["rows"], len(names), time.perf_counter() - t0))
+        results.append(_result("rayemb_cold", stats.rows, len(names), time.perf_counter() - t0))
         warm = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             stats = compute_stats(data)
             warm.append(time.perf_counter() - t0)
-        results.insert(0, _result("rayemb", stats["rows"], len(names), min(warm)))
+        results.insert(0, _result("rayemb", stats.rows, len(names), min(warm)))
         print(f"rayemb: {results[0]['values_per_s'] / 1e6:.1f} M ids/s warm, "
               f"{results[1]['values_per_s'] / 1e6:.1f} M ids/s cold", flush=True)
 
@@ -167,13 +169,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         "results": results,
         "rayemb_speedup": {r["method"]: base / r["values_per_s"] for r in results[1:]},
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"\n{'method':<16}{'rows':>13}{'tables':>8}{'M ids/s':>10}{'rayemb is':>12}")
+    write_result(args.out, out, indent=1)
     for r in results:
-        print(f"{r['method']:<16}{r['rows']:>13,}{r['tables']:>8}{r['values_per_s'] / 1e6:>10.2f}"
-              f"{base / r['values_per_s']:>11.2f}x")
+        r["mids_per_s"], r["rayemb_is"] = r["values_per_s"] / 1e6, base / r["values_per_s"]
+    print()
+    print_table(results, [("method", "<16", "{}"), ("rows", ">13", "{:,}"), ("tables", ">8", "{}"),
+                          ("M ids/s", ">10", "{:.2f}"), ("rayemb is", ">11", "{:.2f}x")],
+                keys=["method", "rows", "tables", "mids_per_s", "rayemb_is"])
     print(f"wrote {args.out}")
     return 0
 

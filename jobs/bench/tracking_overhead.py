@@ -40,7 +40,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from rayemb.tracking.mlflow import RunLogger, ensure_store  # noqa: E402
+from rayemb.tracking import RunLogger, ensure_store  # noqa: E402
 
 SCHEMA_VERSION = 1
 

@@ -1,11 +1,12 @@
-"""Value checks of the label and dense columns, computed in the statistics pass.
+"""Checks of a dataset's values, counted in the statistics pass and applied before any worker starts.
 
 A label that is null, NaN, infinite or anything but 0/1 goes straight into the
 loss; a NaN dense value poisons every weight it touches. Neither shows up as an
 error until the run has finished with garbage, so the statistics pass counts
 them per file (a mergeable :class:`ValueSummary`, summed on the driver) and
 :func:`check_values` fails the job before any worker starts, naming the column,
-how many values and examples.
+how many values and examples. Likewise :func:`check_ids` applies
+``data.id_policy`` to the out-of-range sparse ids the pass counted.
 
 Example::
 
@@ -16,14 +17,22 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rayemb.config import ID_POLICIES
 from rayemb.errors import DataError
+
+if TYPE_CHECKING:
+    from rayemb.data.schema import DatasetSchema
+    from rayemb.data.stats_types import DatasetStats
+
+logger = logging.getLogger(__name__)
 
 #: example bad label values kept for error messages
 NUM_LABEL_EXAMPLES = 5
@@ -127,3 +136,38 @@ def check_values(summary: ValueSummary, label: str, where: str) -> None:
     if problems:
         raise DataError(f"Dataset {where} ({summary.rows:,} rows): " + "; ".join(problems) + ".",
                         category="invalid_values")
+
+
+def check_ids(stats: "DatasetStats", schema: "DatasetSchema", policy: str = "error") -> None:
+    """Applies ``data.id_policy`` to the out-of-range ids that ``stats`` counted.
+
+    ``"error"`` raises :class:`DataError` naming every offending column, how many
+    values and example values; ``"hash"`` (id mod num_embeddings) and ``"clip"``
+    (to ``[0, num_embeddings - 1]``) log a warning, since the batch conversion
+    remaps those ids.
+    """
+    if policy not in ID_POLICIES:
+        raise DataError(f"Unknown id policy {policy!r}; data.id_policy must be one of {ID_POLICIES}.")
+    bad = []
+    for feat in schema.sparse:
+        t = stats.tables.get(feat.name)
+        if t is None:
+            raise DataError(
+                f"stats.json has no entry for sparse column {feat.name!r}; it was computed for another dataset. "
+                "Recompute it with `rayemb stats --data DIR --out stats.json`."
+            )
+        if t.invalid:
+            bad.append(
+                f"column {feat.name!r}: {t.invalid:,} of {t.values:,} ids outside [0, {feat.num_embeddings}) "
+                f"(e.g. {list(t.invalid_examples)}, observed range [{t.min_id}, {t.max_id}])"
+            )
+    if not bad:
+        return
+    if policy == "error":
+        raise DataError(
+            "Dataset has out-of-range sparse ids: " + "; ".join(bad) + ". Fix num_embeddings in schema.yaml to "
+            "cover the ids, or choose a policy: `--set data.id_policy=hash` (id mod num_embeddings) or "
+            "`--set data.id_policy=clip` (clamp to the table).",
+            category="invalid_ids",
+        )
+    logger.warning("out-of-range ids will be remapped by id_policy=%s: %s", policy, "; ".join(bad))

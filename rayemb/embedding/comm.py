@@ -22,7 +22,7 @@ algorithm puts on the wire (W = group size, N = bytes of the local tensor):
 * all-gather: N_out·(W-1)/W (output holds W input chunks).
 
 Summing over ranks (:meth:`CommCounter.global_bytes`) gives the totals
-:func:`rayemb.embedding.hybrid.predict_table_bytes` predicts. Phase is
+:func:`rayemb.planner.traffic.predict_table_bytes` predicts. Phase is
 ``forward`` unless the call runs inside an autograd backward pass.
 
 Example::

@@ -41,10 +41,14 @@ class CpuCapableEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
 
 
 def cpu_capable_sharders() -> List[ModuleSharder]:
-    """The sharders to pass to ``DistributedModelParallel`` / ``EmbeddingShardingPlanner.plan``.
+    """The sharders to pass to ``DistributedModelParallel`` / ``EmbeddingShardingPlanner.plan`` (the only list).
 
-    TorchRec's ``EmbeddingCollectionSharder`` already offers DP/TW/CW/RW on CPU
-    (its sharded module has no TWRW/TWCW implementation), so it is used as is.
+    They shard plain ``EmbeddingBagCollection`` s and every half of a
+    ``HybridEmbeddingBagCollection`` alike, on CPU and GPU.
+
+    TorchRec's ``EmbeddingCollectionSharder`` already offers data_parallel,
+    table_wise, column_wise and row_wise on CPU (its sharded module has no
+    TWRW/TWCW implementation), so it is used as is.
     """
     return [CpuCapableEmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
 

@@ -1,39 +1,21 @@
-"""Cost model: bytes moved per step and memory per rank of each placement, and the per-table choice.
+"""Estimator and chooser: each placement's bytes per step and memory per rank, and the per-table choice.
 
 Notation (DESIGN §4): global batch B, dim D, element bytes s, world size W,
-devices per node L, pooling factor P, hot rows |F|, hot share h, rows V,
-q = (W-1)/W. Bytes are *sent off-rank, summed over all ranks*, forward +
-backward — the convention :mod:`rayemb.embedding.comm` measures, so a ring
-all-reduce of N bytes costs 2·(W-1)·N (each rank sends 2·N·(W-1)/W) and an
-all-to-all sends the share q of its payload that leaves the rank.
-
-Traffic per table (ids 8 bytes, lengths 8 bytes; metadata omitted here):
-
-=================  ====================================================
-data_parallel      2·(W-1)·V·D·s                (gradient all-reduce)
-table_wise         q·B·P·8 + q·B·8 + 2·q·B·D·s  (ids, pooled rows fwd+bwd)
-row_wise           q·B·P·8 + (W-1)·B·8 + 2·(W-1)·B·D·s (reduce-scatter + all-gather)
-column_wise (k)    k·(q·B·P·8 + q·B·8) + 2·q·B·D·s
-table_row_wise     as row_wise inside one node (W -> L) + table_wise across nodes
-table_column_wise  as column_wise
-hybrid             2·(W-1)·|F|·D·s + q·(1-h)·B·P·8 + (W-1)·B·8 + 2·q·(1-h)·B·P·D·s
-=================  ====================================================
-
-DP, TW, RW, CW and hybrid delegate to
-:func:`rayemb.embedding.hybrid.predict_table_bytes` (one formula, checked
-against measured collective bytes by the hybrid benchmark); TWRW/TWCW are
-estimates (no measured counterpart yet).
+devices per node L, pooling factor P, hot rows |F|, hot share h, rows V.
+Traffic per placement is :func:`rayemb.planner.traffic.predict_table_bytes`
+(one formula for every placement, checked against measured collective bytes
+by the hybrid benchmark); :func:`table_bytes` feeds it a :class:`TableSpec`.
 
 Memory (weights + optimizer state; model-parallel tables use FBGEMM's
 row-wise Adagrad, one fp32 per row; data-parallel rows use a dense Adagrad, one
-fp32 per element): DP holds V·D·(s+4) on every rank; pooled model-parallel
-holds V·(D·s+4) in total, split by rows (RW over W ranks, TWRW over L) or
-columns (CW, k shards); hybrid holds |F|·D·(s+4) on every rank plus the cold
-rows row-wise.
+fp32 per element): data-parallel holds V·D·(s+4) on every rank; pooled
+model-parallel holds V·(D·s+4) in total, split by rows (RW over W ranks, TWRW
+over L) or columns (CW, k shards); hybrid holds |F|·D·(s+4) on every rank plus
+the cold rows row-wise.
 
 The choice (:class:`BytesCostModel`): among the placements a table's pin
 allows, pick the fewest bytes per step whose largest shard fits a rank, with
-replicated bytes (DP tables, hybrid hot sets) capped at
+replicated bytes (data-parallel tables, hybrid hot sets) capped at
 ``replicated_fraction`` of each rank's capacity, granted to the tables that
 save the most traffic per replicated byte first. Pooled model-parallel tables
 are table-wise when they are smaller than an equal per-rank share of all
@@ -61,6 +43,7 @@ from rayemb.planner.types import (
     TablePin,
     TableSpec,
 )
+from rayemb.planner.traffic import predict_table_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +51,7 @@ logger = logging.getLogger(__name__)
 OPTIMIZER_STATE_BYTES = 4
 #: width of one column-wise shard (TorchRec's ``min_partition`` default is 32 columns)
 COLUMN_SHARD_DIM = 32
-#: share of a rank's capacity that replicated rows (DP tables, hybrid hot sets) may take
+#: share of a rank's capacity that replicated rows (data-parallel tables, hybrid hot sets) may take
 DEFAULT_REPLICATED_FRACTION = 0.25
 #: a large table is sharded table-row-wise (inside one node) when its per-rank piece is at most this share
 #: of a rank's capacity; otherwise row-wise over all ranks
@@ -84,29 +67,14 @@ def table_bytes(
     table: TableSpec, placement: Placement, world_size: int, devices_per_node: int, global_batch: int
 ) -> float:
     """Predicted bytes per step (summed over ranks, fwd + bwd) of ``table`` under ``placement``."""
-    from rayemb.embedding.hybrid import predict_table_bytes
-
-    w, b = world_size, global_batch
-    common = dict(batch_size=b, dim=table.dim, pooling=table.pooling_factor, num_rows=table.rows,
-                  elem_bytes=table.bytes_per_element)
-    if w == 1:
+    if world_size == 1:
         return 0.0
-    if placement in (Placement.DATA_PARALLEL, Placement.TABLE_WISE, Placement.ROW_WISE):
-        return sum(predict_table_bytes(placement.value, world_size=w, **common).values())
-    if placement in (Placement.COLUMN_WISE, Placement.TABLE_COLUMN_WISE):
-        k = column_shards(table.dim, w)
-        return sum(predict_table_bytes("column_wise", world_size=w, column_shards=k, **common).values())
-    if placement == Placement.HYBRID:
-        return sum(predict_table_bytes("hybrid", world_size=w, hot_share=table.hot_share,
-                                       num_hot=table.hot_rows, **common).values())
-    # TABLE_ROW_WISE: ids/lengths go to the L ranks of one node (as table-wise, plus lengths to all L),
-    # partial pooled rows are reduce-scattered inside the node, then cross nodes table-wise.
-    l = max(1, min(devices_per_node, w))
-    q = (w - 1) / w
-    ids = q * b * table.pooling_factor * 8 + max(l - 1, 1) * b * 8
-    intra = 2.0 * (l - 1) * b * table.row_bytes
-    cross = 2.0 * q * b * table.row_bytes
-    return ids + intra + cross
+    by_collective = predict_table_bytes(
+        placement, batch_size=global_batch, dim=table.dim, world_size=world_size, pooling=table.pooling_factor,
+        num_rows=table.rows, hot_share=table.hot_share, num_hot=table.hot_rows, elem_bytes=table.bytes_per_element,
+        column_shards=column_shards(table.dim, world_size), devices_per_node=devices_per_node,
+    )
+    return float(sum(by_collective.values()))
 
 
 def table_memory(table: TableSpec, placement: Placement, world_size: int, devices_per_node: int) -> Cost:
@@ -144,7 +112,7 @@ def table_cost(
 
 
 def replicated_bytes_per_rank(cost: Cost, table: TableSpec) -> int:
-    """Bytes that every rank holds for this placement (DP tables, hybrid hot sets)."""
+    """Bytes that every rank holds for this placement (data-parallel tables, hybrid hot sets)."""
     dp_row = table.dim * (table.bytes_per_element + OPTIMIZER_STATE_BYTES)
     if cost.placement == Placement.DATA_PARALLEL:
         return table.rows * dp_row
@@ -242,7 +210,7 @@ class BytesCostModel(PlacementChooser):
         used = 0
         for _, name in sorted(wants):
             t = by_name[name]
-            forced = best_unreplicated(name) is None  # pinned to DP/hybrid: the budget yields to the pin
+            forced = best_unreplicated(name) is None  # pinned to data-parallel/hybrid: the budget yields to the pin
             for c in cands[name]:
                 rep = replicated_bytes_per_rank(c, t)
                 if rep == 0 or forced or used + rep <= budget:

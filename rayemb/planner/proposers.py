@@ -1,33 +1,61 @@
-"""TorchRec ``Proposer`` s: a memory-binned dynamic program and equal-row load-balanced grouping.
+"""TorchRec ``Proposer`` s: a memory-binned knapsack (dynamic program) and equal-row grouping.
 
-Both plug into ``EmbeddingShardingPlanner(proposer=[...])`` (STYLE §5) and
-are used by :func:`rayemb.planner.planner.plan`; :func:`balanced_groups` is the
-rank assignment of the planner's fast path.
+Both plug into ``EmbeddingShardingPlanner(proposer=[...])`` (STYLE §5); the
+knapsack proposer is the default of the ``torchrec`` engine
+(:mod:`rayemb.planner.torchrec_plan`). Imports torchrec: only the TorchRec
+glue imports this module, never the torch-free planner core.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 from collections import OrderedDict
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional
 
 import numpy as np
 from torchrec.distributed.planner.types import Enumerator, Proposer, ShardingOption, Topology
 
 logger = logging.getLogger(__name__)
 
-#: cap on memory bins (bins_per_device x devices), bounding the DP to O(tables x options x bins)
-MAX_DP_BINS = 4096
+#: cap on memory bins (bins_per_device x devices), bounding the knapsack to O(tables x options x bins)
+MAX_KNAPSACK_BINS = 4096
 
 
 def _primary_storage(opt: ShardingOption, tier: str) -> float:
     return float(getattr(opt.total_storage, tier) or 0)
 
 
-class MemoryBinnedDPProposer(Proposer):
-    r"""Cheapest choice of one sharding option per table under a binned total-memory budget.
+class _PerTableProposer(Proposer):
+    """Keeps the search space grouped by table (``fqn``, in order); subclasses propose from it."""
+
+    def __init__(self) -> None:
+        self._options: "OrderedDict[str, List[ShardingOption]]" = OrderedDict()
+
+    def load(self, search_space: List[ShardingOption], enumerator: Optional[Enumerator] = None) -> None:
+        self._options = OrderedDict()
+        for opt in search_space:
+            self._options.setdefault(opt.fqn, []).append(opt)
+        self._loaded(enumerator)
+
+    def feedback(
+        self,
+        partitionable: bool,
+        plan: Optional[List[ShardingOption]] = None,
+        perf_rating: Optional[float] = None,
+        storage_constraint: Optional[Topology] = None,
+    ) -> None:
+        self._told(storage_constraint)
+
+    def _loaded(self, enumerator: Optional[Enumerator]) -> None:
+        """Called after :meth:`load` grouped a new search space."""
+
+    def _told(self, storage_constraint: Optional[Topology]) -> None:
+        """Called with each of the planner's feedbacks on the last proposal."""
+
+
+class MemoryBinnedKnapsackProposer(_PerTableProposer):
+    r"""Cheapest choice of one sharding option per table under a binned total-memory budget (a knapsack).
 
     Problem (TorchEasyRec ``tzrec/utils/plan_util.py``, ``DynamicProgrammingProposer``;
     ported to TorchRec as ``torchrec.distributed.planner.proposers.DynamicProgrammingProposer``):
@@ -35,11 +63,12 @@ class MemoryBinnedDPProposer(Proposer):
     :math:`b_{ij}`; minimise :math:`\sum_i b_{i,j_i}` subject to
     :math:`\sum_i a_{i,j_i} \le K`, K the memory of all devices. Memory is
     discretised into bins of size :math:`K / n` (:math:`n` = bins per device x
-    devices, capped at :data:`MAX_DP_BINS`), rounding each :math:`a_{ij}` *up*
-    so a binned-feasible plan is truly within K. With :math:`\hat a_{ij}=\lceil a_{ij}/(K/n)\rceil`:
+    devices, capped at :data:`MAX_KNAPSACK_BINS`), rounding each :math:`a_{ij}` *up*
+    so a binned-feasible plan is truly within K. With :math:`\hat a_{ij}=\lceil a_{ij}/(K/n)\rceil`
+    and c[i][k] the least cost of tables 1..i in k bins:
 
     .. math::
-        dp[0][0] = 0,\quad dp[i][k] = \min_j \bigl(dp[i-1][k-\hat a_{ij}] + b_{ij}\bigr),\ k \le n
+        c[0][0] = 0,\quad c[i][k] = \min_j \bigl(c[i-1][k-\hat a_{ij}] + b_{ij}\bigr),\ k \le n
 
     Every reachable final bin k is a candidate plan (total memory fits but a
     per-device fit is not guaranteed, so the partitioner decides); the proposer
@@ -53,7 +82,7 @@ class MemoryBinnedDPProposer(Proposer):
     ``ShardingOption.total_perf``).
 
     Args:
-        bins_per_device: memory bins per device (DP precision).
+        bins_per_device: memory bins per device (the knapsack's precision).
         cost_fn: ShardingOption -> cost to minimise.
     """
 
@@ -66,16 +95,13 @@ class MemoryBinnedDPProposer(Proposer):
         self._bins_per_device = max(1, bins_per_device)
         self._cost_fn = cost_fn or (lambda o: float(o.total_perf))
         self._max_proposals = max_proposals
-        self._options: "OrderedDict[str, List[ShardingOption]]" = OrderedDict()
         self._proposals: List[List[int]] = []
         self._cursor = -1
         self._solved = False
+        super().__init__()
 
-    def load(self, search_space: List[ShardingOption], enumerator: Optional[Enumerator] = None) -> None:
-        self._options = OrderedDict()
+    def _loaded(self, enumerator: Optional[Enumerator]) -> None:
         self._proposals, self._cursor, self._solved = [], -1, False
-        for opt in search_space:
-            self._options.setdefault(opt.fqn, []).append(opt)
 
     def propose(self) -> Optional[List[ShardingOption]]:
         if not self._solved:
@@ -88,13 +114,7 @@ class MemoryBinnedDPProposer(Proposer):
             return [opts[j] for opts, j in zip(self._options.values(), idx)]
         return None
 
-    def feedback(
-        self,
-        partitionable: bool,
-        plan: Optional[List[ShardingOption]] = None,
-        perf_rating: Optional[float] = None,
-        storage_constraint: Optional[Topology] = None,
-    ) -> None:
+    def _told(self, storage_constraint: Optional[Topology]) -> None:
         if self._solved:
             self._cursor += 1
             return
@@ -104,18 +124,18 @@ class MemoryBinnedDPProposer(Proposer):
         self._cursor = 0 if self._proposals else -1
 
     def solve(self, storage_constraint: Topology) -> List[List[int]]:
-        """Runs the DP; returns option indices per table for the Pareto-front plans, cheapest first."""
+        """Solves the knapsack; returns option indices per table for the Pareto-front plans, cheapest first."""
         devices = storage_constraint.devices
         tier = "hbm" if storage_constraint.compute_device == "cuda" else "ddr"
         total = float(sum(getattr(d.storage, tier) for d in devices))
         tables = list(self._options.values())
         if not tables or total <= 0:
             return []
-        n = int(min(self._bins_per_device * len(devices), MAX_DP_BINS))
+        n = int(min(self._bins_per_device * len(devices), MAX_KNAPSACK_BINS))
         bin_size = total / n
         inf = float("inf")
-        dp = np.full(n + 1, inf)
-        dp[0] = 0.0
+        cheapest = np.full(n + 1, inf)
+        cheapest[0] = 0.0
         choice = np.full((len(tables), n + 1), -1, dtype=np.int32)
         prev = np.full((len(tables), n + 1), -1, dtype=np.int32)
         for i, opts in enumerate(tables):
@@ -125,48 +145,45 @@ class MemoryBinnedDPProposer(Proposer):
                 if a > n:
                     continue
                 cand = np.full(n + 1, inf)
-                cand[a:] = dp[: n + 1 - a] + self._cost_fn(opt)
+                cand[a:] = cheapest[: n + 1 - a] + self._cost_fn(opt)
                 better = cand < new
                 new[better] = cand[better]
                 choice[i, better] = j
                 prev[i, better] = np.nonzero(better)[0] - a
-            dp = new
+            cheapest = new
         proposals: List[List[int]] = []
         best = inf
         for k in range(n + 1):  # Pareto front: more memory only if strictly cheaper
-            if dp[k] < best:
-                best = dp[k]
+            if cheapest[k] < best:
+                best = cheapest[k]
                 idx, kk = [0] * len(tables), k
                 for i in range(len(tables) - 1, -1, -1):
                     idx[i] = int(choice[i, kk])
                     kk = int(prev[i, kk])
                 proposals.append(idx)
         proposals.reverse()  # cheapest first
-        logger.debug("DP proposer: %d tables, %d bins, %d Pareto plans", len(tables), n, len(proposals))
+        logger.debug("knapsack proposer: %d tables, %d bins, %d Pareto plans", len(tables), n, len(proposals))
         return proposals[: self._max_proposals]
 
 
-class EqualRowGroupingProposer(Proposer):
+class EqualRowGroupingProposer(_PerTableProposer):
     """Proposes sharding types that let every rank hold the same number of rows.
 
     Idea from ColossalAI's recsys ``LoadBalanceManager`` (fair mode): with W
     groups, each should hold ``sum(rows) / W`` rows. Whole tables can only be
     balanced when each is at most that share, so a table larger than the share
     is split row-wise over all ranks (even by construction) and smaller tables
-    stay table-wise, to be grouped onto ranks by :func:`balanced_groups` (the
-    planner's fast path) or TorchRec's partitioner. One proposal.
+    stay table-wise, to be grouped onto ranks by TorchRec's partitioner (or
+    :func:`rayemb.planner.assigners.balanced_groups` on the fast engine). One proposal.
     """
 
     def __init__(self) -> None:
-        self._options: "OrderedDict[str, List[ShardingOption]]" = OrderedDict()
+        super().__init__()
         self._world_size = 1
         self._done = False
 
-    def load(self, search_space: List[ShardingOption], enumerator: Optional[Enumerator] = None) -> None:
-        self._options = OrderedDict()
+    def _loaded(self, enumerator: Optional[Enumerator]) -> None:
         self._done = False
-        for opt in search_space:
-            self._options.setdefault(opt.fqn, []).append(opt)
         if enumerator is not None and getattr(enumerator, "_world_size", None):
             self._world_size = int(enumerator._world_size)
         else:
@@ -184,31 +201,8 @@ class EqualRowGroupingProposer(Proposer):
             out.append(min(pick, key=lambda o: float(o.total_perf)))
         return out
 
-    def feedback(
-        self,
-        partitionable: bool,
-        plan: Optional[List[ShardingOption]] = None,
-        perf_rating: Optional[float] = None,
-        storage_constraint: Optional[Topology] = None,
-    ) -> None:
+    def _told(self, storage_constraint: Optional[Topology]) -> None:
         self._done = True
 
 
-def balanced_groups(weights: Sequence[float], num_groups: int, base: Optional[Sequence[float]] = None) -> List[int]:
-    """Assigns items to ``num_groups`` groups, heaviest first onto the lightest group (LPT).
-
-    Graham's longest-processing-time rule: max group load <= (4/3 - 1/(3m)) x
-    optimum (Graham 1969, "Bounds on multiprocessing timing anomalies").
-    ``base`` holds loads already on each group. Returns the group of each item.
-    """
-    heap: List[Tuple[float, int]] = [((base[g] if base else 0.0), g) for g in range(num_groups)]
-    heapq.heapify(heap)
-    out = [0] * len(weights)
-    for i in sorted(range(len(weights)), key=lambda i: -weights[i]):
-        load, g = heapq.heappop(heap)
-        out[i] = g
-        heapq.heappush(heap, (load + weights[i], g))
-    return out
-
-
-__all__ = ["MemoryBinnedDPProposer", "EqualRowGroupingProposer", "balanced_groups", "MAX_DP_BINS"]
+__all__ = ["MemoryBinnedKnapsackProposer", "EqualRowGroupingProposer", "MAX_KNAPSACK_BINS"]

@@ -1,6 +1,7 @@
 """The frequent-category split: which ids of each table are hot (replicated on every rank).
 
-A split stage turns the heavy hitters of ``stats.json`` (:mod:`rayemb.data.stats`)
+A split stage turns the heavy hitters of the dataset statistics
+(:class:`rayemb.data.stats_types.DatasetStats`, what ``stats.json`` holds)
 into a per-table hot id set F and the predicted hot share h (the fraction of
 lookups that hit F), which decide the hybrid embedding's traffic (DESIGN §4):
 all-reduce of |F|·D·s plus 2·(1-h)·B·P·D·s for the cold per-id exchange.
@@ -27,11 +28,14 @@ import abc
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Union
 
 import numpy as np
 
 from rayemb.errors import PlanError
+
+if TYPE_CHECKING:
+    from rayemb.data.stats_types import DatasetStats
 
 logger = logging.getLogger(__name__)
 
@@ -129,10 +133,10 @@ class FrequentSplit:
 
 
 class SplitRule(abc.ABC):
-    """Chooses the hot ids of every table from ``stats.json`` (the dict of :func:`compute_stats`)."""
+    """Chooses the hot ids of every table from the dataset statistics (:func:`rayemb.data.stats.compute_stats`)."""
 
     @abc.abstractmethod
-    def split(self, stats: Mapping[str, Any]) -> FrequentSplit:
+    def split(self, stats: "DatasetStats") -> FrequentSplit:
         ...
 
 
@@ -229,16 +233,16 @@ class HugeCTRSplitRule(SplitRule):
         dim = self.embedding_dim[name] if isinstance(self.embedding_dim, Mapping) else self.embedding_dim
         return int(dim) * self.bytes_per_element + self.optimizer_bytes_per_row
 
-    def split(self, stats: Mapping[str, Any]) -> FrequentSplit:
+    def split(self, stats: "DatasetStats") -> FrequentSplit:
         thr = self.threshold()
         w, b = self.world_size, self.global_batch_size
-        rows = int(stats["rows"])
+        rows = int(stats.rows)
         cand: Dict[str, np.ndarray] = {}
         counts: Dict[str, np.ndarray] = {}
         n_hot: Dict[str, int] = {}
         limited: Dict[str, str] = {}
-        for name, t in stats["tables"].items():
-            hh = np.asarray(t["heavy_hitters"], dtype=np.int64).reshape(-1, 2)
+        for name, t in stats.tables.items():
+            hh = t.heavy_hitters
             order = np.lexsort((hh[:, 0], -hh[:, 1]))  # count desc, id asc: stats.json order, made certain
             cand[name], counts[name] = hh[order, 0], hh[order, 1]
             expected = counts[name] / max(rows, 1) * b
@@ -251,19 +255,19 @@ class HugeCTRSplitRule(SplitRule):
         if self.memory_budget_bytes is not None:
             self._apply_budget(cand, counts, n_hot, limited)
         tables: Dict[str, TableSplit] = {}
-        for name, t in stats["tables"].items():
+        for name, t in stats.tables.items():
             n = n_hot[name]
-            values = int(t["values"])
+            values = int(t.values)
             thr_count = thr * rows / b if math.isfinite(thr) else math.inf
             tables[name] = TableSplit(
                 name=name,
-                num_embeddings=int(t.get("num_embeddings", 0)),
+                num_embeddings=int(t.num_embeddings),
                 hot_ids=cand[name][:n].copy(),
                 hot_counts=counts[name][:n].copy(),
                 hot_share=float(counts[name][:n].sum() / values) if values else 0.0,
                 threshold=thr,
                 limited_by=limited[name],
-                complete=int(t.get("error_bound", 0)) < thr_count,
+                complete=int(t.error_bound) < thr_count,
             )
         out = FrequentSplit(tables, w, b, "hugectr", self._params())
         for t in tables.values():
@@ -271,7 +275,7 @@ class HugeCTRSplitRule(SplitRule):
                 logger.warning(
                     "table %s: heavy-hitter error bound %d reaches the hot threshold; some hot ids may be "
                     "missing. Recompute stats with more --num-heavy-hitters.",
-                    t.name, stats["tables"][t.name]["error_bound"],
+                    t.name, stats.tables[t.name].error_bound,
                 )
         return out
 
@@ -303,15 +307,9 @@ class HugeCTRSplitRule(SplitRule):
                 n_hot[n], limited[n] = capped, "memory"
 
     def _params(self) -> Dict[str, Any]:
-        return {
-            "num_nodes": self.num_nodes,
-            "bw_all_to_all": self.bw_all_to_all,
-            "bw_all_reduce": self.bw_all_reduce,
-            "efficiency": self.efficiency,
-            "p_dup_max": self.p_dup_max,
-            "memory_budget_bytes": self.memory_budget_bytes,
-            "threshold_per_batch": self.threshold(),
-        }
+        """The rule's inputs beyond W and B, and its threshold (FrequentSplit.params)."""
+        names = ("num_nodes", "bw_all_to_all", "bw_all_reduce", "efficiency", "p_dup_max", "memory_budget_bytes")
+        return {**{n: getattr(self, n) for n in names}, "threshold_per_batch": self.threshold()}
 
 
 __all__ = ["SplitRule", "HugeCTRSplitRule", "TableSplit", "FrequentSplit"]

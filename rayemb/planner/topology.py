@@ -4,7 +4,8 @@ The driver plans for the cluster it finds (:func:`topology_from_ray`); users
 also plan for clusters they do not have (:func:`described_topology`,
 ``rayemb plan --world-size 1024 --gpus-per-node 8 --hbm-gib 80``). Both return
 a :class:`~rayemb.planner.types.ClusterTopology`;
-:func:`to_torchrec_topology` converts it for TorchRec's planner.
+:func:`rayemb.planner.torchrec_plan.to_torchrec_topology` converts it for
+TorchRec's planner.
 
 Ray reports per node its ``GPU`` count and ``memory`` (bytes of object-store-free
 host memory Ray may schedule) in ``ray.nodes()[i]["Resources"]``; GPU memory is
@@ -157,20 +158,6 @@ def topology_from_ray(num_workers: Optional[int] = None, **kwargs: Any) -> Clust
     return topo
 
 
-def to_torchrec_topology(topology: ClusterTopology) -> Any:
-    """TorchRec ``Topology`` with the same devices, memory and bandwidths (TorchRec wants bytes/ms)."""
-    from torchrec.distributed.planner.types import HardwareConfig, KernelConfig, TopologyFactory, TrainerConfig
-
-    trainer = TrainerConfig(
-        world_size=topology.world_size,
-        local_world_size=topology.devices_per_node,
-        hbm_cap_bytes=topology.hbm_bytes if topology.compute_device == "cuda" else None,
-        ddr_cap_bytes=topology.ddr_bytes,
-    )
-    hardware = HardwareConfig(intra_host_bw=topology.intra_node_bw / 1e3, inter_host_bw=topology.inter_node_bw / 1e3)
-    return TopologyFactory.create_topology(trainer, hardware, KernelConfig(compute_device=topology.compute_device, use_hardware_based_bandwidth=True))
-
-
 __all__ = [
-    "described_topology", "topology_from_nodes", "topology_from_ray", "to_torchrec_topology", "KNOWN_GPU_HBM_BYTES",
+    "described_topology", "topology_from_nodes", "topology_from_ray", "KNOWN_GPU_HBM_BYTES",
 ]

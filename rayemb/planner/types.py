@@ -6,7 +6,7 @@ Read top to bottom: a :class:`ClusterTopology` (what hardware) and
 :class:`Placement` per table; a :class:`RankAssigner` places shards on ranks;
 a :class:`PlanResult` comes out, with :meth:`PlanResult.to_json` giving
 ``plan.json``. Nothing here imports torch or torchrec, so ``plan.json`` can be
-read on a CPU-only head (:func:`rayemb.planner.planner.load_plan_json`).
+read on a CPU-only head (:func:`rayemb.planner.report.load_plan_json`).
 
 Units: bytes, bytes per second, rows; ``GiB = 1024**3`` bytes.
 """
@@ -191,14 +191,15 @@ class Placement(str, enum.Enum):
     COLUMN_WISE = "column_wise"
     TABLE_ROW_WISE = "table_row_wise"
     TABLE_COLUMN_WISE = "table_column_wise"
-    HYBRID = "hybrid"  # hot rows data-parallel, cold rows row-wise with per-id exchange
+    HYBRID = "hybrid"  # hot rows data-parallel, cold rows sharded with per-id exchange
 
     @property
     def is_pooled_model_parallel(self) -> bool:
         return self not in (Placement.DATA_PARALLEL, Placement.HYBRID)
 
 
-POOLED_MODEL_PARALLEL: Tuple[Placement, ...] = tuple(p for p in Placement if p.is_pooled_model_parallel)
+#: shardings of a hybrid table's cold half (TorchRec ``EmbeddingCollection`` shardings on CPU and GPU)
+HYBRID_COLD_PLACEMENTS: Tuple[Placement, ...] = (Placement.ROW_WISE, Placement.TABLE_WISE, Placement.COLUMN_WISE)
 
 
 @dataclass(frozen=True)
@@ -341,7 +342,7 @@ class PlanResult:
 
     ``sharding_plan`` holds TorchRec's ``ShardingPlan`` when the planner ran
     TorchRec's engine (``None`` after :func:`load_plan_json`, or on the fast
-    path until :func:`rayemb.planner.planner.to_sharding_plan` builds it).
+    path until :func:`rayemb.planner.torchrec_plan.to_sharding_plan` builds it).
     """
 
     world_size: int
@@ -393,15 +394,13 @@ class PlanResult:
             if int(d["schema_version"]) != PLAN_SCHEMA_VERSION:
                 raise ValueError(f"schema_version {d['schema_version']} (this rayemb reads {PLAN_SCHEMA_VERSION})")
             topo = d.get("topology")
-            topology = None
-            if topo:
-                topology = ClusterTopology(
-                    num_nodes=int(topo["num_nodes"]), devices_per_node=int(topo["devices_per_node"]),
-                    compute_device=str(topo["compute_device"]), hbm_bytes=int(topo["hbm_bytes"]),
-                    ddr_bytes=int(topo["ddr_bytes"]), intra_node_bw=float(topo["intra_node_bw_bytes_per_s"]),
-                    inter_node_bw=float(topo["inter_node_bw_bytes_per_s"]),
-                    reserved_fraction=float(topo["reserved_fraction"]),
-                )
+            topology = ClusterTopology(
+                num_nodes=int(topo["num_nodes"]), devices_per_node=int(topo["devices_per_node"]),
+                compute_device=str(topo["compute_device"]), hbm_bytes=int(topo["hbm_bytes"]),
+                ddr_bytes=int(topo["ddr_bytes"]), intra_node_bw=float(topo["intra_node_bw_bytes_per_s"]),
+                inter_node_bw=float(topo["inter_node_bw_bytes_per_s"]),
+                reserved_fraction=float(topo["reserved_fraction"]),
+            ) if topo else None
             tables = {
                 name: TablePlan(
                     name=name, placement=Placement(t["placement"]), sharding_type=str(t["sharding_type"]),
@@ -446,6 +445,6 @@ class RankAssigner(abc.ABC):
 
 __all__ = [
     "GiB", "GB_S", "PLAN_SCHEMA_VERSION", "INSUFFICIENT_STORAGE", "INVALID_PIN", "INVALID_TOPOLOGY",
-    "INVALID_PLAN_FILE", "STORAGE_REMEDIES", "ClusterTopology", "TableSpec", "Placement", "POOLED_MODEL_PARALLEL",
+    "INVALID_PLAN_FILE", "STORAGE_REMEDIES", "ClusterTopology", "TableSpec", "Placement", "HYBRID_COLD_PLACEMENTS",
     "TablePin", "parse_pins", "Cost", "TablePlan", "RankUsage", "PlanResult", "PlacementChooser", "RankAssigner",
 ]

@@ -1,7 +1,7 @@
 """Carries metrics from the workers to the driver, the only MLflow writer.
 
 Two paths feed one Ray queue that a driver thread drains into the
-:class:`~rayemb.tracking.mlflow.RunLogger`:
+:class:`~rayemb.tracking.run_logger.RunLogger`:
 
 - epoch reports (``ray.train.report``, with checkpoints): Ray Train v2 runs
   ``UserCallback.after_report`` in its controller actor, not in the driver, so

@@ -21,13 +21,11 @@ finds ``valid/auc`` or ``valid.auc`` when no run has a plain ``auc``.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import logging
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -35,7 +33,8 @@ from rayemb.config import TrackingConfig, resolve_path
 from rayemb.constants import MLFLOW_DB_FILE, TRACKING_URI_ENV_VAR
 from rayemb.errors import TrackingError
 from rayemb.tracking import plots
-from rayemb.tracking.mlflow import TAG_KIND, RunLogger
+from rayemb.tracking.store import sqlite_path, sqlite_uri
+from rayemb.tracking.tags import TAG_KIND
 
 logger = logging.getLogger(__name__)
 
@@ -46,28 +45,6 @@ COMPARISON_RUN_NAME = "comparison"
 SKIPPED_KINDS = ("comparison", "sweep")
 CSV_FILE = "compare.csv"
 MARKDOWN_FILE = "compare.md"
-
-
-def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the ``rayemb compare`` options to ``parser`` (the CLI calls :func:`compare_main` with the result)."""
-    parser.add_argument("--experiment", required=True, help="MLflow experiment name")
-    parser.add_argument("--filter", default="",
-                        help="MLflow search filter, e.g. \"params.`model.embedding_dim` = '16'\" or "
-                             "\"metrics.`param.train.epochs` >= 2\" (numeric settings are also metrics param.<key>)")
-    parser.add_argument("--metric", dest="metrics", action="extend", nargs="+", default=None, metavar="NAME",
-                        help="metric(s) to compare, final value and curve (repeatable; "
-                             f"default: {' '.join(DEFAULT_METRICS)})")
-    parser.add_argument("--param", default=None,
-                        help="param for the final-metric-vs-param chart (default: the differing param, if only one)")
-    parser.add_argument("--out", required=True, help="output folder for compare.csv, compare.md and PNG charts")
-    parser.add_argument("--log-run", action="store_true",
-                        help=f"also log the outputs as a run named '{COMPARISON_RUN_NAME}'")
-    parser.add_argument("--tracking-uri", default=None,
-                        help=f"MLflow tracking URI or path of an mlflow.db (default: ${TRACKING_URI_ENV_VAR}, "
-                             "else runs/mlflow.db of the workspace)")
-    parser.add_argument("--max-runs", type=int, default=DEFAULT_MAX_RUNS,
-                        help="compare at most the newest this many runs")
-    return parser
 
 
 @dataclass
@@ -147,19 +124,18 @@ def resolve_tracking_uri(value: Optional[str]) -> str:
                 "(sqlite:////abs/path/to/output_dir/mlflow.db, or just that file's path).",
                 category="no_store",
             )
-        uri = f"sqlite:///{default_db}"
+        uri = sqlite_uri(default_db)
         print(f"using the default embedded MLflow store {uri}")
     if "://" not in uri and not uri.startswith("sqlite:"):
-        uri = f"sqlite:///{os.path.abspath(uri)}"
-    if uri.startswith("sqlite:///"):
-        path = uri[len("sqlite:///"):].split("?", 1)[0]
-        if path not in ("", ":memory:") and not os.path.isfile(path):
-            raise TrackingError(
-                f"The MLflow store {uri!r} does not exist (no file {path!r}). Point --tracking-uri at the "
-                "mlflow.db of a job's output folder (the URI `rayemb train` logs at start), with an absolute "
-                "path: sqlite:////abs/path/mlflow.db.",
-                category="not_found",
-            )
+        uri = sqlite_uri(uri)
+    path = sqlite_path(uri)
+    if path is not None and not os.path.isfile(path):
+        raise TrackingError(
+            f"The MLflow store {uri!r} does not exist (no file {path!r}). Point --tracking-uri at the "
+            "mlflow.db of a job's output folder (the URI `rayemb train` logs at start), with an absolute "
+            "path: sqlite:////abs/path/mlflow.db.",
+            category="not_found",
+        )
     return uri
 
 
@@ -235,56 +211,3 @@ def write_charts(client: Any, comp: Comparison, out_dir: str, param: Optional[st
             paths.append(plots.plot_final_vs_param(
                 points, os.path.join(out_dir, f"final_{_slug(key)}_vs_{_slug(param)}.png"), param=param, metric=key))
     return paths
-
-
-def compare_main(args: argparse.Namespace) -> int:
-    """Runs ``rayemb compare``; returns the exit code. User mistakes raise :class:`TrackingError`."""
-    from mlflow import MlflowClient
-
-    uri = resolve_tracking_uri(args.tracking_uri)
-    client = MlflowClient(uri)
-    metrics = list(dict.fromkeys(args.metrics or DEFAULT_METRICS))
-    comp = build_comparison(client, args.experiment, args.filter or "", metrics, args.max_runs)
-
-    param = args.param
-    all_params = {k for p in comp.params for k in p}
-    if param is not None and param not in all_params:
-        raise TrackingError(
-            f"--param {param!r} is not a param of any compared run. Params that differ between these runs: "
-            f"{', '.join(comp.differing_params) or 'none'}; pass one of them (flattened config keys such as "
-            "model.embedding_dim).",
-            category="invalid_input",
-        )
-    if param is None and len(comp.differing_params) == 1:
-        param = comp.differing_params[0]
-
-    os.makedirs(args.out, exist_ok=True)
-    text = comp.to_text()
-    print(f"{len(comp.run_ids)} runs of experiment {args.experiment!r}; "
-          f"{len(comp.differing_params)} params differ, {comp.equal_params} are equal (not shown)")
-    print(text)
-    outputs = [comp.write_csv(os.path.join(args.out, CSV_FILE))]
-    md_path = os.path.join(args.out, MARKDOWN_FILE)
-    with open(md_path, "w", encoding="utf-8") as f:
-        f.write(f"# Comparison of {len(comp.run_ids)} runs of `{args.experiment}`\n\n")
-        if args.filter:
-            f.write(f"Filter: `{args.filter}`\n\n")
-        f.write(comp.to_markdown())
-    outputs.append(md_path)
-    outputs += write_charts(client, comp, args.out, param)
-    for p in outputs:
-        print(f"wrote {p}")
-
-    if args.log_run:
-        rl = RunLogger(uri, args.experiment, run_name=COMPARISON_RUN_NAME,
-                       tags={TAG_KIND: "comparison", "rayemb.compared_runs": ",".join(comp.run_ids)},
-                       system_metrics_interval_s=None).start()
-        rl.log_params({"filter": args.filter or "", "metrics": ",".join(comp.metric_keys), "param": param or "",
-                       "num_runs": len(comp.run_ids)})
-        for p in outputs:
-            rl.log_artifact(p)
-        if not rl.finish():
-            print(f"could not log the comparison run to {uri}; the outputs are in {args.out}", file=sys.stderr)
-            return 1
-        print(f"logged comparison run {rl.run_id}")
-    return 0

@@ -1,7 +1,7 @@
 """PNG charts for runs and comparisons (matplotlib, headless ``Agg`` backend).
 
 Every function writes one PNG and returns its path, so the caller can hand it
-to :meth:`rayemb.tracking.mlflow.RunLogger.log_artifact`. Inputs are plain data
+to :meth:`rayemb.tracking.run_logger.RunLogger.log_artifact`. Inputs are plain data
 (``{label: [(step, value), ...]}``), so the charts can be drawn from what the
 driver collected during training or from a store via :func:`metric_history`.
 
@@ -24,6 +24,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on cluster heads; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
+
+from rayemb.units import binary_unit  # noqa: E402
 
 Series = Sequence[Tuple[float, float]]
 
@@ -88,13 +90,6 @@ def plot_training_curves(history: Mapping[str, Series], out_path: str,
     return _save(fig, out_path)
 
 
-def _human_bytes(n: float) -> Tuple[float, str]:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return scale, unit
-    return 1, "B"
-
-
 def plot_memory_per_rank(bytes_per_rank: Sequence[float], out_path: str,
                          title: str = "Peak memory per rank", capacity_bytes: Optional[float] = None) -> str:
     """Bar chart of memory per rank (index = rank), in the largest fitting binary unit.
@@ -103,7 +98,7 @@ def plot_memory_per_rank(bytes_per_rank: Sequence[float], out_path: str,
     near its limit stands out.
     """
     values = [float(b) for b in bytes_per_rank]
-    scale, unit = _human_bytes(max(values + [capacity_bytes or 0.0, 1.0]))
+    scale, unit = binary_unit(max(values + [capacity_bytes or 0.0, 1.0]))
     fig, ax = plt.subplots(figsize=_FIGSIZE)
     bars = ax.bar(range(len(values)), [v / scale for v in values], color="tab:blue")
     for bar, v in zip(bars, values):

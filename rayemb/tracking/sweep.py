@@ -21,7 +21,8 @@ import logging
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from rayemb.errors import ConfigError
-from rayemb.tracking.mlflow import TAG_KIND, RunLogger
+from rayemb.tracking.run_logger import RunLogger
+from rayemb.tracking.tags import TAG_KIND
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ def run_sweep(
     parent.log_params({"sweep": {k: ",".join(v) for k, v in parsed}, "sweep_points": len(grid),
                        "base_overrides": " ".join(base_overrides)})
     if parent.run_id is None:
-        logger.warning("sweep parent run could not be created at %s; children will not be nested", tracking_uri)
+        logger.warning("sweep parent run could not be created at %s; children will not be nested", parent.shown_uri)
     logger.info("sweep over %s: %d jobs (parent run %s)", ", ".join(keys), len(grid), parent.run_id)
 
     failed: List[str] = []

@@ -15,9 +15,13 @@ import math
 import os
 import tempfile
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rayemb.config import JobConfig
+    from rayemb.data.schema import DatasetSchema
 
 logger = logging.getLogger(__name__)
 
@@ -167,19 +171,18 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    from rayemb.config import config_from_dict
     from rayemb.data.batching import BatchConverter
-    from rayemb.data.schema import DatasetSchema
     from rayemb.embedding.comm import COLLECTIVES, CommCounter, instrument_ddp
     from rayemb.embedding.hybrid import replicated_embedding_parameters
+    from rayemb.embedding.sharders import cpu_capable_sharders as sharders
     from rayemb.logs import quiet_third_party_logs
     from rayemb.train.checkpoint import save_rank, write_meta
-    from rayemb.train.sharding import build_model, sharders
+    from rayemb.train.sharding import build_model
 
     quiet_third_party_logs()
 
-    cfg = config_from_dict(loop_config["job"])
-    schema = DatasetSchema.from_dict(loop_config["schema"])
+    cfg: JobConfig = loop_config["job"]  # the frozen config object itself, pickled by Ray
+    schema: DatasetSchema = loop_config["schema"]
     steps_per_epoch: int = loop_config["steps_per_epoch"]
     # Step metrics go straight to the driver's queue: ray.train.report is a barrier across ranks (about
     # 2 s per call measured on a 2-core machine), so it is kept for epoch ends.
@@ -277,7 +280,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
                 timer.reset()
         valid = evaluate(model, ray.train.get_dataset_shard("valid"), cfg.data.batch_size, converter, device)
-        stop = best.update(epoch, valid["valid_auc"])  # every rank sees the same gathered AUC: same decision
+        # every rank sees the same gathered AUC, so all make the same decision; the last epoch is no early stop
+        stop = best.update(epoch, valid["valid_auc"]) and epoch + 1 < cfg.train.epochs
         if rank == 0:
             logger.info("epoch %d step %d: %s", epoch, step, valid)
         report = {"step": step, "epoch": epoch, "epoch_end": 1, **valid, **best.metrics(), "early_stopped": int(stop)}

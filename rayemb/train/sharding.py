@@ -16,6 +16,7 @@ import numpy as np
 
 from rayemb.config import JobConfig
 from rayemb.data.schema import DatasetSchema
+from rayemb.planner.types import TablePin, parse_pins
 
 #: where the embedding module sits in the DLRM (prefix of its sharding plan keys)
 EMBEDDING_MODULE = "embedding"
@@ -52,22 +53,20 @@ def build_model(
     )
 
 
-def sharders() -> List[Any]:
-    from rayemb.embedding.hybrid import hybrid_sharders
+def pins_of(cfg: JobConfig, table_names: List[str]) -> Dict[str, TablePin]:
+    """The config's per-table pins, parsed and checked (:class:`PlanError` ``invalid_pin``) — the one parse.
 
-    return hybrid_sharders()
-
-
-def pins_of(cfg: JobConfig, table_names: List[str]) -> Dict[str, Dict[str, Any]]:
-    """The config's per-table pins; ``planner.hybrid: false`` forbids hybrid on every table not pinned otherwise."""
+    ``planner.hybrid: false`` forbids hybrid on every table not pinned otherwise.
+    :func:`rayemb.planner.plan` takes the result as it is.
+    """
     pins = cfg.planner.pins()
     if not cfg.planner.hybrid:
         for name in table_names:
             pins.setdefault(name, {}).setdefault("hybrid", False)
-    return pins
+    return parse_pins(pins, table_names)
 
 
-def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Mapping[str, Any], split: Any, topology: Any) -> JobPlan:
+def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any) -> JobPlan:
     """Plans the job's tables on ``topology`` with the split's hot sets (runs where torchrec imports)."""
     from torchrec.distributed.types import ShardingPlan
 

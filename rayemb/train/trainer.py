@@ -1,12 +1,24 @@
-"""The driver: validate inputs, plan, launch Ray Train workers, track in MLflow.
+"""The driver: a short pipeline of named stages, each taking and returning typed values.
 
-Everything that can fail because of user input (config, data path, schema,
-too little data) is checked here before any worker starts, and raises a
-:class:`~rayemb.errors.RayembError` naming the input and the fix.
+::
+
+    check_inputs(cfg)                      -> JobInputs    config, schema.yaml, every parquet footer, pins, steps
+    compute_statistics(inputs, topology)   -> (DatasetStats, split)   one Ray Data pass; labels, dense, ids checked
+    plan_job(inputs, topology, stats, split) -> PlannedJob  the cost-model plan (a Ray task), resume checkpoint
+    start_tracking(inputs, planned)        -> Tracking     the MLflow run, params, config, plan/stats artifacts
+    train(inputs, planned, tracking)       -> TrainResult  Ray Train workers; the run ends FINISHED or FAILED
+
+Everything that can fail because of user input is found by the first three
+stages, before any output is written, and raises a
+:class:`~rayemb.errors.RayembError` naming the input and the fix. Errors a
+worker finds (a diverging loss, a checkpoint of another plan) come back as the
+same errors and mark the MLflow run FAILED with the reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import os
 import time
@@ -17,12 +29,54 @@ from rayemb._ray import init_ray
 from rayemb.config import JobConfig, resolve_path
 from rayemb.constants import FAULT_INJECTION_ENV_VAR, MIN_CPUS_PER_WORKER, RESERVED_DATA_CPUS, TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, count_rows, load_checked, parquet_files
-from rayemb.errors import DataError, RayembError, TrainingError, find_user_error
+from rayemb.errors import DataError, TrainingError, find_user_error
 from rayemb.logs import redact_uri
 from rayemb.planner.types import parse_pins
+from rayemb.train.artifacts import log_charts, log_plan, log_stats_and_split, to_json
 from rayemb.train.sharding import pins_of
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobInputs:
+    """A job's checked inputs: nothing past this point can fail on the config or the dataset's files."""
+
+    cfg: JobConfig
+    data_dir: str
+    out_dir: str
+    schema: DatasetSchema
+    train_rows: int
+    valid_rows: int
+    steps_per_epoch: int
+
+    @property
+    def world_size(self) -> int:
+        return self.cfg.scaling.num_workers
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    topology: Any
+    stats: Any  # rayemb.data.stats_types.DatasetStats
+    split: Any  # rayemb.planner.split.Split
+    job_plan: Any  # rayemb.train.sharding.JobPlan (TorchRec plan of the real model)
+    fingerprint: str
+    #: (directory, meta.json) of train.resume_from, checked against this plan
+    resume: Optional[Tuple[str, Dict[str, Any]]] = None
+
+    @property
+    def summary(self) -> Dict[str, Any]:
+        return self.job_plan.summary
+
+
+@dataclass(frozen=True)
+class Tracking:
+    run_logger: Any  # rayemb.tracking.RunLogger, started
+    tracking_uri: str
+    job_id: str
+    #: this job's local copies of what it logs
+    job_dir: str
 
 
 @dataclass
@@ -38,20 +92,41 @@ class TrainResult:
     best_checkpoint: Optional[str] = None
 
 
-def _cpus_per_worker(cfg: JobConfig) -> float:
-    """Leave ``RESERVED_DATA_CPUS`` free for Ray Data's read tasks, or the job hangs silently."""
-    import ray
+def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainResult:
+    """Runs one training job on the current (or a new local) Ray cluster; returns when it ends."""
+    t0 = time.monotonic()
+    inputs = check_inputs(cfg)
+    init_ray()
+    topology = job_topology(cfg)
+    stats, split = compute_statistics(inputs, topology)
+    planned = plan_job(inputs, topology, stats, split)
+    tracking = start_tracking(inputs, planned, parent_run_id)
+    result = train(inputs, planned, tracking)
+    result.wall_time_s = time.monotonic() - t0
+    return result
 
-    if cfg.scaling.cpus_per_worker is not None:
-        return cfg.scaling.cpus_per_worker
-    total = float(ray.cluster_resources().get("CPU", 1.0))
-    share = (total - RESERVED_DATA_CPUS) / cfg.scaling.num_workers
-    return max(MIN_CPUS_PER_WORKER, min(1.0, round(share, 2)))
+
+# ---- STAGE 1: CHECK INPUTS (no Ray) ---- #
+
+
+def check_inputs(cfg: JobConfig) -> JobInputs:
+    """The dataset's schema and every parquet footer, the pins, and enough rows for one global batch."""
+    data_dir = resolve_path(cfg.data.path)
+    out_dir = resolve_path(cfg.tracking.output_dir)
+    schema = load_checked(data_dir)
+    parse_pins(pins_of(cfg, schema.sparse_names), schema.sparse_names)
+    train_rows, valid_rows = count_rows(data_dir, TRAIN_SPLIT), count_rows(data_dir, VALID_SPLIT)  # footers only
+    steps = _steps(train_rows, cfg, TRAIN_SPLIT, data_dir)
+    _steps(valid_rows, cfg, VALID_SPLIT, data_dir)
+    if cfg.train.max_steps_per_epoch is not None:
+        steps = min(steps, cfg.train.max_steps_per_epoch)
+    print(f"rayemb: data {data_dir} ({len(schema.sparse)} sparse tables, {train_rows:,} train / {valid_rows:,} valid "
+          f"rows), outputs {out_dir}", flush=True)
+    return JobInputs(cfg, data_dir, out_dir, schema, train_rows, valid_rows, steps)
 
 
 def _steps(rows: int, cfg: JobConfig, split: str, data_dir: str) -> int:
-    per_rank = rows // cfg.scaling.num_workers
-    steps = per_rank // cfg.data.batch_size
+    steps = rows // cfg.scaling.num_workers // cfg.data.batch_size
     if steps < 1:
         raise DataError(
             f"The {split} split of {data_dir!r} has {rows} rows, fewer than one global batch "
@@ -63,8 +138,6 @@ def _steps(rows: int, cfg: JobConfig, split: str, data_dir: str) -> int:
 
 def job_topology(cfg: JobConfig) -> Any:
     """The live Ray cluster's topology, cut to the job's ``scaling.num_workers`` ranks."""
-    import dataclasses
-
     from rayemb.planner import topology_from_ray
 
     world = cfg.scaling.num_workers
@@ -77,103 +150,66 @@ def job_topology(cfg: JobConfig) -> Any:
     return topo
 
 
-def _stats_and_split(cfg: JobConfig, schema: DatasetSchema, data_dir: str, topology: Any):
-    """One statistics pass (or a matching stats.json) and the frequent-category split.
+# ---- STAGE 2: STATISTICS AND SPLIT ---- #
 
-    Out-of-range ids fail here, before any worker starts, under ``data.id_policy: error``.
+
+def compute_statistics(inputs: JobInputs, topology: Any) -> Tuple[Any, Any]:
+    """One statistics pass (or a matching stats.json), the value checks, and the frequent-category split.
+
+    Bad labels, NaN dense values and (under ``data.id_policy: error``) out-of-range
+    ids fail here, before any worker starts.
     """
-    from rayemb.data.checks import ValueSummary, check_values
-    from rayemb.data.stats import check_ids, compute_stats, load_or_compute_stats
-    from rayemb.planner.planner import split_rule
+    from rayemb.data.checks import check_ids, check_values
+    from rayemb.data.stats import compute_stats
+    from rayemb.data.stats_io import load_or_compute_stats
+    from rayemb.planner.tables import split_rule
 
+    cfg, data_dir, schema = inputs.cfg, inputs.data_dir, inputs.schema
     t0 = time.monotonic()
     stats_path = resolve_path(cfg.data.stats_path) if cfg.data.stats_path else None
     print(f"rayemb: statistics pass over {data_dir}/{TRAIN_SPLIT} ...", flush=True)
     stats = load_or_compute_stats(data_dir, stats_path, progress=True)
-    check_values(ValueSummary.from_dict(stats["values"]), schema.label, f"{data_dir}/{TRAIN_SPLIT}")
+    check_values(stats.values, schema.label, f"{data_dir}/{TRAIN_SPLIT}")
     check_ids(stats, schema, cfg.data.id_policy)
-    valid_values = compute_stats(data_dir, split=VALID_SPLIT, tables=False)["values"]
-    check_values(ValueSummary.from_dict(valid_values), schema.label, f"{data_dir}/{VALID_SPLIT}")
+    valid_values = compute_stats(data_dir, split=VALID_SPLIT, tables=False).values
+    check_values(valid_values, schema.label, f"{data_dir}/{VALID_SPLIT}")
     global_batch = cfg.data.batch_size * topology.world_size
     split = split_rule(topology, global_batch, cfg.model.embedding_dim).split(stats)
-    print(f"rayemb: statistics of {stats['rows']:,} rows in {time.monotonic() - t0:.1f}s; frequent-category split:",
+    print(f"rayemb: statistics of {stats.rows:,} rows in {time.monotonic() - t0:.1f}s; frequent-category split:",
           flush=True)
     print(split.summary_table(), flush=True)
     return stats, split
 
 
-def _log_stats_and_split(run_logger: Any, stats: Dict[str, Any], split: Any, job_dir: str) -> None:
-    """Writes stats.json, split.json and the frequency chart under ``job_dir`` and logs them to the run."""
-    from rayemb.data.stats import plot_frequencies, write_stats_json
+# ---- STAGE 3: PLAN ---- #
 
-    run_logger.log_artifact(write_stats_json(stats, os.path.join(job_dir, "stats.json")))
-    split_path = os.path.join(job_dir, "split.json")
-    with open(split_path, "w") as f:
-        f.write(_json(split.to_dict()))
-    run_logger.log_artifact(split_path)
-    for name, t in split.tables.items():
-        run_logger.log_metrics({f"split.hot_rows.{name}": float(t.num_hot), f"split.hot_share.{name}": t.hot_share},
-                               step=0)
+
+def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> PlannedJob:
+    """The cost-model plan of the real model, made in a Ray task (TorchRec loads there, not in the driver)."""
+    import ray
+
+    cfg = inputs.cfg
     try:
-        run_logger.log_artifact(plot_frequencies(stats, os.path.join(job_dir, "frequencies.png")), "charts")
-    except Exception as e:  # a chart never fails a job
-        logger.warning("could not plot frequencies: %s", e)
+        job_plan = ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(cfg, inputs.schema, stats, split, topology))
+    except ray.exceptions.RayTaskError as e:
+        user_error = find_user_error(e)
+        if user_error is not None:  # the planner's own message, not the remote traceback
+            raise user_error from None
+        raise
+    summary = job_plan.summary
+    fingerprint = hashlib.sha1(to_json(summary).encode()).hexdigest()[:12]
+    placements = [t["placement"] for t in summary["tables"].values()]
+    print(f"rayemb: plan {fingerprint}: " + ", ".join(f"{p} x{placements.count(p)}" for p in sorted(set(placements))),
+          flush=True)
+    return PlannedJob(topology, stats, split, job_plan, fingerprint, _check_resume(cfg, fingerprint))
 
 
-def _log_plan(run_logger: Any, summary: Dict[str, Any], job_dir: str) -> None:
-    """plan.json, the plan's per-rank chart, and its headline numbers as metrics."""
-    from rayemb.planner import load_plan_json, plot_plan
-
-    path = os.path.join(job_dir, "plan.json")
-    with open(path, "w") as f:
-        f.write(_json(summary))
-    run_logger.log_artifact(path)
-    run_logger.log_metrics({"plan.predicted_bytes_per_step": float(summary["predicted_bytes_per_step"])}, step=0)
-    try:
-        run_logger.log_artifact(plot_plan(load_plan_json(path), os.path.join(job_dir, "plan.png")), "charts")
-    except Exception as e:  # a chart never fails a job
-        logger.warning("could not draw the plan chart: %s", e)
-
-
-def _log_charts(run_logger: Any, reports: List[Dict[str, Any]], job_dir: str) -> None:
-    """Loss/AUC curves and peak memory per rank, as PNGs under ``job_dir`` and in the run's charts/."""
-    from rayemb.tracking.callback import numeric_metrics
-    from rayemb.tracking.plots import plot_memory_per_rank, plot_training_curves
-
-    history: Dict[str, List[Any]] = {}
-    for r in reports:
-        for k, v in numeric_metrics(r).items():
-            history.setdefault(k, []).append((r.get("step", 0), v))
-    try:
-        curves = plot_training_curves(history, os.path.join(job_dir, "training_curves.png"), metrics=("loss", "auc"))
-        run_logger.log_artifact(curves, "charts")
-        peaks = [r for r in reports if any(k.startswith("peak_memory_bytes.") for k in r)]
-        if peaks:
-            last = peaks[-1]
-            ranks = sorted((int(k.rsplit("rank", 1)[1]), v) for k, v in last.items() if k.startswith("peak_memory_bytes."))
-            mem = plot_memory_per_rank([v for _, v in ranks], os.path.join(job_dir, "memory_per_rank.png"))
-            run_logger.log_artifact(mem, "charts")
-    except Exception as e:  # a chart never fails a job
-        logger.warning("could not draw training charts: %s", e)
-
-
-def _plan_remote(cfg_dict: Dict[str, Any], schema_dict: Dict[str, Any], stats: Dict[str, Any], split: Any,
-                 topology: Any):
-    from rayemb.config import config_from_dict
+def _plan_remote(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any):
     from rayemb.logs import quiet_third_party_logs
     from rayemb.train.sharding import make_job_plan
 
     quiet_third_party_logs()
-    return make_job_plan(config_from_dict(cfg_dict), DatasetSchema.from_dict(schema_dict), stats, split, topology)
-
-
-def _fault_injection() -> Optional[Dict[str, Any]]:
-    """``$RAYEMB_FAULT_INJECTION=STEP:MARKER_FILE``: a worker fails once at STEP (tests of failure recovery)."""
-    spec = os.environ.get(FAULT_INJECTION_ENV_VAR)
-    if not spec:
-        return None
-    step, marker = spec.split(":", 1)
-    return {"step": int(step), "marker": marker}
+    return make_job_plan(cfg, schema, stats, split, topology)
 
 
 def _check_resume(cfg: JobConfig, fingerprint: str) -> Optional[Tuple[str, Dict[str, Any]]]:
@@ -192,116 +228,76 @@ def _check_resume(cfg: JobConfig, fingerprint: str) -> Optional[Tuple[str, Dict[
     return directory, meta
 
 
-def _fingerprint(summary: Dict[str, Any]) -> str:
-    import hashlib
-
-    return hashlib.sha1(_json(summary).encode()).hexdigest()[:12]
+# ---- STAGE 4: TRACKING ---- #
 
 
-def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainResult:
-    """Runs one training job on the current (or a new local) Ray cluster; returns when it ends."""
-    import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.util.queue import Queue
+def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Optional[str] = None) -> Tracking:
+    """Creates the job's output folder and MLflow run, and logs params, config, plan, stats and split."""
+    from rayemb.tracking import RunLogger, default_tracking_uri, ensure_store, standard_tags
 
-    from rayemb.tracking.callback import QueueDrainer, ReportForwarder
-    from rayemb.tracking.mlflow import RunLogger, default_tracking_uri, ensure_store, standard_tags
-    from rayemb.train.loop import train_loop_per_worker
-    from rayemb.train.progress import ProgressPrinter
-
-    t0 = time.monotonic()
-    data_dir = resolve_path(cfg.data.path)
-    out_dir = resolve_path(cfg.tracking.output_dir)
-    schema = load_checked(data_dir)
-    parse_pins(pins_of(cfg, schema.sparse_names), schema.sparse_names)  # bad pins fail before any work
-    print(f"rayemb: data {data_dir} ({len(schema.sparse)} sparse tables), outputs {out_dir}", flush=True)
-
-    init_ray()
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    train_ds = ray.data.read_parquet(parquet_files(data_dir, TRAIN_SPLIT))
-    valid_ds = ray.data.read_parquet(parquet_files(data_dir, VALID_SPLIT))
-    train_rows, valid_rows = count_rows(data_dir, TRAIN_SPLIT), count_rows(data_dir, VALID_SPLIT)  # footers only
-    world = cfg.scaling.num_workers
-    steps = _steps(train_rows, cfg, TRAIN_SPLIT, data_dir)
-    _steps(valid_rows, cfg, VALID_SPLIT, data_dir)
-    if cfg.train.max_steps_per_epoch is not None:
-        steps = min(steps, cfg.train.max_steps_per_epoch)
-    compute_device = "cuda" if cfg.scaling.use_gpu else "cpu"
-    cpus = _cpus_per_worker(cfg)
-
-    topology = job_topology(cfg)
-    stats, split = _stats_and_split(cfg, schema, data_dir, topology)
-    try:
-        job_plan = ray.get(
-            ray.remote(num_cpus=0)(_plan_remote).remote(cfg.to_dict(), schema.to_dict(), stats, split, topology)
-        )
-    except ray.exceptions.RayTaskError as e:
-        if isinstance(e.cause, RayembError):  # show the planner's own message, not the remote traceback
-            raise e.cause from None
-        raise
-    plan_summary = job_plan.summary
-    fingerprint = _fingerprint(plan_summary)
-    placements = {name: t["placement"] for name, t in plan_summary["tables"].items()}
-    print(f"rayemb: plan {fingerprint}: " + ", ".join(
-        f"{p} x{list(placements.values()).count(p)}" for p in sorted(set(placements.values()))), flush=True)
-    print(f"rayemb: {world} workers x {cpus} CPU, {steps} steps/epoch, predicted "
-          f"{plan_summary['predicted_bytes_per_step'] / 1e6:.2f} MB/step", flush=True)
-    resume_from = _check_resume(cfg, fingerprint)
-
+    cfg, topology = inputs.cfg, planned.topology
     job_id = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    job_dir = os.path.join(out_dir, "jobs", job_id)  # this job's local copies of what it logs
+    job_dir = os.path.join(inputs.out_dir, "jobs", job_id)
     os.makedirs(job_dir, exist_ok=True)
-    tracking_uri = cfg.tracking.tracking_uri or default_tracking_uri(out_dir)
+    tracking_uri = cfg.tracking.tracking_uri or default_tracking_uri(inputs.out_dir)
     ensure_store(tracking_uri)
+    device = "cuda" if cfg.scaling.use_gpu else "cpu"
     tags = {
         **standard_tags(),
-        "rayemb.cluster_shape": f"{topology.num_nodes} nodes x {topology.devices_per_node} {compute_device} ranks",
-        "rayemb.plan_fingerprint": fingerprint,
+        "rayemb.cluster_shape": f"{topology.num_nodes} nodes x {topology.devices_per_node} {device} ranks",
+        "rayemb.plan_fingerprint": planned.fingerprint,
         "rayemb.job_name": cfg.name,
     }
     run_logger = RunLogger(
         tracking_uri, cfg.tracking.experiment, run_name=cfg.tracking.run_name or cfg.name,
-        tags=tags, parent_run_id=parent_run_id, spill_dir=os.path.join(out_dir, "mlflow-spill"),
+        tags=tags, parent_run_id=parent_run_id, spill_dir=os.path.join(inputs.out_dir, "mlflow-spill"),
     ).start()
     print(f"rayemb: MLflow run {run_logger.run_id or '(pending)'} in experiment {cfg.tracking.experiment!r} at "
           f"{redact_uri(tracking_uri)}", flush=True)
-    run_logger.log_params({**cfg.flatten(), "data.train_rows": train_rows, "data.valid_rows": valid_rows,
-                           "scaling.cpus_per_worker_resolved": cpus, "train.steps_per_epoch": steps})
+    run_logger.log_params({**cfg.flatten(), "data.train_rows": inputs.train_rows, "data.valid_rows": inputs.valid_rows,
+                           "scaling.cpus_per_worker_resolved": cpus_per_worker(cfg),
+                           "train.steps_per_epoch": inputs.steps_per_epoch})
     run_logger.log_text(cfg.to_yaml(), "config.yaml")
-    _log_plan(run_logger, plan_summary, job_dir)
-    _log_stats_and_split(run_logger, stats, split, job_dir)
+    log_plan(run_logger, planned.summary, job_dir)
+    log_stats_and_split(run_logger, planned.stats, planned.split, job_dir)
+    return Tracking(run_logger, tracking_uri, job_id, job_dir)
 
+
+def cpus_per_worker(cfg: JobConfig) -> float:
+    """Leave ``RESERVED_DATA_CPUS`` free for Ray Data's read tasks, or the job hangs silently."""
+    import ray
+
+    if cfg.scaling.cpus_per_worker is not None:
+        return cfg.scaling.cpus_per_worker
+    total = float(ray.cluster_resources().get("CPU", 1.0))
+    share = (total - RESERVED_DATA_CPUS) / cfg.scaling.num_workers
+    return max(MIN_CPUS_PER_WORKER, min(1.0, round(share, 2)))
+
+
+# ---- STAGE 5: TRAIN ---- #
+
+
+def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainResult:
+    """Ray Train workers train the planned model; every report reaches MLflow; the run ends FINISHED or FAILED."""
+    import ray
+    from ray.util.queue import Queue
+
+    from rayemb.tracking.callback import QueueDrainer
+    from rayemb.train.progress import ProgressPrinter
+
+    cfg, run_logger = inputs.cfg, tracking.run_logger
+    steps, world = inputs.steps_per_epoch, inputs.world_size
+    print(f"rayemb: {world} workers x {cpus_per_worker(cfg)} CPU, {steps} steps/epoch, predicted "
+          f"{planned.summary['predicted_bytes_per_step'] / 1e6:.2f} MB/step", flush=True)
+    first_epoch = int(planned.resume[1]["epoch"]) + 1 if planned.resume else 0
+    print(f"rayemb: training epochs {first_epoch + 1}..{cfg.train.epochs} ({steps} steps each)"
+          + (f", resuming from {planned.resume[0]}" if planned.resume else ""), flush=True)
     queue = Queue(actor_options={"num_cpus": 0})
-    first_epoch = int(resume_from[1]["epoch"]) + 1 if resume_from else 0
     progress = ProgressPrinter(cfg.train.epochs, steps, cfg.data.batch_size * world)
     drainer = QueueDrainer(queue, run_logger, progress=progress).start()
-    print(f"rayemb: training epochs {first_epoch + 1}..{cfg.train.epochs} ({steps} steps each)"
-          + (f", resuming from {resume_from[0]}" if resume_from else ""), flush=True)
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"job": cfg.to_dict(), "schema": schema.to_dict(), "plan": job_plan, "steps_per_epoch": steps,
-                           "metrics_queue": queue, "fault_injection": _fault_injection(),
-                           "plan_fingerprint": fingerprint, "resume_from": resume_from[0] if resume_from else None},
-        torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
-        scaling_config=ScalingConfig(
-            num_workers=world, use_gpu=cfg.scaling.use_gpu, resources_per_worker={"CPU": cpus}
-        ),
-        run_config=RunConfig(
-            name=job_id,
-            storage_path=os.path.join(out_dir, "ray_results"),
-            callbacks=[ReportForwarder(queue)],
-            failure_config=FailureConfig(max_failures=cfg.scaling.max_failures),
-            # the best epoch by validation AUC is kept, and the latest (Ray never deletes it) to resume from
-            checkpoint_config=CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="valid_auc",
-                                               checkpoint_score_order="max"),
-        ),
-        datasets={"train": train_ds, "valid": valid_ds},
-    )
     status, reason, best_checkpoint = "FAILED", None, None
     try:
-        result = trainer.fit()
+        result = _ray_trainer(inputs, planned, tracking, queue).fit()
         status = "FINISHED"
         if result.best_checkpoints:
             best_checkpoint = result.best_checkpoints[0][0].path
@@ -321,24 +317,63 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
         ) from e
     finally:
         reports = drainer.stop()
-        final = {}
+        final: Dict[str, float] = {}
         for r in reports:
             final.update({k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
         if best_checkpoint:
             run_logger.set_tags({"rayemb.best_checkpoint": best_checkpoint})
-        _log_charts(run_logger, reports, job_dir)
+        log_charts(run_logger, reports, tracking.job_dir)
         run_logger.finish(status=status, reason=reason)
         try:
             ray.kill(queue.actor)
         except Exception:
             pass
-    return TrainResult(
-        run_id=run_logger.run_id, tracking_uri=tracking_uri, status=status, metrics=final,
-        reports=reports, plan=plan_summary, wall_time_s=time.monotonic() - t0, best_checkpoint=best_checkpoint,
+    return TrainResult(run_id=run_logger.run_id, tracking_uri=tracking.tracking_uri, status=status, metrics=final,
+                       reports=reports, plan=planned.summary, best_checkpoint=best_checkpoint)
+
+
+def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, queue: Any) -> Any:
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from rayemb.tracking.callback import ReportForwarder
+    from rayemb.train.loop import train_loop_per_worker
+
+    cfg, data_dir = inputs.cfg, inputs.data_dir
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={
+            "job": cfg, "schema": inputs.schema, "plan": planned.job_plan, "steps_per_epoch": inputs.steps_per_epoch,
+            "metrics_queue": queue, "fault_injection": _fault_injection(), "plan_fingerprint": planned.fingerprint,
+            "resume_from": planned.resume[0] if planned.resume else None,
+        },
+        torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=inputs.world_size, use_gpu=cfg.scaling.use_gpu,
+                                     resources_per_worker={"CPU": cpus_per_worker(cfg)}),
+        run_config=RunConfig(
+            name=tracking.job_id,
+            storage_path=os.path.join(inputs.out_dir, "ray_results"),
+            callbacks=[ReportForwarder(queue)],
+            failure_config=FailureConfig(max_failures=cfg.scaling.max_failures),
+            # the best epoch by validation AUC is kept, and the latest (Ray never deletes it) to resume from
+            checkpoint_config=CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="valid_auc",
+                                               checkpoint_score_order="max"),
+        ),
+        datasets={"train": ray.data.read_parquet(parquet_files(data_dir, TRAIN_SPLIT)),
+                  "valid": ray.data.read_parquet(parquet_files(data_dir, VALID_SPLIT))},
     )
 
 
-def _json(d: Dict[str, Any]) -> str:
-    import json
+def _fault_injection() -> Optional[Dict[str, Any]]:
+    """``$RAYEMB_FAULT_INJECTION=STEP:MARKER_FILE``: a worker fails once at STEP (tests of failure recovery)."""
+    spec = os.environ.get(FAULT_INJECTION_ENV_VAR)
+    if not spec:
+        return None
+    step, marker = spec.split(":", 1)
+    return {"step": int(step), "marker": marker}
 
-    return json.dumps(d, indent=2, sort_keys=True)
+
+__all__ = ["run_training", "check_inputs", "compute_statistics", "plan_job", "start_tracking", "train",
+           "JobInputs", "PlannedJob", "Tracking", "TrainResult", "job_topology", "cpus_per_worker"]

@@ -9,7 +9,7 @@ global batch with the loss ``mean over ranks of each rank's mean loss`` (=
 mean over the global batch). After training every table row (hot, cold and
 plain shards mapped back to logical ids) and every dense parameter must match
 to 1e-5, for SGD and for row-wise Adagrad (fused FBGEMM in backward for the
-sharded halves, TorchRec ``RowWiseAdagrad`` for the DP hot halves; the
+sharded halves, TorchRec ``RowWiseAdagrad`` for the data-parallel hot halves; the
 reference is plain torch and a few lines of row-wise Adagrad).
 
 Cases in one model: a table with a partial hot set (bags all hot, all cold,
@@ -30,13 +30,15 @@ import torch
 import torch.distributed as dist
 
 from rayemb.multiprocess import run_multiprocess
+from rayemb.planner.types import HYBRID_COLD_PLACEMENTS
 
 LOCAL_BATCH = 4
 STEPS = 3
 LR = 0.1
 EPS = 1e-8
 ATOL = 1e-5
-PLACEMENTS = ("row_wise", "table_wise", "column_wise")
+#: every cold-half sharding the hybrid module supports
+COLD_PLACEMENTS = tuple(p.value for p in HYBRID_COLD_PLACEMENTS)
 OPTIMIZERS = ("sgd", "rowwise_adagrad")
 
 # name, rows, dim, pooling, hot ids (None = plain table)
@@ -185,12 +187,8 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, spec,
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from rayemb.embedding.comm import CommCounter, instrument_ddp
-    from rayemb.embedding.hybrid import (
-        HybridEmbeddingBagCollection,
-        hybrid_constraints,
-        hybrid_sharders,
-        replicated_embedding_parameters,
-    )
+    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, replicated_embedding_parameters
+    from rayemb.embedding.sharders import cpu_capable_sharders
 
     configs = _configs(spec)
     in_dim = sum(c.embedding_dim for c in configs)
@@ -210,8 +208,8 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, spec,
     apply_optimizer_in_backward(fused_cls, src.sparse.parameters(), dict(fused_kw))
 
     plain_types = {n: [placement] for n, _, _, _, h in spec if h is None}
-    constraints = hybrid_constraints(hybrid, placement, plain_types, min_partition=2)
-    sharders = hybrid_sharders()
+    constraints = hybrid.parameter_constraints(placement, plain_types, min_partition=2)
+    sharders = cpu_capable_sharders()
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device="cpu"),
                                        constraints=constraints)
     plan = planner.collective_plan(src, sharders, dist.GroupMember.WORLD)
@@ -223,21 +221,13 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, spec,
 
     # load the reference's initial rows into hot/cold/plain shards (DMP accepts full tensors)
     state = {"head.linear.weight": init["head.linear.weight"], "head.linear.bias": init["head.linear.bias"]}
-    for c in configs:
-        full = init[f"sparse.embedding_bags.{c.name}.weight"]
-        if c.name in remapper.hybrid_tables():
-            hot, cold = remapper.split_weight(c.name, full)
-            if hot.numel():
-                state[f"sparse.hot.embedding_bags.{c.name}__hot.weight"] = hot
-            if cold.numel():
-                state[f"sparse.cold.d{c.embedding_dim}.embeddings.{c.name}__cold.weight"] = cold
-        else:
-            state[f"sparse.plain.embedding_bags.{c.name}.weight"] = full
+    state.update(hybrid.split_state_dict({c.name: init[f"sparse.embedding_bags.{c.name}.weight"] for c in configs},
+                                         prefix="sparse."))
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected, unexpected
     assert not [k for k in missing if "weight" in k or "bias" in k], missing
 
-    # DP hot halves and the head use regular optimizers on DDP-averaged gradients
+    # data-parallel hot halves and the head use regular optimizers on DDP-averaged gradients
     dense = dict(in_backward_optimizer_filter(model.named_parameters()))
     hot_dense = replicated_embedding_parameters(model)
     assert sorted(hot_dense) == sorted(k for k in dense if "__hot" in k) and hot_dense, sorted(dense)
@@ -356,8 +346,8 @@ def _equivalence_rank(rank: int, world_size: int, placements, optimizers) -> Dic
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_hybrid_matches_unsharded(world_size: int) -> None:
     results = run_multiprocess(_equivalence_rank, world_size, timeout_s=840,
-                               placements=PLACEMENTS, optimizers=OPTIMIZERS)
-    expected = {f"{p}/{o}/{w}" for p in PLACEMENTS for o in OPTIMIZERS for w in ("weighted", "unweighted")}
+                               placements=COLD_PLACEMENTS, optimizers=OPTIMIZERS)
+    expected = {f"{p}/{o}/{w}" for p in COLD_PLACEMENTS for o in OPTIMIZERS for w in ("weighted", "unweighted")}
     for rank, res in enumerate(results):
         assert set(res) == expected
         for case, r in res.items():

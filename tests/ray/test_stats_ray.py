@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -11,16 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from rayemb.data.checks import check_ids
+from rayemb.data.fingerprint import dataset_fingerprint
 from rayemb.data.schema import DatasetSchema, SparseFeature, parquet_files
-from rayemb.data.stats import (
-    add_stats_arguments,
-    check_ids,
-    compute_stats,
-    dataset_fingerprint,
-    load_or_compute_stats,
-    stats_main,
-    write_stats_json,
-)
+from rayemb.data.stats import compute_stats
+from rayemb.cli.stats import add_stats_arguments, stats_main
+from rayemb.data.stats_io import load_or_compute_stats, write_stats_json
 from rayemb.data.synthetic import SyntheticSpec, generate
 from rayemb.errors import DataError
 
@@ -63,18 +60,18 @@ def oracle(data_dir, name, multi_hot=False):
 def test_approximate_pass_meets_error_bound(ray_local, zipf_data):
     k = 64
     stats = compute_stats(zipf_data, num_heavy_hitters=k)
-    assert stats["schema_version"] == 1 and stats["rows"] == 39_600  # 90 % train split
-    assert stats["fingerprint"] == dataset_fingerprint(zipf_data)
+    assert stats.to_dict()["schema_version"] == 1 and stats.rows == 39_600  # 90 % train split
+    assert stats.fingerprint == dataset_fingerprint(zipf_data)
     exercised = 0
-    for name, t in stats["tables"].items():
+    for name, t in stats.tables.items():
         u, c = oracle(zipf_data, name)
         truth = dict(zip(u.tolist(), c.tolist()))
-        e = t["error_bound"]
-        assert t["rows"] == t["values"] == 39_600 and t["nulls"] == 0 and t["invalid"] == 0
-        assert e <= t["values"] / (k + 1)
-        assert (t["min_id"], t["max_id"]) == (int(u.min()), int(u.max()))
-        assert t["distinct"] == u.size and t["distinct_exact"]  # bitmap: exact below 2**20 rows
-        hh = t["heavy_hitters"]
+        e = t.error_bound
+        assert t.rows == t.values == 39_600 and t.nulls == 0 and t.invalid == 0
+        assert e <= t.values / (k + 1)
+        assert (t.min_id, t.max_id) == (int(u.min()), int(u.max()))
+        assert t.distinct == u.size and t.distinct_exact  # bitmap: exact below 2**20 rows
+        hh = t.heavy_hitters.tolist()
         assert len(hh) <= k and [x[1] for x in hh] == sorted((x[1] for x in hh), reverse=True)
         for i, cnt in hh:
             assert truth[i] - e <= cnt <= truth[i]
@@ -85,11 +82,11 @@ def test_approximate_pass_meets_error_bound(ray_local, zipf_data):
 
 def test_exact_pass_equals_numpy(ray_local, zipf_data):
     stats = compute_stats(zipf_data, exact=True)
-    for name, t in stats["tables"].items():
+    for name, t in stats.tables.items():
         u, c = oracle(zipf_data, name)
         order = np.lexsort((u, -c))
-        assert t["error_bound"] == 0 and t["distinct"] == u.size and t["distinct_exact"]
-        assert t["heavy_hitters"] == np.stack([u[order], c[order]], axis=1).tolist()
+        assert t.error_bound == 0 and t.distinct == u.size and t.distinct_exact
+        assert t.heavy_hitters.tolist() == np.stack([u[order], c[order]], axis=1).tolist()
 
 
 @pytest.fixture(scope="module")
@@ -129,40 +126,39 @@ def test_multi_hot_nulls_empty_bags_and_invalid_ids(ray_local, ragged_data):
     flat = c1.flatten()
     lengths = np.array([len(b) if b is not None else 0 for b in c1.to_pylist()])
     ids = flat.drop_null().to_numpy()
-    t = stats["tables"]["C1"]
-    assert t["rows"] == 1500
-    assert t["values"] == ids.size
-    assert t["nulls"] == c1.null_count + flat.null_count and c1.null_count > 0 and flat.null_count > 0
-    assert t["pooling_factor"] == {"mean": pytest.approx(ids.size / 1500), "max": int(lengths.max())}
-    assert t["invalid"] == int(np.count_nonzero(ids >= 250)) > 0
-    assert t["max_id"] == int(ids.max()) and all(x >= 250 for x in t["invalid_examples"])
+    t = stats.tables["C1"]
+    assert t.rows == 1500
+    assert t.values == ids.size
+    assert t.nulls == c1.null_count + flat.null_count and c1.null_count > 0 and flat.null_count > 0
+    assert (t.pooling_mean, t.pooling_max) == (pytest.approx(ids.size / 1500), int(lengths.max()))
+    assert t.invalid == int(np.count_nonzero(ids >= 250)) > 0
+    assert t.max_id == int(ids.max()) and all(x >= 250 for x in t.invalid_examples)
     valid = ids[ids < 250]
-    assert sum(c for _, c in t["heavy_hitters"]) == valid.size
-    assert t["distinct"] == np.unique(valid).size
+    assert sum(c for _, c in t.heavy_hitters) == valid.size
+    assert t.distinct == np.unique(valid).size
 
     c2 = tab.column("C2")
-    t2 = stats["tables"]["C2"]
+    t2 = stats.tables["C2"]
     v2 = c2.drop_null().to_numpy()
-    assert t2["nulls"] == c2.null_count > 0 and t2["values"] == v2.size
-    assert t2["invalid"] == int(np.count_nonzero(v2 >= 50)) > 0
+    assert t2.nulls == c2.null_count > 0 and t2.values == v2.size
+    assert t2.invalid == int(np.count_nonzero(v2 >= 50)) > 0
 
     with pytest.raises(DataError) as ei:
         check_ids(stats, DatasetSchema.load(ragged_data), "error")
     msg = str(ei.value)
-    assert "'C1'" in msg and "'C2'" in msg and f"{t['invalid']:,} of" in msg
+    assert "'C1'" in msg and "'C2'" in msg and f"{t.invalid:,} of" in msg
 
 
 def test_reuse_matching_stats_json_and_recompute_stale(ray_local, ragged_data, tmp_path):
     path = str(tmp_path / "stats.json")
-    stats = compute_stats(ragged_data, num_heavy_hitters=8)
-    stats["marker"] = "reused"
+    stats = dataclasses.replace(compute_stats(ragged_data, num_heavy_hitters=8), elapsed_s=-1.0)  # the marker
     write_stats_json(stats, path)
-    assert load_or_compute_stats(ragged_data, path).get("marker") == "reused"
+    assert load_or_compute_stats(ragged_data, path).elapsed_s == -1.0
     victim = parquet_files(ragged_data)[0]
     st = os.stat(victim)
     os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # "rewritten" file
     fresh = load_or_compute_stats(ragged_data, path)
-    assert "marker" not in fresh and fresh["fingerprint"] != stats["fingerprint"]
+    assert fresh.elapsed_s != -1.0 and fresh.fingerprint != stats.fingerprint
 
 
 def test_stats_cli_entry(ray_local, zipf_data, tmp_path, capsys):

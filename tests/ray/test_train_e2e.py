@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from _servers import free_port
@@ -39,6 +40,14 @@ def test_job_learns_and_is_tracked(ray_2_cpus, tiny_data, tmp_path):
     assert run.data.params["data.batch_size"] == "256"
     auc_hist = client.get_metric_history(result.run_id, "valid_auc")
     assert len(auc_hist) == 2 and abs(auc_hist[-1].value - result.metrics["valid_auc"]) < 1e-9
+    # the best epoch is reported, logged and its checkpoint kept (with its meta.json)
+    best = max(auc_hist, key=lambda m: m.value)
+    assert abs(result.metrics["best_valid_auc"] - best.value) < 1e-9
+    assert [m.value for m in client.get_metric_history(result.run_id, "best_epoch")][-1] == auc_hist.index(best)
+    assert run.data.tags["rayemb.best_checkpoint"] == result.best_checkpoint
+    meta = json.loads((Path(result.best_checkpoint) / "meta.json").read_text())
+    assert meta["epoch"] == auc_hist.index(best) and abs(meta["valid_auc"] - best.value) < 1e-9
+    assert sorted(p.name for p in Path(result.best_checkpoint).glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
     loss_hist = client.get_metric_history(result.run_id, "train_loss")
     steps = [m.step for m in loss_hist]
     assert steps == sorted(steps) and len(steps) >= 4
@@ -65,7 +74,7 @@ def test_job_learns_and_is_tracked(ray_2_cpus, tiny_data, tmp_path):
 
 def test_mlflow_ui_command_shows_the_charts(ray_2_cpus, tiny_data, tmp_path):
     """The `mlflow ui` command rayemb prints serves the run's charts."""
-    from rayemb.cli import _print_result
+    from rayemb.cli.train import print_result as _print_result
     from rayemb.train.trainer import run_training
 
     cfg = load_config("jobs/configs/synth_small.yaml", [

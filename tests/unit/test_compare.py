@@ -12,8 +12,8 @@ from PIL import Image
 
 from rayemb.errors import RayembError, TrackingError
 from rayemb.tracking import plots
-from rayemb.tracking.compare import add_compare_arguments, compare_main
-from rayemb.tracking.mlflow import TAG_KIND, RunLogger, ensure_store
+from rayemb.cli.compare import add_compare_arguments, compare_main
+from rayemb.tracking import TAG_KIND, RunLogger, ensure_store
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EXPERIMENT = "cmp"

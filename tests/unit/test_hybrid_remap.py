@@ -17,14 +17,10 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from rayemb.embedding.hybrid import (
-    HybridEmbeddingBagCollection,
-    HybridRemapper,
-    hybrid_constraints,
-    hybrid_from_placements,
-    predict_table_bytes,
-)
+from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, hybrid_from_placements
+from rayemb.embedding.remap import HybridRemapper
 from rayemb.errors import ConfigError, DataError
+from rayemb.planner.traffic import predict_table_bytes
 
 
 def _cfg(name, rows, dim=4, pooling=PoolingType.SUM):
@@ -74,19 +70,10 @@ def test_unsharded_hybrid_pools_like_embedding_bag_collection(weighted: bool) ->
     ref = EmbeddingBagCollection(tables, is_weighted=weighted)
     hy = HybridEmbeddingBagCollection(tables, hot, is_weighted=weighted)
     r = hy.remapper
-    state = {}
-    for t in tables:
-        full = ref.state_dict()[f"embedding_bags.{t.name}.weight"]
-        if t.name in hot:
-            h, c = r.split_weight(t.name, full)
-            torch.testing.assert_close(r.merge_weight(t.name, h, c), full)
-            if h.numel():
-                state[f"hot.embedding_bags.{t.name}__hot.weight"] = h
-            if c.numel():
-                state[f"cold.d{t.embedding_dim}.embeddings.{t.name}__cold.weight"] = c
-        else:
-            state[f"plain.embedding_bags.{t.name}.weight"] = full
-    hy.load_state_dict(state)
+    full = {t.name: ref.state_dict()[f"embedding_bags.{t.name}.weight"] for t in tables}
+    for name in hot:
+        torch.testing.assert_close(r.merge_weight(name, *r.split_weight(name, full[name])), full[name])
+    hy.load_state_dict(hy.split_state_dict(full))  # strict: every half and plain table gets its rows
     rng = np.random.default_rng(0)
     lengths = rng.integers(0, 4, size=len(tables) * 6)
     values = np.concatenate([rng.integers(0, t.num_embeddings, size=lengths[i * 6:(i + 1) * 6].sum())
@@ -157,4 +144,4 @@ def test_hybrid_from_placements_builds_module_and_constraints() -> None:
     with pytest.raises(ConfigError):
         hybrid_from_placements(tables, placements, {})
     with pytest.raises(ConfigError):
-        hybrid_constraints(module, "data_parallel")
+        module.parameter_constraints("data_parallel")

@@ -14,16 +14,10 @@ import yaml
 
 from rayemb.errors import PlanError
 from rayemb.planner.cost import BytesCostModel, table_bytes, table_cost
-from rayemb.planner.planner import (
-    add_plan_arguments,
-    criteo_1tb_tables,
-    load_plan_json,
-    plan,
-    plan_main,
-    save_plan_json,
-    summary_table,
-    to_sharding_plan,
-)
+from rayemb.cli.plan import add_plan_arguments, plan_main
+from rayemb.planner.planner import plan
+from rayemb.planner.report import load_plan_json, save_plan_json, summary_table
+from rayemb.planner.tables import criteo_1tb_tables
 from rayemb.planner.topology import described_topology
 from rayemb.planner.types import Placement, PlanResult, TableSpec
 
@@ -133,6 +127,8 @@ def test_fast_engine_plan_converts_to_torchrec_module_plan():
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+    from rayemb.planner.torchrec_plan import to_sharding_plan
+
     tables = [TableSpec("a", rows=10, dim=16), TableSpec("b", rows=50_000, dim=64),
               TableSpec("c", rows=500_000, dim=64)]
     topo = described_topology(4, 2, compute_device="cpu", ddr_gib=4)
@@ -180,7 +176,7 @@ def test_plan_cli_entry_writes_plan_and_png(tmp_path, capsys):
                               "--cpu", "--ddr-gib", "2", "--pins", str(tmp_path / "pins.yaml"),
                               "--out", str(out)])
     try:
-        from rayemb.data.stats import STATS_SCHEMA_VERSION
+        from rayemb.data.stats_types import STATS_SCHEMA_VERSION
         stats["schema_version"] = STATS_SCHEMA_VERSION
         (tmp_path / "stats.json").write_text(json.dumps(stats))
         args.stats = str(tmp_path / "stats.json")

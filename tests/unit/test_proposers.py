@@ -1,4 +1,4 @@
-"""Proposers: the DP proposer against brute force and TorchRec's proposers; equal-row grouping balance."""
+"""Proposers: the knapsack proposer against brute force and TorchRec's proposers; equal-row grouping balance."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from rayemb.planner.cost import BytesCostModel
+from rayemb.planner.assigners import balanced_groups
 from rayemb.planner.planner import plan
-from rayemb.planner.proposers import EqualRowGroupingProposer, MemoryBinnedDPProposer, balanced_groups
-from rayemb.planner.topology import described_topology, to_torchrec_topology
+from rayemb.planner.proposers import EqualRowGroupingProposer, MemoryBinnedKnapsackProposer
+from rayemb.planner.topology import described_topology
+from rayemb.planner.torchrec_plan import to_torchrec_topology
 from rayemb.planner.types import TableSpec
 
 
@@ -52,7 +54,7 @@ def _brute_force(groups, budget):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_dp_proposer_reaches_brute_force_optimum(seed):
+def test_knapsack_proposer_reaches_brute_force_optimum(seed):
     rnd = random.Random(seed)
     rows = [rnd.randint(1_000, 400_000) for _ in range(4)]
     ddr = rnd.choice([20, 40, 80]) * 2**20  # tight: the memory constraint binds
@@ -60,7 +62,7 @@ def test_dp_proposer_reaches_brute_force_optimum(seed):
     space = _search_space(rows, topo)
     groups = _by_fqn(space)
     assert all(len(g) >= 2 for g in groups)  # a real choice per table
-    proposer = MemoryBinnedDPProposer(bins_per_device=2048)
+    proposer = MemoryBinnedKnapsackProposer(bins_per_device=2048)
     proposer.load(space)
     proposals = proposer.solve(topo)
     total = sum(d.storage.ddr for d in topo.devices)
@@ -70,13 +72,13 @@ def test_dp_proposer_reaches_brute_force_optimum(seed):
         assert proposals == []
         return
     chosen = [g[j] for g, j in zip(groups, proposals[0])]
-    dp_cost = sum(o.total_perf for o in chosen)
+    knapsack_cost = sum(o.total_perf for o in chosen)
     assert sum(o.total_storage.ddr for o in chosen) <= total  # feasible
-    # ceil-binning loses at most one bin per table: the DP is optimal for the slightly smaller budget
-    assert brute <= dp_cost + 1e-9
-    assert dp_cost <= _brute_force(groups, total - len(groups) * bin_size) + 1e-9
+    # ceil-binning loses at most one bin per table: the knapsack is optimal for the slightly smaller budget
+    assert brute <= knapsack_cost + 1e-9
+    assert knapsack_cost <= _brute_force(groups, total - len(groups) * bin_size) + 1e-9
     # and exactly optimal when memory does not bind
-    loose = MemoryBinnedDPProposer()
+    loose = MemoryBinnedKnapsackProposer()
     loose.load(space)
     big = to_torchrec_topology(described_topology(2, 2, ddr_gib=64, compute_device="cpu"))
     best = [g[j] for g, j in zip(groups, loose.solve(big)[0])]
@@ -102,14 +104,14 @@ def _plan_cost(proposer, rows, topology):
 
 
 @pytest.mark.timeout(120)
-def test_dp_proposer_no_worse_than_torchrec_default_proposers_on_26_tables():
+def test_knapsack_proposer_no_worse_than_torchrec_default_proposers_on_26_tables():
     from torchrec.distributed.planner.proposers import GreedyProposer, GridSearchProposer, UniformProposer
 
     from rayemb.constants import CRITEO_1TB_CARDINALITIES
 
     rows = [max(3, c // 500) for c in CRITEO_1TB_CARDINALITIES]  # mixed: 3 .. 91k rows
     topo = to_torchrec_topology(described_topology(4, 2, compute_device="cpu", ddr_gib=1))
-    ours_sum, ours_rating = _plan_cost(MemoryBinnedDPProposer(), rows, topo)
+    ours_sum, ours_rating = _plan_cost(MemoryBinnedKnapsackProposer(), rows, topo)
     others = {name: _plan_cost(p, rows, topo) for name, p in
               [("greedy", GreedyProposer()), ("uniform", UniformProposer()), ("grid", GridSearchProposer())]}
     others = {k: v for k, v in others.items() if v is not None}

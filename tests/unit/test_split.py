@@ -2,35 +2,37 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
+from rayemb.data.stats_types import DatasetStats, TableStats
 from rayemb.errors import PlanError
 from rayemb.planner.split import HugeCTRSplitRule, SplitRule
 
 
 def table(counts, values, error_bound=0, num_embeddings=1000):
     ids = [100 + i for i in range(len(counts))]
-    return {
-        "num_embeddings": num_embeddings,
-        "values": values,
-        "heavy_hitters": [[i, c] for i, c in zip(ids, counts)],
-        "error_bound": error_bound,
-    }
+    return TableStats(
+        num_embeddings=num_embeddings,
+        values=values,
+        heavy_hitters=[[i, c] for i, c in zip(ids, counts)],
+        error_bound=error_bound,
+    )
 
 
 # 10_000 samples = 10 global batches of B = 1000.
-STATS = {
-    "rows": 10_000,
-    "tables": {
+STATS = DatasetStats(
+    rows=10_000,
+    tables={
         "C1": table([500, 300, 120, 60, 41, 40, 39, 20, 10, 5], values=10_000),
         "C2": table([90, 45, 30], values=10_000),
         "C3": table([39, 38], values=10_000),
         "C4": table([800, 400, 45, 30], values=80_000),  # multi-hot, pooling 8: counts are id occurrences
     },
-}
+)
 
 
 def rule(**kw):
@@ -90,16 +92,16 @@ def test_single_node_and_single_rank_rules():
 
 
 def test_incomplete_when_error_bound_reaches_threshold_count():
-    stats = {"rows": 10_000, "tables": {"C1": table([500, 300, 120, 60], values=10_000, error_bound=40)}}
+    stats = DatasetStats(rows=10_000, tables={"C1": table([500, 300, 120, 60], values=10_000, error_bound=40)})
     t = rule().split(stats).tables["C1"]
     assert not t.complete  # an id with true count 40 may be absent from the summary
-    stats["tables"]["C1"]["error_bound"] = 39
+    stats.tables["C1"] = dataclasses.replace(stats.tables["C1"], error_bound=39)
     assert rule().split(stats).tables["C1"].complete
 
 
 def test_hot_ids_ordered_by_count_even_if_input_is_not():
-    stats = {"rows": 1000, "tables": {"C1": {"num_embeddings": 50, "values": 1000, "error_bound": 0,
-                                             "heavy_hitters": [[7, 10], [3, 200], [9, 200], [1, 90]]}}}
+    stats = DatasetStats(rows=1000, tables={"C1": TableStats(num_embeddings=50, values=1000, error_bound=0,
+                                                             heavy_hitters=[[7, 10], [3, 200], [9, 200], [1, 90]])})
     t = HugeCTRSplitRule(world_size=2, global_batch_size=1000, num_nodes=2).split(stats).tables["C1"]
     # T = 2 * 1 * 1 * 2 = 4 per batch = 4 counts over one batch: 200, 200, 90, 10 all hot (n = 4).
     assert t.hot_ids.tolist() == [3, 9, 1, 7]

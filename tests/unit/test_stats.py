@@ -1,8 +1,10 @@
-"""Mergeable summaries of rayemb.data.stats against exact numpy oracles (no Ray)."""
+"""Mergeable summaries (rayemb.data.sketches) against exact numpy oracles, checks and stats.json files (no Ray)."""
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import random
 
 import numpy as np
@@ -10,18 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from rayemb.data.checks import check_ids
 from rayemb.data.schema import DatasetSchema, SparseFeature
-from rayemb.data.stats import (
-    HyperLogLog,
-    TableSummary,
-    _column_values,
-    _mg_reduce,
-    check_ids,
-    compute_stats,
-    load_stats_json,
-    plot_frequencies,
-    write_stats_json,
-)
+from rayemb.data.sketches import HyperLogLog, TableSummary, _mg_reduce
+from rayemb.data.stats import _column_values, compute_stats
+from rayemb.data.stats_io import load_stats_json, write_stats_json
+from rayemb.data.stats_report import format_stats_table, plot_frequencies
+from rayemb.data.stats_types import DatasetStats, TableStats
 from rayemb.errors import DataError
 
 
@@ -107,10 +104,10 @@ def test_exact_mode_equals_numpy_and_merges_are_associative():
         assert s.error_bound == 0
         np.testing.assert_array_equal(s.ids, u)
         np.testing.assert_array_equal(s.counts, c)
-        d = s.to_dict()
-        assert d["distinct"] == u.size and d["distinct_exact"]
-        assert d["values"] == d["rows"] == 18_000
-        hh = np.array(d["heavy_hitters"])
+        d = s.to_stats()
+        assert d.distinct == u.size and d.distinct_exact
+        assert d.values == d.rows == 18_000
+        hh = d.heavy_hitters
         order = np.lexsort((u, -c))
         np.testing.assert_array_equal(hh[:, 0], u[order])
         np.testing.assert_array_equal(hh[:, 1], c[order])
@@ -191,9 +188,9 @@ def test_multi_hot_column_with_null_and_empty_bags_and_slices():
     assert sorted(values.tolist()) == [1, 2, 2, 5, 7, 7, 7, 7]
     assert nulls == 2 and max_bag == 4  # one null bag, one null id
     s = TableSummary.from_values("C1", 10, values, rows=5, nulls=nulls, max_bag=max_bag, capacity=None)
-    d = s.to_dict()
-    assert d["pooling_factor"] == {"mean": 8 / 5, "max": 4}
-    assert d["heavy_hitters"] == [[7, 4], [2, 2], [1, 1], [5, 1]]
+    d = s.to_stats()
+    assert (d.pooling_mean, d.pooling_max) == (8 / 5, 4)
+    assert d.heavy_hitters.tolist() == [[7, 4], [2, 2], [1, 1], [5, 1]]
 
 
 def test_one_hot_column_with_nulls():
@@ -206,13 +203,13 @@ def test_one_hot_column_with_nulls():
 
 
 def _stats_with(invalid: int):
-    return {
-        "rows": 100,
-        "tables": {
-            "C1": {"values": 100, "invalid": 0, "invalid_examples": [], "min_id": 0, "max_id": 9},
-            "C2": {"values": 100, "invalid": invalid, "invalid_examples": [-3, 50], "min_id": -3, "max_id": 50},
+    return DatasetStats(
+        rows=100,
+        tables={
+            "C1": TableStats(values=100, invalid=0, invalid_examples=(), min_id=0, max_id=9),
+            "C2": TableStats(values=100, invalid=invalid, invalid_examples=(-3, 50), min_id=-3, max_id=50),
         },
-    }
+    )
 
 
 def test_check_ids_error_names_column_count_and_examples():
@@ -254,9 +251,9 @@ def test_stats_json_roundtrip_and_plot(tmp_path):
     V = 1000
     blocks = zipf_blocks(V, 1.1, n_blocks=3, size=3000)
     s = fold(summarize(blocks, V, 100), "tree")
-    stats = {"schema_version": 1, "rows": 9000, "fingerprint": "x", "tables": {"C1": s.to_dict(), "C2": s.to_dict()}}
+    stats = DatasetStats(rows=9000, fingerprint="x", tables={"C1": s.to_stats(), "C2": s.to_stats()})
     path = write_stats_json(stats, str(tmp_path / "out" / "stats.json"))
-    assert load_stats_json(path) == stats
+    assert load_stats_json(path).to_dict() == stats.to_dict()
     png = plot_frequencies(stats, str(tmp_path / "freq.png"))
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -265,3 +262,61 @@ def test_stats_json_roundtrip_and_plot(tmp_path):
         load_stats_json(str(tmp_path / "bad.json"))
     with pytest.raises(DataError):
         load_stats_json(str(tmp_path / "none.json"))
+
+
+# ---- STATS.JSON FORMAT ---- #
+
+# A stats.json that rayemb wrote before statistics were typed (compute_stats over 2 small files, k = 4;
+# data_dir shortened): a multi-hot table with nulls and invalid ids, a one-hot one, and a HyperLogLog table.
+OLD_STATS_JSON = (
+    '{"schema_version": 1, "rows": 80, "fingerprint": "sha256:c496f7c21f9295981a6ae0f6c3f27333", '
+    '"data_dir": "/data/synth", "split": "train", "exact": false, "num_heavy_hitters": 4, "elapsed_s": 4.641, '
+    '"values": {"rows": 80, "label": {"nulls": 0, "non_finite": 0, "not_binary": 1, "positives": 28, '
+    '"examples": [0.5]}, "dense_non_finite": {"I1": 1}}, "tables": {'
+    '"C1": {"num_embeddings": 250, "rows": 80, "values": 122, "distinct": 30, "distinct_exact": true, '
+    '"invalid": 4, "invalid_examples": [299], "nulls": 14, "min_id": 0, "max_id": 299, '
+    '"pooling_factor": {"mean": 1.525, "max": 4}, "heavy_hitters": [[0, 46], [1, 17], [2, 4], [3, 2]], '
+    '"error_bound": 4}, '
+    '"C2": {"num_embeddings": 50, "rows": 80, "values": 70, "distinct": 31, "distinct_exact": true, '
+    '"invalid": 9, "invalid_examples": [50, 51, 52, 53], "nulls": 10, "min_id": 0, "max_id": 53, '
+    '"pooling_factor": {"mean": 0.875, "max": 1}, "heavy_hitters": [[32, 1], [44, 1]], "error_bound": 5}, '
+    '"C3": {"num_embeddings": 5000000, "rows": 80, "values": 80, "distinct": 79, "distinct_exact": false, '
+    '"invalid": 0, "invalid_examples": [], "nulls": 0, "min_id": 11257, "max_id": 4800354, '
+    '"pooling_factor": {"mean": 1.0, "max": 1}, "heavy_hitters": [], "error_bound": 2}}}'
+)
+
+
+def test_stats_json_written_before_typed_stats_round_trips_byte_for_byte(tmp_path):
+    old = json.loads(OLD_STATS_JSON)
+    old_text = json.dumps(old, indent=1)  # what write_stats_json wrote
+    (tmp_path / "old.json").write_text(old_text)
+    stats = load_stats_json(str(tmp_path / "old.json"))
+    assert stats.rows == 80 and stats.num_heavy_hitters == 4 and stats.split == "train" and not stats.exact
+    assert stats.values.label_not_binary == 1 and stats.values.dense_non_finite == {"I1": 1}
+    c1, c3 = stats.tables["C1"], stats.tables["C3"]
+    assert c1.heavy_hitters.dtype == np.int64 and c1.heavy_hitters[:, 1].tolist() == [46, 17, 4, 2]
+    assert (c1.pooling_mean, c1.pooling_max, c1.invalid_examples) == (1.525, 4, (299,))
+    assert c3.heavy_hitters.shape == (0, 2) and not c3.distinct_exact and c3.error_bound == 2
+    assert stats.to_dict() == old
+    write_stats_json(stats, str(tmp_path / "new.json"))
+    assert (tmp_path / "new.json").read_text() == old_text
+    assert pickle.loads(pickle.dumps(stats)).to_dict() == old  # a Ray task receives it pickled
+
+
+def test_older_stats_json_without_values_and_exact_mode_round_trip():
+    old = json.loads(OLD_STATS_JSON)
+    del old["values"]  # written before the value checks: a job recomputes it
+    old.update(exact=True, num_heavy_hitters=None)
+    stats = DatasetStats.from_dict(old)
+    assert stats.values is None and stats.num_heavy_hitters is None
+    assert stats.to_dict() == old and list(stats.to_dict()) == list(old)
+
+
+def test_format_stats_table_unchanged():
+    assert format_stats_table(DatasetStats.from_dict(json.loads(OLD_STATS_JSON))) == (
+        "table             V   distinct   pool  top-1 %  invalid     err\n"
+        "---------------------------------------------------------------\n"
+        "C1              250         30   1.52    37.70        4       4\n"
+        "C2               50         31   0.88     1.43        9       5\n"
+        "C3        5,000,000        ~79   1.00     0.00        0       2"
+    )

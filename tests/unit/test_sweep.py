@@ -6,7 +6,7 @@ import pytest
 from mlflow import MlflowClient
 
 from rayemb.errors import ConfigError
-from rayemb.tracking.mlflow import TAG_FAILURE_REASON, TAG_KIND, TAG_PARENT_RUN_ID, RunLogger, ensure_store
+from rayemb.tracking import TAG_FAILURE_REASON, TAG_KIND, TAG_PARENT_RUN_ID, RunLogger, ensure_store
 from rayemb.tracking.sweep import parse_sweep, run_sweep
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rayemb.errors import PlanError
-from rayemb.planner.topology import described_topology, to_torchrec_topology, topology_from_nodes, topology_from_ray
+from rayemb.planner.topology import described_topology, topology_from_nodes, topology_from_ray
 from rayemb.planner.types import GiB, ClusterTopology
 
 
@@ -46,6 +46,8 @@ def test_topology_from_cpu_nodes_spreads_workers():
 
 
 def test_to_torchrec_topology_matches():
+    from rayemb.planner.torchrec_plan import to_torchrec_topology
+
     t = described_topology(16, 8, hbm_gib=40, intra_node_bw=1e11, inter_node_bw=1e10)
     tr = to_torchrec_topology(t)
     assert tr.world_size == 16 and tr.local_world_size == 8 and tr.compute_device == "cuda"

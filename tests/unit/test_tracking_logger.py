@@ -15,7 +15,7 @@ from _servers import MlflowServer, free_port
 from mlflow import MlflowClient
 
 import rayemb
-from rayemb.tracking.mlflow import (
+from rayemb.tracking import (
     TAG_FAILURE_REASON,
     TAG_GIT_COMMIT,
     TAG_PARENT_RUN_ID,
@@ -23,9 +23,9 @@ from rayemb.tracking.mlflow import (
     RunLogger,
     default_tracking_uri,
     ensure_store,
-    flatten,
     standard_tags,
 )
+from rayemb.units import flatten
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_failed_run_records_reason_and_child_links_parent(sqlite_uri, tmp_path):
 def test_driver_exiting_without_finish_flushes_and_fails_the_run(sqlite_uri, tmp_path):
     script = (
         "import sys\n"
-        "from rayemb.tracking.mlflow import RunLogger\n"
+        "from rayemb.tracking import RunLogger\n"
         f"rl = RunLogger({sqlite_uri!r}, 'unit', run_name='crash', flush_interval_s=60,\n"
         "               system_metrics_interval_s=None).start()\n"
         "for s in range(50):\n"
@@ -154,7 +154,7 @@ def test_bad_input_is_cleaned_or_dropped_never_raised(sqlite_uri, tmp_path, capl
     rl.log_metrics({"loss@rank{0}": 0.5, "not_a_number": "abc", "ok": 1}, step=3)
     rl.log_artifact(str(tmp_path / "missing.json"))
     rl.log_metrics(None, step=0)  # type: ignore[arg-type]
-    with caplog.at_level(logging.WARNING, logger="rayemb.tracking.mlflow"):
+    with caplog.at_level(logging.WARNING, logger="rayemb.tracking.run_logger"):
         assert rl.finish() is True
     run = MlflowClient(sqlite_uri).get_run(rl.run_id)
     assert run.data.params == {"lr": "0.1"}
@@ -210,7 +210,7 @@ def test_server_outage_mid_run_loses_nothing_and_never_blocks_the_loop(tmp_path,
     try:
         server.start()
         server.wait_healthy()
-        with caplog.at_level(logging.INFO, logger="rayemb.tracking.mlflow"):
+        with caplog.at_level(logging.INFO, logger="rayemb.tracking.run_logger"):
             rl = _logger(server.uri, tmp_path, experiment="outage", run_name="outage", max_buffer=300,
                          flush_interval_s=0.1).start()
             assert rl.run_id is not None

@@ -1,0 +1,3 @@
+"""The package version, in a module of its own so that any module can read it without importing ``rayemb``."""
+
+__version__ = "0.1.0"

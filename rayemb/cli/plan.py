@@ -1,0 +1,70 @@
+"""``rayemb plan``: a sharding plan for the live or a described cluster, as plan.json, a PNG and tables."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from rayemb.planner.planner import ENGINES, plan
+from rayemb.planner.types import GiB
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Arguments of ``rayemb plan`` (then :func:`plan_main`)."""
+    parser.add_argument("--config", required=True, help="job YAML (data.path, model.embedding_dim, data.batch_size)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override, e.g. --set model.embedding_dim=64")
+    parser.add_argument("--stats", help="stats.json from `rayemb stats` (pooling factors, hot sets)")
+    parser.add_argument("--world-size", type=int, help="plan for a described cluster of N ranks (what-if)")
+    parser.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (default 8, cpu: 1)")
+    parser.add_argument("--hbm-gib", type=float, help="GPU memory per device in GiB (default 80)")
+    parser.add_argument("--ddr-gib", type=float, help="host memory per rank in GiB (default 128)")
+    parser.add_argument("--cpu", action="store_true", help="described cluster without GPUs (tables in host memory)")
+    parser.add_argument("--pins", help="YAML/JSON file {TABLE: {sharding: row_wise, hybrid: false, compute_kernel: fused}}")
+    parser.add_argument("--engine", choices=ENGINES, default="auto", help="placement engine (default auto)")
+    parser.add_argument("--out", required=True, help="plan.json to write (a PNG is written next to it)")
+    return parser
+
+
+def plan_main(args: argparse.Namespace) -> int:
+    """``rayemb plan``: writes plan.json + plan.png, prints the tables. User errors raise RayembError subclasses."""
+    import yaml
+
+    from rayemb.config import load_config, resolve_path
+    from rayemb.data.schema import DatasetSchema
+    from rayemb.planner.report import plot_plan, save_plan_json, summary_table
+    from rayemb.planner.tables import tables_from_schema
+    from rayemb.planner.topology import described_topology, topology_from_ray
+
+    cfg = load_config(args.config, args.overrides)
+    schema = DatasetSchema.load(resolve_path(cfg.data.path))
+    if args.world_size:
+        topo = described_topology(
+            args.world_size, args.gpus_per_node or (1 if args.cpu else 8), hbm_gib=args.hbm_gib,
+            ddr_gib=args.ddr_gib, compute_device="cpu" if args.cpu else "cuda",
+        )
+        global_batch = cfg.data.batch_size * args.world_size
+    else:
+        from rayemb._ray import init_ray
+
+        init_ray()
+        topo = topology_from_ray(num_workers=cfg.scaling.num_workers)
+        if args.hbm_gib:
+            topo = topo.with_overrides(hbm_bytes=int(args.hbm_gib * GiB))
+        global_batch = cfg.data.batch_size * topo.world_size
+    stats = None
+    if args.stats:
+        from rayemb.data.stats_io import load_stats_json
+
+        stats = load_stats_json(args.stats)
+    pins = None
+    if args.pins:
+        with open(args.pins) as f:
+            pins = yaml.safe_load(f) or {}
+    tables = tables_from_schema(schema, cfg.model.embedding_dim, topo, global_batch, stats)
+    result = plan(tables, topo, global_batch, pins=pins, engine=args.engine)
+    save_plan_json(result, args.out)
+    png = plot_plan(result, os.path.splitext(args.out)[0] + ".png")
+    print(summary_table(result))
+    print(f"\nwrote {args.out} and {png}")
+    return 0

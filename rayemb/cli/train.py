@@ -1,0 +1,89 @@
+"""``rayemb train`` (also ``jobs/train.py``) and ``rayemb gen-data``: thin layers over the library."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List
+
+from rayemb.errors import RayembError
+from rayemb.logs import redact_text, redact_uri
+
+
+def add_gen_data_arguments(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--out", required=True, help="output directory (parquet splits + schema.yaml)")
+    g.add_argument("--rows", required=True, type=int, help="total rows (train + valid)")
+    g.add_argument("--tables", type=int, default=26, help="sparse features/tables (default 26)")
+    g.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of id popularity (default 1.1)")
+    g.add_argument("--multi-hot", action="store_true", help="variable-length id lists instead of one id per row")
+    g.add_argument("--pooling", type=float, default=8.0, help="mean ids per bag with --multi-hot (default 8)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--scale", type=int, default=1000, help="divide Criteo 1TB cardinalities by this (default 1000)")
+    g.add_argument("--valid-fraction", type=float, default=0.1)
+
+
+def gen_data_main(args: argparse.Namespace) -> int:
+    from rayemb.data.synthetic import SyntheticSpec, generate, log_progress
+
+    spec = SyntheticSpec(
+        rows=args.rows, num_tables=args.tables, zipf_alpha=args.zipf, multi_hot=args.multi_hot,
+        mean_pooling=args.pooling, seed=args.seed, scale=args.scale, valid_fraction=args.valid_fraction,
+    )
+    schema = generate(spec, args.out, progress=log_progress())
+    sizes = [f.num_embeddings for f in schema.sparse]
+    print(f"gen-data: wrote {args.rows:,} rows, {len(sizes)} tables ({min(sizes):,}..{max(sizes):,} rows) to {args.out}")
+    return 0
+
+
+def train_main(args: argparse.Namespace) -> int:
+    from rayemb.config import load_config
+    from rayemb.train.trainer import run_training
+
+    cfg = load_config(args.config, args.set or [])
+    if not args.sweep:
+        result = run_training(cfg)
+        print_result(result)
+        return 0
+
+    from rayemb.config import resolve_path
+    from rayemb.tracking import default_tracking_uri, ensure_store
+    from rayemb.tracking.sweep import run_sweep
+
+    def run_one(overrides: List[str], parent_run_id: str) -> int:
+        try:
+            result = run_training(load_config(args.config, overrides), parent_run_id=parent_run_id)
+        except RayembError as e:  # keep the sweep going; the parent run ends FAILED
+            print(f"rayemb: error: {redact_text(str(e))}", file=sys.stderr)
+            return e.exit_code
+        print_result(result)
+        return 0 if result.status == "FINISHED" else 1
+
+    uri = cfg.tracking.tracking_uri or default_tracking_uri(resolve_path(cfg.tracking.output_dir))
+    ensure_store(uri)
+    return run_sweep(args.set or [], args.sweep, run_one, uri, cfg.tracking.experiment)
+
+
+def print_result(result) -> None:
+    """The lines a user reads at the end of a job: outcome, best epoch, checkpoint, where the run is."""
+    m = result.metrics
+    nan = float("nan")
+    best, best_epoch = m.get("best_valid_auc", m.get("valid_auc", nan)), int(m.get("best_epoch", m.get("epoch", 0)))
+    print(
+        f"rayemb: run {result.run_id} {result.status} in {result.wall_time_s:.0f}s; "
+        f"best_valid_auc={best:.4f} (epoch {best_epoch + 1}); last epoch valid_auc={m.get('valid_auc', nan):.4f} "
+        f"valid_logloss={m.get('valid_logloss', nan):.4f}"
+    )
+    if result.best_checkpoint:
+        print(f"rayemb: best checkpoint: {result.best_checkpoint}")
+    uri = redact_uri(result.tracking_uri)
+    print(f"rayemb: MLflow store: {uri}")
+    print(f"rayemb: browse it with:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="YAML job config, e.g. jobs/configs/synth_small.yaml")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
+    p.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...",
+                   help="run one job per value as child runs of one parent MLflow run")
+
+

@@ -1,0 +1,76 @@
+"""``stats.json`` on disk: write it atomically, read it back, reuse it while the data is unchanged.
+
+Example::
+
+    >>> stats = load_or_compute_stats("/data/synth", "stats.json")   # reused when the fingerprint matches
+    >>> write_stats_json(stats, "runs/job/stats.json")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Optional
+
+from rayemb.constants import TRAIN_SPLIT
+from rayemb.data.fingerprint import dataset_fingerprint
+from rayemb.data.sketches import DEFAULT_NUM_HEAVY_HITTERS
+from rayemb.data.stats import compute_stats
+from rayemb.data.stats_types import STATS_SCHEMA_VERSION, DatasetStats
+from rayemb.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+
+def write_stats_json(stats: DatasetStats, path: str) -> str:
+    """Writes ``stats`` atomically (temp file + rename), so readers never see half a file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(stats.to_dict(), f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def load_stats_json(path: str) -> DatasetStats:
+    try:
+        with open(path) as f:
+            stats = json.load(f)
+    except FileNotFoundError:
+        raise DataError(f"Stats file {path!r} does not exist. Create it with `rayemb stats --data DIR --out {path}`.") from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"Stats file {path!r} is not valid JSON ({e}). Recompute it with `rayemb stats`.") from None
+    if not isinstance(stats, dict) or stats.get("schema_version") != STATS_SCHEMA_VERSION or "tables" not in stats:
+        raise DataError(
+            f"Stats file {path!r} is not a stats.json of schema_version {STATS_SCHEMA_VERSION}. "
+            "Recompute it with `rayemb stats --data DIR --out stats.json`."
+        )
+    return DatasetStats.from_dict(stats)
+
+
+def load_or_compute_stats(
+    data_dir: str,
+    stats_path: Optional[str] = None,
+    *,
+    split: str = TRAIN_SPLIT,
+    exact: bool = False,
+    num_heavy_hitters: int = DEFAULT_NUM_HEAVY_HITTERS,
+    progress: bool = False,
+) -> DatasetStats:
+    """Reuses ``stats_path`` when its fingerprint and split match ``data_dir``, else computes stats.
+
+    A stale file (the data changed) is logged and recomputed, never silently used.
+    """
+    if stats_path and os.path.isfile(stats_path):
+        stats = load_stats_json(stats_path)
+        if (stats.fingerprint == dataset_fingerprint(data_dir, split) and stats.split in (None, split)
+                and stats.values is not None):
+            logger.info("reusing %s (fingerprint matches %s)", stats_path, data_dir)
+            return stats
+        logger.warning("%s was computed for other data than %s/%s (or by an older rayemb); recomputing",
+                       stats_path, data_dir, split)
+    return compute_stats(data_dir, exact=exact, split=split, num_heavy_hitters=num_heavy_hitters, progress=progress)
+
+
+__all__ = ["write_stats_json", "load_stats_json", "load_or_compute_stats"]

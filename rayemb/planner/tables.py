@@ -1,0 +1,71 @@
+"""The planner's inputs: :class:`TableSpec` s from a dataset schema and statistics, and the default split rule.
+
+:func:`tables_from_schema` turns ``schema.yaml`` (+ ``stats.json``) into
+table specs with pooling factors and hot sets; :func:`split_rule` is the
+frequent-category rule (HugeCTR's, :mod:`rayemb.planner.split`) sized for a
+topology; :func:`criteo_1tb_tables` gives benchmark tables. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Tuple
+
+from rayemb.constants import CRITEO_1TB_CARDINALITIES
+from rayemb.planner.cost import DEFAULT_REPLICATED_FRACTION, OPTIMIZER_STATE_BYTES
+from rayemb.planner.split import HugeCTRSplitRule
+from rayemb.planner.types import ClusterTopology, TableSpec
+
+
+def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: int, bytes_per_element: int = 4):
+    """The default frequent-category rule for ``topology``: HugeCTR's, with its bandwidths and a replicated-row budget."""
+    bw = topology.inter_node_bw if topology.num_nodes > 1 else topology.intra_node_bw
+    return HugeCTRSplitRule(
+        topology.world_size, global_batch, num_nodes=topology.num_nodes,
+        bw_all_to_all=bw, bw_all_reduce=bw,
+        memory_budget_bytes=int(DEFAULT_REPLICATED_FRACTION * topology.capacity_bytes),
+        embedding_dim=embedding_dim, bytes_per_element=bytes_per_element,
+        optimizer_bytes_per_row=embedding_dim * OPTIMIZER_STATE_BYTES,
+    )
+
+
+def tables_from_schema(
+    schema: Any,
+    embedding_dim: int,
+    topology: ClusterTopology,
+    global_batch: int,
+    stats: Any = None,
+    bytes_per_element: int = 4,
+    split: Any = None,
+) -> List[TableSpec]:
+    """TableSpecs of a dataset schema; with ``stats`` (a DatasetStats) pooling factors and hot sets from the split.
+
+    The hot set comes from ``split`` (a :class:`rayemb.planner.split.FrequentSplit`)
+    when given, else from :func:`split_rule` applied to ``stats``.
+    """
+    hot: Dict[str, Tuple[int, float]] = {}
+    pooling: Dict[str, float] = {}
+    if stats is not None:
+        if split is None:
+            split = split_rule(topology, global_batch, embedding_dim, bytes_per_element).split(stats)
+        for name, ts in split.tables.items():
+            hot[name] = (ts.num_hot, float(ts.hot_share))
+        for name, st in stats.tables.items():
+            pooling[name] = float(st.pooling_mean)
+    out = []
+    for f in schema.sparse:
+        h_rows, h_share = hot.get(f.name, (0, 0.0))
+        out.append(TableSpec(
+            name=f.name, rows=int(f.num_embeddings), dim=embedding_dim, bytes_per_element=bytes_per_element,
+            pooling_factor=pooling.get(f.name, 1.0), hot_rows=min(int(h_rows), int(f.num_embeddings)),
+            hot_share=h_share,
+        ))
+    return out
+
+
+def criteo_1tb_tables(num_tables: int, dim: int = 128) -> List[TableSpec]:
+    """``num_tables`` tables with Criteo-1TB cardinalities repeated (``C1``, ``C2``, ..., then ``C27`` = C1's)."""
+    card = CRITEO_1TB_CARDINALITIES
+    return [TableSpec(f"C{i + 1}", rows=int(card[i % len(card)]), dim=dim) for i in range(num_tables)]
+
+
+__all__ = ["split_rule", "tables_from_schema", "criteo_1tb_tables"]
