@@ -44,3 +44,15 @@ def format_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[Column], k
 def print_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[Column], keys: Sequence[str],
                 title: Optional[str] = None) -> None:
     print(format_table(rows, columns, keys, title))
+
+
+def report(path: str, doc: Dict[str, Any], rows: Iterable[Mapping[str, Any]], columns: Sequence[Column],
+           keys: Sequence[str], footer: Optional[str] = None, indent: int = 2) -> int:
+    """A benchmark's last step: write the JSON, print the table (and a footer line), say where; returns exit code 0."""
+    write_result(path, doc, indent=indent)
+    print()
+    print_table(rows, columns, keys)
+    if footer:
+        print(footer)
+    print(f"wrote {path}")
+    return 0

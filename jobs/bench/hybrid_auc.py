@@ -18,7 +18,11 @@ from typing import List, Optional
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _report import print_table, write_result  # noqa: E402
+from _report import report  # noqa: E402
+
+COLUMNS = [("hybrid", ">7", "{}"), ("valid_auc", ">10", "{:.4f}"), ("logloss", ">8", "{:.4f}"),
+           ("bytes/step", ">11", "{:.0f}"), ("placements", "", "{}")]
+KEYS = ["hybrid", "valid_auc", "valid_logloss", "bytes_per_step", "placements"]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -49,12 +53,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "run_id": r.run_id})
     out = {"schema_version": 1, "config": args.config, "overrides": args.set, "results": results,
            "auc_diff": results[0]["valid_auc"] - results[1]["valid_auc"]}
-    write_result(args.out, out)
-    print_table(results, [("hybrid", ">7", "{}"), ("valid_auc", ">10", "{:.4f}"), ("logloss", ">8", "{:.4f}"),
-                          ("bytes/step", ">11", "{:.0f}"), ("placements", "", "{}")],
-                keys=["hybrid", "valid_auc", "valid_logloss", "bytes_per_step", "placements"])
-    print(f"AUC(hybrid) - AUC(no hybrid) = {out['auc_diff']:+.4f}")
-    return 0
+    return report(args.out, out, results, COLUMNS, KEYS, footer=f"AUC(hybrid) - AUC(no hybrid) = {out['auc_diff']:+.4f}")
 
 
 if __name__ == "__main__":

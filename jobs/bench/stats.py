@@ -39,7 +39,11 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import print_table, write_result  # noqa: E402
+from _report import report  # noqa: E402
+
+COLUMNS = [("method", "<16", "{}"), ("rows", ">13", "{:,}"), ("tables", ">8", "{}"), ("M ids/s", ">10", "{:.2f}"),
+           ("rayemb is", ">11", "{:.2f}x")]
+KEYS = ["method", "rows", "tables", "mids_per_s", "rayemb_is"]
 
 
 def _result(method: str, rows: int, tables: int, seconds: float) -> Dict[str, Any]:
@@ -169,15 +173,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "results": results,
         "rayemb_speedup": {r["method"]: base / r["values_per_s"] for r in results[1:]},
     }
-    write_result(args.out, out, indent=1)
-    for r in results:
-        r["mids_per_s"], r["rayemb_is"] = r["values_per_s"] / 1e6, base / r["values_per_s"]
-    print()
-    print_table(results, [("method", "<16", "{}"), ("rows", ">13", "{:,}"), ("tables", ">8", "{}"),
-                          ("M ids/s", ">10", "{:.2f}"), ("rayemb is", ">11", "{:.2f}x")],
-                keys=["method", "rows", "tables", "mids_per_s", "rayemb_is"])
-    print(f"wrote {args.out}")
-    return 0
+    shown = [{**r, "mids_per_s": r["values_per_s"] / 1e6, "rayemb_is": base / r["values_per_s"]} for r in results]
+    return report(args.out, out, shown, COLUMNS, KEYS, indent=1)
 
 
 if __name__ == "__main__":
