@@ -78,7 +78,7 @@ def test_redact_mapping_redacts_uri_values_in_a_copy():
 
 # ---- quiet_third_party_logs ---- #
 
-_TOUCHED_LOGGERS = ("", "torchrec.distributed.utils", "torchrec.distributed.planner.planners", "fbgemm_gpu",
+_TOUCHED_LOGGERS = ("", "torchrec", "torchrec.distributed.utils", "torchrec.distributed.planner.planners", "fbgemm_gpu",
                     "alembic", "mlflow.store.db", "torch.fx._symbolic_trace")
 
 
@@ -94,7 +94,15 @@ class _ListHandler(logging.Handler):
 @pytest.fixture
 def restored_logging():
     """Root at DEBUG with a capturing handler; every logger, filter and warnings filter restored afterwards."""
+    from rayemb.logs import _ThirdPartyNoiseFilter
+
     saved = {n: (logging.getLogger(n).level, list(logging.getLogger(n).filters)) for n in _TOUCHED_LOGGERS}
+    # start from a process where nothing installed the filter yet (an earlier in-process CLI run may have)
+    for n in _TOUCHED_LOGGERS:
+        lg = logging.getLogger(n)
+        lg.filters[:] = [f for f in lg.filters if not isinstance(f, _ThirdPartyNoiseFilter)]
+        if n.startswith("torchrec"):
+            lg.setLevel(logging.NOTSET)
     root = logging.getLogger()
     handler = _ListHandler()
     root.addHandler(handler)
