@@ -45,6 +45,11 @@ class DataConfig:
     id_policy: str = "error"
     #: a stats.json from `rayemb stats` to reuse when its dataset fingerprint matches (else recomputed)
     stats_path: Optional[str] = None
+    #: hold each rank's converted shard in memory after the first pass (true/false; null: when it fits
+    #: ``constants.IN_MEMORY_MAX_BYTES_PER_RANK``); later epochs then run with no Ray Data in the step
+    in_memory: Optional[bool] = None
+    #: seconds to wait for an epoch's first batch before failing with the likely cause (no free CPU for Ray Data)
+    first_batch_timeout_s: float = 90.0
 
     def __post_init__(self) -> None:
         _require(bool(self.path), "data.path", "it is empty", "Set it to a dataset directory from `rayemb gen-data`.")
@@ -52,6 +57,11 @@ class DataConfig:
         _require(
             self.id_policy in ID_POLICIES, "data.id_policy", f"{self.id_policy!r} is unknown", f"Use one of {ID_POLICIES}."
         )
+        _require(self.in_memory in (None, True, False), "data.in_memory", f"{self.in_memory!r} is not a boolean",
+                 "Use true, false or null (automatic).")
+        _require(math.isfinite(self.first_batch_timeout_s) and self.first_batch_timeout_s > 0,
+                 "data.first_batch_timeout_s", f"{self.first_batch_timeout_s} is not a positive number of seconds",
+                 "Use e.g. 90.")
 
 
 @dataclass(frozen=True)
@@ -126,6 +136,7 @@ class ScalingConfig:
 
 
 PLANNER_ENGINES = ("auto", "torchrec", "fast")
+PLANNER_OBJECTIVES = ("step_time", "bytes")
 
 
 @dataclass(frozen=True)
@@ -136,10 +147,16 @@ class PlannerConfig:
     engine: str = "auto"
     #: per-table pins, e.g. ``{C1: {sharding: row_wise, hybrid: false, compute_kernel: fused}}``
     tables: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    #: what the placement choice minimises: predicted "step_time" (calibrated) or "bytes" per step
+    objective: str = "step_time"
+    #: measure the step-time model's constants on the live cluster at job start (false: built-in defaults)
+    calibrate: bool = True
 
     def __post_init__(self) -> None:
         _require(self.engine in PLANNER_ENGINES, "planner.engine", f"{self.engine!r} is unknown",
                  f"Use one of {PLANNER_ENGINES}.")
+        _require(self.objective in PLANNER_OBJECTIVES, "planner.objective", f"{self.objective!r} is unknown",
+                 f"Use one of {PLANNER_OBJECTIVES}.")
         for name, pin in self.tables.items():
             _require(isinstance(pin, dict), f"planner.tables.{name}", f"{pin!r} is not a mapping",
                      "Write it as {sharding: row_wise, hybrid: false}.")

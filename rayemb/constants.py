@@ -30,6 +30,8 @@ TRACKING_URI_ENV_VAR = "MLFLOW_TRACKING_URI"
 #: CPUs kept free for Ray Data read tasks when workers get fractional CPUs.
 RESERVED_DATA_CPUS = 1.0
 MIN_CPUS_PER_WORKER = 0.25
+#: data.in_memory=null holds a rank's converted train+valid shard in memory up to this size
+IN_MEMORY_MAX_BYTES_PER_RANK = 2 * 2**30
 DEFAULT_LOG_EVERY_N_STEPS = 20
 #: test hook: "STEP:MARKER_FILE" makes a worker fail once at STEP (the marker records that it did)
 FAULT_INJECTION_ENV_VAR = "RAYEMB_FAULT_INJECTION"

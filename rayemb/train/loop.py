@@ -15,7 +15,7 @@ import math
 import os
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -42,9 +42,16 @@ def _all_have(has_batch: bool, device) -> bool:
     return bool(flag.item())
 
 
-def _batches(shard, batch_size: int, converter) -> Iterator[Any]:
-    for table in shard.iter_batches(batch_size=batch_size, batch_format="pyarrow", drop_last=True, prefetch_batches=2):
-        yield converter(table)
+def _agreed_steps(data, wanted: Optional[int], device) -> Optional[int]:
+    """For in-memory data: the step count every rank can run (min over ranks), agreed once; None if streamed."""
+    if data.needs_step_check:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    n = torch.tensor([len(data) if wanted is None else min(len(data), wanted)], dtype=torch.int64, device=device)
+    dist.all_reduce(n, op=dist.ReduceOp.MIN)
+    return int(n.item())
 
 
 def peak_memory_bytes(device) -> int:
@@ -136,20 +143,22 @@ def _gather(arr: np.ndarray) -> np.ndarray:
     return np.concatenate([p for p in parts if p is not None and p.size])
 
 
-def evaluate(model, shard, batch_size: int, converter, device, max_steps: Optional[int] = None) -> Dict[str, float]:
-    """AUC and logloss of ``model`` on a dataset shard, over the union of all ranks' shards."""
+def evaluate(model, data, device, max_steps: Optional[int] = None) -> Dict[str, float]:
+    """AUC and logloss of ``model`` on a split's :class:`RankBatches`, over the union of all ranks' shards."""
     import torch
 
     from rayemb.train.metrics import auc, logloss
 
     model.eval()
     logits, labels = [], []
-    it = _batches(shard, batch_size, converter)
+    it = data.epoch(0)
+    agreed = _agreed_steps(data, max_steps, device)
+    limit = agreed if agreed is not None else max_steps
     steps = 0
     with torch.no_grad():
-        while max_steps is None or steps < max_steps:
+        while limit is None or steps < limit:
             batch = next(it, None)
-            if not _all_have(batch is not None, device):
+            if agreed is None and not _all_have(batch is not None, device):
                 break
             out = model(batch.dense.to(device), batch.sparse.to(device))
             logits.append(out.float().cpu().numpy())
@@ -177,6 +186,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     from rayemb.embedding.sharders import cpu_capable_sharders as sharders
     from rayemb.logs import quiet_third_party_logs
     from rayemb.train.checkpoint import save_rank, write_meta
+    from rayemb.train.data_loader import RankBatches
     from rayemb.train.sharding import build_model
 
     quiet_third_party_logs()
@@ -211,6 +221,12 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     optimizer = CombinedOptimizer(optimizers)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     converter = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap)
+    data_args = dict(in_memory=bool(loop_config.get("in_memory")), first_batch_timeout_s=cfg.data.first_batch_timeout_s,
+                     rank=rank, cpus_per_worker=loop_config.get("cpus_per_worker"), seed=cfg.train.seed)
+    train_data = RankBatches(ray.train.get_dataset_shard("train"), cfg.data.batch_size, converter, split="train",
+                             **data_args)
+    valid_data = RankBatches(ray.train.get_dataset_shard("valid"), cfg.data.batch_size, converter, split="valid",
+                             shuffle=False, **data_args)
     global_batch = cfg.data.batch_size * world
     log_every = cfg.train.log_every_n_steps
 
@@ -218,13 +234,14 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     best = EarlyStopping(cfg.train.early_stopping_patience, resumed)
     fault = loop_config.get("fault_injection")
     for epoch in range(first_epoch, cfg.train.epochs):
-        it = _batches(ray.train.get_dataset_shard("train"), cfg.data.batch_size, converter)
+        it = train_data.epoch(epoch)  # in memory: the first call reads and converts the whole shard
+        agreed = _agreed_steps(train_data, steps_per_epoch, device)
         window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
         timer = StepTimer()
         counter = CommCounter()
-        for _ in range(steps_per_epoch):
+        for _ in range(steps_per_epoch if agreed is None else agreed):
             batch = next(it, None)
-            if not _all_have(batch is not None, device):
+            if agreed is None and not _all_have(batch is not None, device):
                 logger.warning("rank %d: a rank ran out of data at step %d; ending the epoch early", rank, step)
                 break
             dense, sparse, labels = batch.dense.to(device), batch.sparse.to(device), batch.labels.to(device)
@@ -268,6 +285,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                     "epoch": epoch,
                     "train_loss": vals[0],
                     "samples_per_s": window_steps * global_batch / max(elapsed, 1e-9),
+                    "step_time_s": elapsed / window_steps,
                     **{f"time_s.{p}": v for p, v in zip(StepTimer.PHASES, vals[1:])},
                     **{f"peak_memory_bytes.rank{r}": float(m.item()) for r, m in enumerate(mems)},
                     **comm_metrics,
@@ -279,7 +297,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                     metrics_queue.actor.put_nowait.remote(metrics)
                 window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
                 timer.reset()
-        valid = evaluate(model, ray.train.get_dataset_shard("valid"), cfg.data.batch_size, converter, device)
+        valid = evaluate(model, valid_data, device)
         # every rank sees the same gathered AUC, so all make the same decision; the last epoch is no early stop
         stop = best.update(epoch, valid["valid_auc"]) and epoch + 1 < cfg.train.epochs
         if rank == 0:

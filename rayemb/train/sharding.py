@@ -66,19 +66,35 @@ def pins_of(cfg: JobConfig, table_names: List[str]) -> Dict[str, TablePin]:
     return parse_pins(pins, table_names)
 
 
-def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any) -> JobPlan:
-    """Plans the job's tables on ``topology`` with the split's hot sets (runs where torchrec imports)."""
+def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any,
+                  calibration: Any = None) -> JobPlan:
+    """Plans the job's tables on ``topology`` with the split's hot sets (runs where torchrec imports).
+
+    ``planner.objective: step_time`` chooses placements by predicted step time with ``calibration``
+    (a :class:`~rayemb.planner.step_time.Calibration`; None: the built-in defaults); ``bytes`` by bytes
+    per step. Either way plan.json records the predicted step time and the constants used.
+    """
     from torchrec.distributed.types import ShardingPlan
 
     from rayemb.planner import plan, tables_from_schema
+    from rayemb.planner.step_time import DEFAULT_CALIBRATION, StepTimeCostModel, predict_step_time
 
     global_batch = cfg.data.batch_size * topology.world_size
     specs = tables_from_schema(schema, cfg.model.embedding_dim, topology, global_batch, stats, split=split)
+    calibration = calibration or DEFAULT_CALIBRATION
+    chooser = StepTimeCostModel(calibration) if cfg.planner.objective == "step_time" else None
     # Training needs a TorchRec plan of the real module, so the torchrec engine; "fast" is for what-if plans.
-    result = plan(specs, topology, global_batch, pins=pins_of(cfg, schema.sparse_names), engine="torchrec")
+    result = plan(specs, topology, global_batch, pins=pins_of(cfg, schema.sparse_names), engine="torchrec",
+                  chooser=chooser)
     hot_ids = {name: split.hot_ids(name) for name, tp in result.tables.items() if tp.placement.value == "hybrid"}
     sharding_plan = ShardingPlan(
         plan={f"{EMBEDDING_MODULE}.{path}": module_plan for path, module_plan in result.sharding_plan.plan.items()}
     )
-    return JobPlan(sharding_plan=sharding_plan, placements=dict(result.tables), hot_ids=hot_ids,
-                   summary=result.to_json())
+    summary = result.to_json()
+    predicted = predict_step_time(specs, {n: tp.placement for n, tp in result.tables.items()}, topology,
+                                  global_batch, calibration)
+    summary["objective"] = cfg.planner.objective
+    summary["predicted_step_time_s"] = predicted.total_s
+    summary["predicted_step_time_components_s"] = predicted.components
+    summary["calibration"] = calibration.to_dict()
+    return JobPlan(sharding_plan=sharding_plan, placements=dict(result.tables), hot_ids=hot_ids, summary=summary)

@@ -27,15 +27,19 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from rayemb._ray import init_ray
 from rayemb.config import JobConfig, resolve_path
-from rayemb.constants import FAULT_INJECTION_ENV_VAR, MIN_CPUS_PER_WORKER, RESERVED_DATA_CPUS, TRAIN_SPLIT, VALID_SPLIT
+from rayemb.constants import FAULT_INJECTION_ENV_VAR, TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, count_rows, load_checked, parquet_files
 from rayemb.errors import DataError, TrainingError, find_user_error
 from rayemb.logs import redact_uri
 from rayemb.planner.types import parse_pins
 from rayemb.train.artifacts import log_charts, log_plan, log_stats_and_split, to_json
+from rayemb.train.resources import WorkerResources, worker_resources
 from rayemb.train.sharding import pins_of
 
 logger = logging.getLogger(__name__)
+
+#: plan.json entries measured or predicted at job start, left out of the plan fingerprint
+MEASURED_PLAN_KEYS = ("calibration", "predicted_step_time_s", "predicted_step_time_components_s")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ class PlannedJob:
     split: Any  # rayemb.planner.split.Split
     job_plan: Any  # rayemb.train.sharding.JobPlan (TorchRec plan of the real model)
     fingerprint: str
+    #: CPUs per worker, in-memory data, warnings (rayemb.train.resources.WorkerResources)
+    resources: Any = None
     #: (directory, meta.json) of train.resume_from, checked against this plan
     resume: Optional[Tuple[str, Dict[str, Any]]] = None
 
@@ -189,27 +195,58 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
     import ray
 
     cfg = inputs.cfg
+    resources = worker_resources(cfg, inputs.schema, stats, inputs.train_rows, inputs.valid_rows)
+    calibration = calibrate(inputs, topology, resources)
     try:
-        job_plan = ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(cfg, inputs.schema, stats, split, topology))
+        job_plan = ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(cfg, inputs.schema, stats, split, topology,
+                                                                        calibration))
     except ray.exceptions.RayTaskError as e:
         user_error = find_user_error(e)
         if user_error is not None:  # the planner's own message, not the remote traceback
             raise user_error from None
         raise
     summary = job_plan.summary
-    fingerprint = hashlib.sha1(to_json(summary).encode()).hexdigest()[:12]
+    # what shards the model, not what was measured on the way (a resumed job re-calibrates)
+    fingerprint = hashlib.sha1(to_json({k: v for k, v in summary.items() if k not in MEASURED_PLAN_KEYS})
+                               .encode()).hexdigest()[:12]
     placements = [t["placement"] for t in summary["tables"].values()]
-    print(f"rayemb: plan {fingerprint}: " + ", ".join(f"{p} x{placements.count(p)}" for p in sorted(set(placements))),
+    print(f"rayemb: plan {fingerprint}: " + ", ".join(f"{p} x{placements.count(p)}" for p in sorted(set(placements)))
+          + f"; predicted {1e3 * summary['predicted_step_time_s']:.1f} ms/step ({summary['objective']} objective)",
           flush=True)
-    return PlannedJob(topology, stats, split, job_plan, fingerprint, _check_resume(cfg, fingerprint))
+    return PlannedJob(topology, stats, split, job_plan, fingerprint, resources, _check_resume(cfg, fingerprint))
 
 
-def _plan_remote(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any):
+def _plan_remote(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any, calibration: Any):
     from rayemb.logs import quiet_third_party_logs
     from rayemb.train.sharding import make_job_plan
 
     quiet_third_party_logs()
-    return make_job_plan(cfg, schema, stats, split, topology)
+    return make_job_plan(cfg, schema, stats, split, topology, calibration)
+
+
+def calibrate(inputs: JobInputs, topology: Any, resources: WorkerResources) -> Any:
+    """The step-time model's constants measured on the live cluster (None: not asked for, or failed)."""
+    cfg = inputs.cfg
+    if cfg.planner.objective != "step_time" or not cfg.planner.calibrate:
+        return None
+    from rayemb.train.calibrate import calibrate_cluster
+
+    shape = dict(local_batch=cfg.data.batch_size, num_dense=len(inputs.schema.dense),
+                 num_sparse=len(inputs.schema.sparse), dim=cfg.model.embedding_dim,
+                 bottom_mlp=list(cfg.model.bottom_mlp), top_mlp=list(cfg.model.top_mlp))
+    print(f"rayemb: calibrating the step-time model on {inputs.world_size} ranks ...", flush=True)
+    try:
+        cal = calibrate_cluster(inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,
+                                topology.num_nodes, shape)
+    except Exception as e:  # noqa: BLE001 - planning goes on with the defaults, said loudly
+        print(f"rayemb: WARNING: calibration failed ({type(e).__name__}: {e}); planning with the built-in "
+              "constants (planner.calibrate=false skips it)", flush=True)
+        return None
+    print(f"rayemb: calibrated in {cal.seconds:.1f}s: all-reduce {1e6 * cal.all_reduce.latency_s:.0f} us + "
+          f"{cal.all_reduce.bandwidth_mb_s:,.0f} MB/s, all-to-all {1e6 * cal.all_to_all.latency_s:.0f} us + "
+          f"{cal.all_to_all.bandwidth_mb_s:,.0f} MB/s, dense step {1e3 * cal.dense_step_s:.1f} ms, "
+          f"lookup {1e9 * cal.lookup_s:.0f} ns/id", flush=True)
+    return cal
 
 
 def _check_resume(cfg: JobConfig, fingerprint: str) -> Optional[Tuple[str, Dict[str, Any]]]:
@@ -255,23 +292,13 @@ def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Option
     print(f"rayemb: MLflow run {run_logger.run_id or '(pending)'} in experiment {cfg.tracking.experiment!r} at "
           f"{redact_uri(tracking_uri)}", flush=True)
     run_logger.log_params({**cfg.flatten(), "data.train_rows": inputs.train_rows, "data.valid_rows": inputs.valid_rows,
-                           "scaling.cpus_per_worker_resolved": cpus_per_worker(cfg),
+                           "scaling.cpus_per_worker_resolved": planned.resources.cpus_per_worker,
+                           "data.in_memory_resolved": planned.resources.in_memory,
                            "train.steps_per_epoch": inputs.steps_per_epoch})
     run_logger.log_text(cfg.to_yaml(), "config.yaml")
     log_plan(run_logger, planned.summary, job_dir)
     log_stats_and_split(run_logger, planned.stats, planned.split, job_dir)
     return Tracking(run_logger, tracking_uri, job_id, job_dir)
-
-
-def cpus_per_worker(cfg: JobConfig) -> float:
-    """Leave ``RESERVED_DATA_CPUS`` free for Ray Data's read tasks, or the job hangs silently."""
-    import ray
-
-    if cfg.scaling.cpus_per_worker is not None:
-        return cfg.scaling.cpus_per_worker
-    total = float(ray.cluster_resources().get("CPU", 1.0))
-    share = (total - RESERVED_DATA_CPUS) / cfg.scaling.num_workers
-    return max(MIN_CPUS_PER_WORKER, min(1.0, round(share, 2)))
 
 
 # ---- STAGE 5: TRAIN ---- #
@@ -287,8 +314,13 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
 
     cfg, run_logger = inputs.cfg, tracking.run_logger
     steps, world = inputs.steps_per_epoch, inputs.world_size
-    print(f"rayemb: {world} workers x {cpus_per_worker(cfg)} CPU, {steps} steps/epoch, predicted "
-          f"{planned.summary['predicted_bytes_per_step'] / 1e6:.2f} MB/step", flush=True)
+    resources = planned.resources
+    print(f"rayemb: {world} workers x {resources.cpus_per_worker:g} CPU, {steps} steps/epoch, predicted "
+          f"{planned.summary['predicted_bytes_per_step'] / 1e6:.2f} MB/step; data "
+          + (f"held in worker memory (~{resources.shard_bytes / 2**20:,.0f} MiB per rank)" if resources.in_memory
+             else "streamed from Ray Data"), flush=True)
+    for warning in resources.warnings:
+        print(f"rayemb: WARNING: {warning}", flush=True)
     first_epoch = int(planned.resume[1]["epoch"]) + 1 if planned.resume else 0
     print(f"rayemb: training epochs {first_epoch + 1}..{cfg.train.epochs} ({steps} steps each)"
           + (f", resuming from {planned.resume[0]}" if planned.resume else ""), flush=True)
@@ -297,7 +329,7 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
     drainer = QueueDrainer(queue, run_logger, progress=progress).start()
     status, reason, best_checkpoint = "FAILED", None, None
     try:
-        result = _ray_trainer(inputs, planned, tracking, queue).fit()
+        result = _ray_trainer(inputs, planned, tracking, queue, resources).fit()
         status = "FINISHED"
         if result.best_checkpoints:
             best_checkpoint = result.best_checkpoints[0][0].path
@@ -320,6 +352,13 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
         final: Dict[str, float] = {}
         for r in reports:
             final.update({k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        final.update(step_time_check(reports, planned.summary.get("predicted_step_time_s")))
+        if "step_time_measured_s" in final:
+            run_logger.log_metrics({k: final[k] for k in ("step_time_measured_s", "step_time_predicted_s",
+                                                          "step_time_predicted_over_measured")}, step=0)
+            print(f"rayemb: step time {1e3 * final['step_time_measured_s']:.1f} ms measured, "
+                  f"{1e3 * final['step_time_predicted_s']:.1f} ms predicted "
+                  f"({final['step_time_predicted_over_measured']:.2f}x)", flush=True)
         if best_checkpoint:
             run_logger.set_tags({"rayemb.best_checkpoint": best_checkpoint})
         log_charts(run_logger, reports, tracking.job_dir)
@@ -332,10 +371,13 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
                        reports=reports, plan=planned.summary, best_checkpoint=best_checkpoint)
 
 
-def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, queue: Any) -> Any:
+def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, queue: Any,
+                 resources: WorkerResources) -> Any:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
+
+    from rayemb.train.backend import RayembTorchConfig
 
     from rayemb.tracking.callback import ReportForwarder
     from rayemb.train.loop import train_loop_per_worker
@@ -348,10 +390,11 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
             "job": cfg, "schema": inputs.schema, "plan": planned.job_plan, "steps_per_epoch": inputs.steps_per_epoch,
             "metrics_queue": queue, "fault_injection": _fault_injection(), "plan_fingerprint": planned.fingerprint,
             "resume_from": planned.resume[0] if planned.resume else None,
+            "in_memory": resources.in_memory, "cpus_per_worker": resources.cpus_per_worker,
         },
-        torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
+        torch_config=RayembTorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=inputs.world_size, use_gpu=cfg.scaling.use_gpu,
-                                     resources_per_worker={"CPU": cpus_per_worker(cfg)}),
+                                     resources_per_worker={"CPU": resources.cpus_per_worker}),
         run_config=RunConfig(
             name=tracking.job_id,
             storage_path=os.path.join(inputs.out_dir, "ray_results"),
@@ -366,6 +409,25 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
     )
 
 
+def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float]) -> Dict[str, float]:
+    """Measured step time (median over log windows, each epoch's first window left out as warm-up) vs predicted."""
+    import statistics
+
+    windows, seen_epochs = [], set()
+    for r in reports:
+        if "step_time_s" not in r or r.get("epoch_end"):
+            continue
+        if r.get("epoch") not in seen_epochs:
+            seen_epochs.add(r.get("epoch"))
+            continue
+        windows.append(float(r["step_time_s"]))
+    if not windows or not predicted:
+        return {}
+    measured = statistics.median(windows)
+    return {"step_time_measured_s": measured, "step_time_predicted_s": float(predicted),
+            "step_time_predicted_over_measured": float(predicted) / measured}
+
+
 def _fault_injection() -> Optional[Dict[str, Any]]:
     """``$RAYEMB_FAULT_INJECTION=STEP:MARKER_FILE``: a worker fails once at STEP (tests of failure recovery)."""
     spec = os.environ.get(FAULT_INJECTION_ENV_VAR)
@@ -376,4 +438,4 @@ def _fault_injection() -> Optional[Dict[str, Any]]:
 
 
 __all__ = ["run_training", "check_inputs", "compute_statistics", "plan_job", "start_tracking", "train",
-           "JobInputs", "PlannedJob", "Tracking", "TrainResult", "job_topology", "cpus_per_worker"]
+           "JobInputs", "PlannedJob", "Tracking", "TrainResult", "job_topology"]

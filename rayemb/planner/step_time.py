@@ -1,0 +1,305 @@
+"""Step-time model: the time one training step takes under a set of placements, and the chooser minimising it.
+
+Bytes are not time. On one node gloo moves megabytes in microseconds while
+every extra sharded module costs launches, KJT splits and collective
+round-trips; on a 50 mbit link the same bytes cost seconds. So the planner
+prices a plan as (per rank, seconds per step)::
+
+    T = dense + Σ groups (overhead + calls · α_collective) + Σ tables compute + Σ collectives bytes/rank · β
+
+* ``dense``: the dense arch's forward, backward and optimizer on the local batch;
+* groups: one per sharded module TorchRec builds (data-parallel tables, each
+  pooled sharding type, hybrid hot halves, hybrid cold halves), each with a
+  fixed per-step overhead and its collective calls (:data:`GROUP_CALLS`);
+* compute per table: ``lookup`` per id looked up on a rank (fused kernels),
+  ``dense_lookup`` per id of a replicated table, ``replicated_elem`` per
+  element of a replicated table (dense gradient, all-reduce prep, optimizer),
+  ``pool`` per cold id pooled locally by a hybrid table;
+* bytes per collective family from :mod:`rayemb.planner.traffic`, divided
+  over the ranks, at the measured seconds per byte β; α is the measured
+  latency of one call.
+
+The constants are a :class:`Calibration`: measured at job start on the live
+backend by :mod:`rayemb.train.calibrate` (raw collectives across the job's
+ranks, compute micro-benchmarks on a worker's CPU share), or
+:data:`DEFAULT_CALIBRATION` (2-core CPU, gloo over loopback). Pure: no torch.
+
+Example::
+
+    >>> t = [TableSpec("C1", rows=50_000, dim=16, hot_rows=500, hot_share=0.9)]
+    >>> pred = predict_step_time(t, {"C1": Placement.HYBRID}, ClusterTopology(1, 2), 1024, DEFAULT_CALIBRATION)
+    >>> pred.total_s > 0
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from rayemb.planner.cost import BytesCostModel, column_shards, replicated_bytes_per_rank, table_cost
+from rayemb.planner.traffic import predict_table_bytes
+from rayemb.planner.types import ClusterTopology, Cost, Placement, PlacementChooser, TablePin, TableSpec
+
+logger = logging.getLogger(__name__)
+
+#: DDP's gradient bucket size: a replicated group all-reduces in ceil(bytes / this) calls
+DDP_BUCKET_BYTES = 25 * 2**20
+#: collective calls per step (forward + backward) of one sharded module group, by collective family
+GROUP_CALLS: Dict[str, Dict[str, int]] = {
+    # KJT all-to-all (splits, lengths, values), pooled output forward, gradient backward
+    "table_wise": {"all_to_all": 5},
+    "column_wise": {"all_to_all": 5},
+    "table_column_wise": {"all_to_all": 5},
+    "row_wise": {"all_to_all": 3, "reduce_scatter": 1, "all_gather": 1},
+    "table_row_wise": {"all_to_all": 5, "reduce_scatter": 1, "all_gather": 1},
+    # hybrid cold halves: sequence embeddings, one row per id, forward and backward
+    "cold": {"all_to_all": 5},
+}
+
+
+@dataclass(frozen=True)
+class LinkCost:
+    """α-β cost of one collective family: ``calls · latency_s + bytes_per_rank · seconds_per_byte``."""
+
+    latency_s: float
+    seconds_per_byte: float
+
+    def time(self, bytes_per_rank: float, calls: int = 1) -> float:
+        return calls * self.latency_s + bytes_per_rank * self.seconds_per_byte
+
+    @property
+    def bandwidth_mb_s(self) -> float:
+        return 1e-6 / self.seconds_per_byte if self.seconds_per_byte > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The step-time model's constants (module docstring), and where they came from."""
+
+    all_reduce: LinkCost
+    all_to_all: LinkCost
+    #: seconds per id looked up in a fused (model-parallel) table, forward + backward + optimizer
+    lookup_s: float
+    #: seconds per id looked up in a replicated table
+    dense_lookup_s: float
+    #: seconds per element of a replicated table per step (dense gradient + optimizer)
+    replicated_elem_s: float
+    #: seconds per cold id pooled locally by a hybrid table (forward + backward)
+    pool_s: float
+    #: fixed seconds per step of one sharded module group (launches, KJT splits, awaitables)
+    group_overhead_s: float
+    #: the dense arch (bottom/top MLP, interaction) forward + backward + optimizer on the local batch
+    dense_step_s: float
+    #: measured on real sharded modules: kind -> (fixed seconds per step of its module group(s), seconds per
+    #: table at one id per bag); kinds: data_parallel, table_wise, row_wise, hybrid (see :func:`probe_kind`).
+    #: When a kind is here it replaces ``group_overhead_s``, the calls' latency and the per-id lookup terms.
+    groups: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+    backend: str = "gloo"
+    source: str = "default"
+    world_size: int = 0
+    num_nodes: int = 0
+    #: seconds the calibration took
+    seconds: float = 0.0
+
+    def link(self, collective: str) -> LinkCost:
+        return self.all_reduce if collective == "all_reduce" else self.all_to_all
+
+    def to_dict(self) -> Dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> "Calibration":
+        kw = dict(d)
+        kw["all_reduce"] = LinkCost(**kw["all_reduce"])  # type: ignore[arg-type]
+        kw["all_to_all"] = LinkCost(**kw["all_to_all"])  # type: ignore[arg-type]
+        kw["groups"] = {k: (float(v[0]), float(v[1])) for k, v in dict(kw.get("groups") or {}).items()}
+        return cls(**kw)  # type: ignore[arg-type]
+
+
+#: 2 CPU cores, 2 gloo ranks on one node, 0.5 CPU each (measured by rayemb.train.calibrate on the dev machine)
+DEFAULT_CALIBRATION = Calibration(
+    all_reduce=LinkCost(latency_s=2.0e-4, seconds_per_byte=1.0e-9),
+    all_to_all=LinkCost(latency_s=2.0e-4, seconds_per_byte=1.0e-9),
+    lookup_s=6.0e-8, dense_lookup_s=6.0e-8, replicated_elem_s=1.0e-9, pool_s=5.0e-8,
+    group_overhead_s=1.0e-3, dense_step_s=6.0e-3,
+)
+
+
+@dataclass
+class StepTimePrediction:
+    """Predicted seconds per step, in total and by component."""
+
+    total_s: float
+    components: Dict[str, float] = field(default_factory=dict)
+    per_table_s: Dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, object]:
+        return {"total_s": self.total_s, "components": dict(self.components), "per_table_s": dict(self.per_table_s)}
+
+
+def probe_kind(placement: Placement) -> str:
+    """The probed module kind whose costs stand for ``placement``."""
+    if placement in (Placement.DATA_PARALLEL, Placement.HYBRID, Placement.ROW_WISE):
+        return placement.value
+    if placement == Placement.TABLE_ROW_WISE:
+        return Placement.ROW_WISE.value
+    return Placement.TABLE_WISE.value  # table_wise, column_wise, table_column_wise
+
+
+def _group_of(placement: Placement) -> List[str]:
+    if placement == Placement.DATA_PARALLEL:
+        return ["replicated"]
+    if placement == Placement.HYBRID:
+        return ["hot", "cold"]
+    return [placement.value]
+
+
+def predict_step_time(
+    tables: Sequence[TableSpec], placements: Mapping[str, Placement], topology: ClusterTopology, global_batch: int,
+    calibration: Calibration,
+) -> StepTimePrediction:
+    """Predicted seconds per step of ``tables`` placed as ``placements`` (module docstring)."""
+    cal, w, l = calibration, topology.world_size, topology.devices_per_node
+    local_batch = global_batch / w
+    comp = {"dense": cal.dense_step_s, "lookup": 0.0, "replicated": 0.0, "pool": 0.0, "overhead": 0.0,
+            "latency": 0.0, "transfer": 0.0}
+    per_table: Dict[str, float] = {}
+    groups: Dict[str, float] = {}  # group -> bytes per rank (replicated groups: for bucket counting)
+    for t in tables:
+        p = placements[t.name]
+        ids_local = local_batch * t.pooling_factor  # ids one rank's batch looks up
+        hot = t.hot_share if p == Placement.HYBRID else 0.0
+        kind = probe_kind(p)
+        if kind in cal.groups:  # measured on real modules at one id per bag; more ids cost fused lookups
+            lookup = cal.groups[kind][1] + max(t.pooling_factor - 1.0, 0.0) * local_batch * cal.lookup_s
+            rep = (t.hot_rows if p == Placement.HYBRID else t.rows if p == Placement.DATA_PARALLEL else 0) \
+                * t.dim * cal.replicated_elem_s
+            pool = 0.0
+        elif p == Placement.DATA_PARALLEL:
+            lookup, rep, pool = ids_local * cal.dense_lookup_s, t.rows * t.dim * cal.replicated_elem_s, 0.0
+        elif p == Placement.HYBRID:
+            lookup = ids_local * (hot * cal.dense_lookup_s + (1.0 - hot) * cal.lookup_s)
+            rep, pool = t.hot_rows * t.dim * cal.replicated_elem_s, ids_local * (1.0 - hot) * cal.pool_s
+        else:
+            lookup, rep, pool = ids_local * cal.lookup_s, 0.0, 0.0
+        transfer = 0.0
+        if w > 1:
+            by_collective = predict_table_bytes(
+                p, batch_size=global_batch, dim=t.dim, world_size=w, pooling=t.pooling_factor, num_rows=t.rows,
+                hot_share=t.hot_share, num_hot=t.hot_rows, elem_bytes=t.bytes_per_element,
+                column_shards=column_shards(t.dim, w), devices_per_node=l,
+            )
+            for collective, total_bytes in by_collective.items():
+                if collective == "all_reduce" and kind in cal.groups:
+                    continue  # probed: replicated_elem_s already holds the all-reduce on the live links
+                transfer += cal.link(collective).time(total_bytes / w, calls=0)
+                if collective == "all_reduce":
+                    key = "hot" if p == Placement.HYBRID else "replicated"
+                    groups[key] = groups.get(key, 0.0) + total_bytes / w
+        if kind in cal.groups:
+            groups.setdefault("probed:" + kind, 0.0)
+        else:
+            for g in _group_of(p):
+                if g == "hot" and not t.hot_rows or g == "cold" and t.hot_rows >= t.rows:
+                    continue
+                groups.setdefault(g, 0.0)
+        comp["lookup"] += lookup
+        comp["replicated"] += rep
+        comp["pool"] += pool
+        comp["transfer"] += transfer
+        per_table[t.name] = lookup + rep + pool + transfer
+    for g, rep_bytes in groups.items():
+        if g.startswith("probed:"):  # the probe's fixed cost includes its collectives' round trips
+            comp["overhead"] += cal.groups[g.split(":", 1)[1]][0]
+            continue
+        comp["overhead"] += cal.group_overhead_s
+        if w == 1:
+            continue
+        if g in ("replicated", "hot"):
+            comp["latency"] += cal.all_reduce.time(0.0, calls=max(1, math.ceil(rep_bytes / DDP_BUCKET_BYTES)))
+        else:
+            for collective, calls in GROUP_CALLS[g].items():
+                comp["latency"] += cal.link(collective).time(0.0, calls=calls)
+    return StepTimePrediction(sum(comp.values()), comp, per_table)
+
+
+class StepTimeCostModel(PlacementChooser):
+    """Chooses placements minimising predicted step time (:func:`predict_step_time`), memory permitting.
+
+    Candidates, memory limits and the replicated-rows budget are those of
+    :class:`~rayemb.planner.cost.BytesCostModel` (whose choice is the
+    starting point); then a local search moves one table at a time to the
+    placement that lowers the predicted step time most, until no move helps.
+    Hybrid is therefore chosen only where it is predicted faster.
+    """
+
+    def __init__(self, calibration: Calibration, bytes_model: Optional[BytesCostModel] = None,
+                 max_passes: int = 8) -> None:
+        self.calibration = calibration
+        self.bytes_model = bytes_model or BytesCostModel()
+        self.max_passes = max_passes
+        #: the prediction of the last :meth:`choose`
+        self.prediction: Optional[StepTimePrediction] = None
+
+    def choose(self, tables: Sequence[TableSpec], topology: ClusterTopology, global_batch: int,
+               pins: Mapping[str, TablePin]) -> Dict[str, Cost]:
+        start = self.bytes_model.choose(tables, topology, global_batch, pins)
+        cap, w, l = topology.capacity_bytes, topology.world_size, topology.devices_per_node
+        budget = self.bytes_model.replicated_fraction * cap
+        total_mp = sum(t.rows * (t.row_bytes + 4) for t in tables)
+        options: Dict[str, List[Cost]] = {}
+        forced = set()
+        for t in tables:
+            # a hybrid table whose hot set holds every row is a data-parallel table in another module: skip it
+            cs = [c for c in self.bytes_model.candidates(t, topology, global_batch, total_mp / w, pins.get(t.name))
+                  if c.fits_in(cap) and not (c.placement == Placement.HYBRID and t.hot_rows >= t.rows)]
+            if start[t.name].placement not in [c.placement for c in cs]:
+                cs.append(start[t.name])
+            options[t.name] = cs
+            if all(replicated_bytes_per_rank(c, t) > 0 for c in cs):
+                forced.add(t.name)  # pinned replicated: the budget yields, as in the bytes model
+        by_name = {t.name: t for t in tables}
+        choice: Dict[str, Placement] = {n: c.placement for n, c in start.items()}
+
+        def replicated(ch: Mapping[str, Placement]) -> float:
+            return sum(replicated_bytes_per_rank(table_cost(by_name[n], p, w, l, global_batch), by_name[n])
+                       for n, p in ch.items() if n not in forced)
+
+        def total(ch: Mapping[str, Placement]) -> float:
+            return predict_step_time(tables, ch, topology, global_batch, self.calibration).total_s
+
+        def moves(ch: Mapping[str, Placement]):
+            # one table at a time, and every table of one placement at once: a module group's fixed cost is
+            # paid once, so moving tables one by one into a group nobody uses yet never looks worth it
+            for t in tables:
+                for c in options[t.name]:
+                    if c.placement != ch[t.name]:
+                        yield {**ch, t.name: c.placement}
+            for src in set(ch.values()):
+                for dst in {c.placement for cs in options.values() for c in cs} - {src}:
+                    movable = [n for n, p in ch.items() if p == src and dst in [c.placement for c in options[n]]]
+                    if movable:
+                        yield {**ch, **{n: dst for n in movable}}
+
+        best = total(choice)
+        for _ in range(self.max_passes):
+            improved = False
+            for trial in list(moves(choice)):
+                if replicated(trial) > budget and replicated(trial) > replicated(choice):
+                    continue
+                cost = total(trial)
+                if cost < best * (1 - 1e-6):
+                    best, choice, improved = cost, trial, True
+            if not improved:
+                break
+        self.prediction = predict_step_time(tables, choice, topology, global_batch, self.calibration)
+        logger.info("step-time model: %.2f ms/step predicted (%s)", 1e3 * best,
+                    ", ".join(f"{k} {1e3 * v:.2f}" for k, v in self.prediction.components.items()))
+        return {t.name: table_cost(t, choice[t.name], w, l, global_batch) for t in tables}
+
+
+__all__ = ["Calibration", "LinkCost", "DEFAULT_CALIBRATION", "StepTimePrediction", "predict_step_time",
+           "StepTimeCostModel", "GROUP_CALLS", "DDP_BUCKET_BYTES", "probe_kind"]

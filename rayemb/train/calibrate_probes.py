@@ -1,0 +1,119 @@
+"""Probes of real sharded modules: what one module group and one more table cost per step, per placement kind.
+
+Kernel micro-benchmarks miss what dominates small steps: TorchRec's per-module
+work (KJT permutes and splits, awaitables, the collectives' round trips on the
+live backend) and the hybrid's merge of hot and cold halves. So calibration
+also shards tiny tables exactly as training does — ``DistributedModelParallel``
+over rayemb's :class:`~rayemb.embedding.hybrid.HybridEmbeddingBagCollection`
+with the job's sharders, fused row-wise Adagrad, replicated rows on their own
+optimizer — with 1 and 3 tables per kind, and times forward + backward +
+optimizer on the local batch (ids remapped beforehand, as in-memory data is).
+Two points give each kind's fixed cost per step and its cost per table.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Dict, Tuple
+
+import numpy as np
+
+#: placement kinds probed (rayemb.planner.step_time.probe_kind maps placements onto them)
+PROBE_KINDS = ("data_parallel", "table_wise", "row_wise", "hybrid")
+PROBE_ROWS = 2_000
+#: rows of the large replicated table that measures the cost per replicated element
+PROBE_LARGE_ROWS = 50_000
+PROBE_HOT_ROWS = 200
+PROBE_TABLES = (1, 4)
+PROBE_STEPS = 8
+
+
+def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, rows: int = PROBE_ROWS) -> float:
+    """Median seconds of one training step of ``n_tables`` tiny tables placed as ``kind``."""
+    import torch
+    import torch.distributed as dist
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.optim import RowWiseAdagrad
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, replicated_embedding_parameters
+    from rayemb.embedding.sharders import cpu_capable_sharders
+
+    class _Sum(torch.nn.Module):
+        def __init__(self, sparse: torch.nn.Module) -> None:
+            super().__init__()
+            self.sparse = sparse
+
+        def forward(self, kjt: Any) -> Any:
+            return self.sparse(kjt).values().sum()
+
+    configs = [EmbeddingBagConfig(name=f"probe{i}", embedding_dim=dim, num_embeddings=rows,
+                                  feature_names=[f"probe_f{i}"]) for i in range(n_tables)]
+    hot = {c.name: np.arange(PROBE_HOT_ROWS, dtype=np.int64) for c in configs} if kind == "hybrid" else {}
+    module = HybridEmbeddingBagCollection(configs, hot, device=torch.device("meta"))
+    src = _Sum(module)
+    apply_optimizer_in_backward(RowWiseAdagrad, module.parameters(), {"lr": 0.01})
+    plain = {} if kind == "hybrid" else {c.name: [kind] for c in configs}
+    constraints = module.parameter_constraints("row_wise", plain)
+    sharders = cpu_capable_sharders()
+    world = dist.get_world_size()
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device=device.type),
+                                       constraints=constraints)
+    plan = planner.collective_plan(src, sharders, dist.GroupMember.WORLD)
+    model = DistributedModelParallel(src, device=device, plan=plan, sharders=sharders)
+    replicated = replicated_embedding_parameters(model)
+    opt = RowWiseAdagrad(list(replicated.values()), lr=0.01) if replicated else None
+    gen = np.random.default_rng(dist.get_rank())
+    # half the lookups hit the hot rows (a hybrid table's typical share), the rest spread over all rows
+    values = np.where(gen.random(n_tables * local_batch) < 0.5, gen.integers(0, PROBE_HOT_ROWS, n_tables * local_batch),
+                      gen.integers(0, rows, n_tables * local_batch))
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=[f"probe_f{i}" for i in range(n_tables)],
+                                              values=torch.from_numpy(values.astype(np.int64)),
+                                              lengths=torch.ones(n_tables * local_batch, dtype=torch.int32))
+    kjt = module.remapper.remap(kjt).to(device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+    def step() -> None:
+        if opt is not None:
+            opt.zero_grad()
+        model(kjt).backward()
+        if opt is not None:
+            opt.step()
+
+    step()
+    step()
+    sync()
+    times = []
+    for _ in range(PROBE_STEPS):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def probe_groups(local_batch: int, dim: int, device: Any) -> Dict[str, Tuple[float, float]]:
+    """kind -> (fixed seconds per step of the kind's module group(s), seconds per table) on this rank."""
+    out = {}
+    lo, hi = PROBE_TABLES
+    for kind in PROBE_KINDS:
+        t_lo, t_hi = _probe(kind, lo, local_batch, dim, device), _probe(kind, hi, local_batch, dim, device)
+        per_table = max((t_hi - t_lo) / (hi - lo), 0.0)
+        out[kind] = (max(t_lo - lo * per_table, 0.0), per_table)
+    return out
+
+
+def probe_replicated_elem(local_batch: int, dim: int, device: Any) -> float:
+    """Seconds per step per element of a replicated table, measured on the live group (dense gradient,
+    its all-reduce on the real links, the optimizer): the slope between a small and a large DP table."""
+    t_small = _probe("data_parallel", 1, local_batch, dim, device, rows=PROBE_ROWS)
+    t_large = _probe("data_parallel", 1, local_batch, dim, device, rows=PROBE_LARGE_ROWS)
+    return max((t_large - t_small) / ((PROBE_LARGE_ROWS - PROBE_ROWS) * dim), 0.0)
+
+
+__all__ = ["probe_groups", "probe_replicated_elem", "PROBE_KINDS"]

@@ -1,0 +1,193 @@
+"""A rank's batches: converted off the training thread, held in memory when they fit, never waited on forever.
+
+Two ways in, one interface (:class:`RankBatches`):
+
+* **in memory** (``data.in_memory``, the default when the rank's shard fits):
+  the first epoch reads the rank's Ray Data shard once, converts every batch
+  (tensors, KJT, hybrid remap) and keeps them; every epoch after that runs
+  with no Ray Data, no arrow and no remap in the step, in a fresh order per
+  epoch (seeded). All ranks agree on the number of batches once per epoch,
+  so the step itself needs no extra collective.
+* **streamed**: a background thread pulls and converts the next batches while
+  the step runs (a bounded queue, ``PREFETCH_BATCHES`` deep); each step still
+  checks that every rank has a batch.
+
+Either way the first batch of an epoch must arrive within
+``data.first_batch_timeout_s``; if it does not, :class:`DataStarvedError`
+says why it usually happens (no CPU free on any node for Ray Data's read
+tasks, because the training workers hold them all) with the cluster's free
+and total CPUs, instead of a silent wait. Later batches log a warning for
+every minute they are late.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterator, List, Optional
+
+import numpy as np
+
+from rayemb.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+#: converted batches the streaming thread keeps ready ahead of the step
+PREFETCH_BATCHES = 4
+#: a late batch (after the first) is reported once per this many seconds
+LATE_BATCH_WARNING_S = 60.0
+_END = object()
+
+
+class DataStarvedError(DataError):
+    """No batch arrived within the first-batch timeout."""
+
+    def __init__(self, message: str, category: str = "data_starved") -> None:
+        super().__init__(message, category)
+
+
+def cluster_cpu_report() -> str:
+    """'free/total CPUs per node' of the live cluster, for error messages (best effort)."""
+    try:
+        import ray
+
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        total = sum(float(n.get("Resources", {}).get("CPU", 0.0)) for n in nodes)
+        free = float(ray.available_resources().get("CPU", 0.0))
+        return f"{free:g} of {total:g} CPUs free on {len(nodes)} node(s)"
+    except Exception as e:  # noqa: BLE001 - the report must never hide the real error
+        return f"CPU use unknown ({type(e).__name__})"
+
+
+def starvation_message(split: str, rank: int, waited_s: float, cpus_per_worker: Optional[float]) -> str:
+    cpw = f"scaling.cpus_per_worker (now {cpus_per_worker:g})" if cpus_per_worker else "scaling.cpus_per_worker"
+    return (
+        f"Rank {rank} received no batch of the {split} split in {waited_s:.0f} s. Ray Data reads with tasks that "
+        f"need a free CPU on some node; the cluster has {cluster_cpu_report()}, the training workers hold the rest. "
+        f"Lower {cpw} or add a node with a free CPU. If the storage is just slow, raise data.first_batch_timeout_s."
+    )
+
+
+class _Prefetcher:
+    """Iterates ``source`` on a daemon thread, converting each item; the consumer waits with a timeout."""
+
+    def __init__(self, source: Callable[[], Iterator[Any]], convert: Callable[[Any], Any], depth: int) -> None:
+        self._q: "queue.Queue[Any]" = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(source, convert), daemon=True,
+                                        name="rayemb-prefetch")
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, source: Callable[[], Iterator[Any]], convert: Callable[[Any], Any]) -> None:
+        try:
+            for raw in source():
+                if not self._put(convert(raw)):
+                    return
+            self._put(_END)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+            self._put(e)
+
+    def get(self, timeout: float) -> Any:
+        """The next item, ``_END`` at the end; raises ``queue.Empty`` after ``timeout`` s, the source's error."""
+        item = self._q.get(timeout=timeout)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+class RankBatches:
+    """One split's batches on one rank (module docstring).
+
+    Args:
+        shard: the rank's Ray Data shard (``ray.train.get_dataset_shard(split)``).
+        batch_size: rows per batch (the last, partial batch is dropped).
+        convert: pyarrow table -> batch (``BatchConverter``).
+        in_memory: keep the converted batches after the first pass.
+        first_batch_timeout_s: the wait for an epoch's first batch before :class:`DataStarvedError`.
+        split, rank, cpus_per_worker: for messages.
+        seed: the per-epoch order of in-memory batches is ``default_rng((seed, epoch))``.
+        shuffle: reorder in-memory batches every epoch.
+    """
+
+    def __init__(self, shard: Any, batch_size: int, convert: Callable[[Any], Any], *, in_memory: bool,
+                 first_batch_timeout_s: float, split: str, rank: int, cpus_per_worker: Optional[float] = None,
+                 seed: int = 0, shuffle: bool = True) -> None:
+        self.shard, self.batch_size, self.convert = shard, batch_size, convert
+        self.in_memory = in_memory
+        self.first_batch_timeout_s = first_batch_timeout_s
+        self.split, self.rank, self.cpus_per_worker = split, rank, cpus_per_worker
+        self.seed, self.shuffle = seed, shuffle
+        self._cache: Optional[List[Any]] = None
+        #: seconds the last full read of the shard took (in memory: the one load)
+        self.load_seconds = 0.0
+
+    @property
+    def needs_step_check(self) -> bool:
+        """Whether ranks must agree every step that each still has a batch (streamed data)."""
+        return self._cache is None
+
+    def __len__(self) -> int:
+        if self._cache is None:
+            raise TypeError("the number of streamed batches is known only after the first in-memory load")
+        return len(self._cache)
+
+    def _source(self) -> Iterator[Any]:
+        return iter(self.shard.iter_batches(batch_size=self.batch_size, batch_format="pyarrow", drop_last=True,
+                                            prefetch_batches=2))
+
+    def _stream(self) -> Iterator[Any]:
+        pre = _Prefetcher(self._source, self.convert, PREFETCH_BATCHES)
+        t0 = time.monotonic()
+        first = True
+        try:
+            while True:
+                waited = 0.0
+                while True:
+                    limit = self.first_batch_timeout_s - waited if first else LATE_BATCH_WARNING_S
+                    try:
+                        item = pre.get(timeout=max(limit, 0.01))
+                        break
+                    except queue.Empty:
+                        waited += max(limit, 0.01)
+                        if first:
+                            raise DataStarvedError(starvation_message(
+                                self.split, self.rank, time.monotonic() - t0, self.cpus_per_worker)) from None
+                        logger.warning("rank %d: no batch of the %s split for %.0f s (%s)", self.rank, self.split,
+                                       waited, cluster_cpu_report())
+                if item is _END:
+                    return
+                first = False
+                yield item
+        finally:
+            pre.close()
+            self.load_seconds = time.monotonic() - t0
+
+    def epoch(self, epoch: int) -> Iterator[Any]:
+        """This epoch's batches: streamed, or (in memory) loaded on first use and reordered per epoch."""
+        if not self.in_memory:
+            return self._stream()
+        if self._cache is None:
+            self._cache = list(self._stream())
+            logger.info("rank %d: %d %s batches held in memory (read and converted in %.1f s)", self.rank,
+                        len(self._cache), self.split, self.load_seconds)
+        if not self.shuffle:
+            return iter(self._cache)
+        order = np.random.default_rng((self.seed, epoch)).permutation(len(self._cache))
+        return (self._cache[i] for i in order)
+
+
+__all__ = ["RankBatches", "DataStarvedError", "starvation_message", "cluster_cpu_report", "PREFETCH_BATCHES"]

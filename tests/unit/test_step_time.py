@@ -1,0 +1,120 @@
+"""The step-time model and its chooser: components, probed costs, and choices that follow the links' speed."""
+
+import dataclasses
+
+import pytest
+
+from rayemb.planner.step_time import (
+    DEFAULT_CALIBRATION,
+    Calibration,
+    LinkCost,
+    StepTimeCostModel,
+    predict_step_time,
+    probe_kind,
+)
+from rayemb.planner.types import ClusterTopology, Placement, TableSpec
+
+TOPO = ClusterTopology(num_nodes=1, devices_per_node=2)
+BATCH = 1024
+
+
+def _tables():
+    # one small table (data-parallel material) and two skewed large ones (hybrid material)
+    return [
+        TableSpec("small", rows=100, dim=64),
+        TableSpec("big1", rows=200_000, dim=64, hot_rows=100, hot_share=0.9),
+        TableSpec("big2", rows=200_000, dim=64, hot_rows=100, hot_share=0.9),
+    ]
+
+
+def _probed(link: LinkCost) -> Calibration:
+    """A calibration as measured on a host where the hybrid's extra modules cost more than TW's.
+
+    The probed cost per replicated element holds its gradient's all-reduce on the link (2 ranks: one fp32
+    element sent per element and step), as the probe on live links measures it.
+    """
+    return dataclasses.replace(
+        DEFAULT_CALIBRATION, all_reduce=link, all_to_all=link, replicated_elem_s=2e-9 + 4 * link.seconds_per_byte,
+        groups={"data_parallel": (0.004, 0.0005), "table_wise": (0.006, 0.0002), "row_wise": (0.008, 0.0002),
+                "hybrid": (0.012, 0.0004)},
+    )
+
+
+FAST = LinkCost(latency_s=1e-4, seconds_per_byte=1e-9)  # ~1 GB/s loopback
+SLOW = LinkCost(latency_s=5e-4, seconds_per_byte=1 / 6.25e6)  # 50 mbit
+
+
+def test_components_add_up_and_bytes_cost_time_at_beta():
+    tables = _tables()
+    placements = {"small": Placement.DATA_PARALLEL, "big1": Placement.TABLE_WISE, "big2": Placement.TABLE_WISE}
+    fast = predict_step_time(tables, placements, TOPO, BATCH, _probed(FAST))
+    slow = predict_step_time(tables, placements, TOPO, BATCH, _probed(SLOW))
+    assert fast.total_s == pytest.approx(sum(fast.components.values()))
+    # the same bytes at a 160x slower link: only the transfer term grows, by the ratio of betas
+    assert slow.components["transfer"] == pytest.approx(fast.components["transfer"] * SLOW.seconds_per_byte
+                                                        / FAST.seconds_per_byte)
+    assert slow.components["overhead"] == fast.components["overhead"]
+    # probed kinds: one fixed cost per kind present (data_parallel + table_wise), no separate latency term
+    assert fast.components["overhead"] == pytest.approx(0.004 + 0.006)
+    assert fast.components["latency"] == 0.0
+
+
+def test_unprobed_model_counts_collective_calls():
+    tables = _tables()
+    placements = {"small": Placement.DATA_PARALLEL, "big1": Placement.TABLE_WISE, "big2": Placement.TABLE_WISE}
+    cal = dataclasses.replace(DEFAULT_CALIBRATION, all_to_all=LinkCost(1e-3, 0.0), all_reduce=LinkCost(1e-3, 0.0))
+    pred = predict_step_time(tables, placements, TOPO, BATCH, cal)
+    # one replicated bucket (1 all-reduce) + one table-wise group (5 all-to-alls), 1 ms each
+    assert pred.components["latency"] == pytest.approx(6e-3)
+    assert pred.components["overhead"] == pytest.approx(2 * cal.group_overhead_s)
+
+
+def test_chooser_avoids_hybrid_on_fast_links_and_picks_it_on_slow_ones():
+    tables = _tables()
+    fast = StepTimeCostModel(_probed(FAST)).choose(tables, TOPO, BATCH, {})
+    slow = StepTimeCostModel(_probed(SLOW)).choose(tables, ClusterTopology(2, 1), BATCH, {})
+    assert fast["big1"].placement != Placement.HYBRID and fast["big2"].placement != Placement.HYBRID
+    assert slow["big1"].placement == Placement.HYBRID and slow["big2"].placement == Placement.HYBRID
+
+
+def test_chooser_never_worse_than_the_bytes_choice():
+    from rayemb.planner.cost import BytesCostModel
+
+    tables = _tables()
+    for link in (FAST, SLOW):
+        cal = _probed(link)
+        model = StepTimeCostModel(cal)
+        mine = {n: c.placement for n, c in model.choose(tables, TOPO, BATCH, {}).items()}
+        theirs = {n: c.placement for n, c in BytesCostModel().choose(tables, TOPO, BATCH, {}).items()}
+        assert predict_step_time(tables, mine, TOPO, BATCH, cal).total_s <= \
+            predict_step_time(tables, theirs, TOPO, BATCH, cal).total_s + 1e-12
+        assert model.prediction is not None
+
+
+def test_pins_are_honoured():
+    from rayemb.planner.types import parse_pins
+
+    tables = _tables()
+    pins = parse_pins({"big1": {"sharding": "row_wise"}}, [t.name for t in tables])
+    choice = StepTimeCostModel(_probed(SLOW)).choose(tables, TOPO, BATCH, pins)
+    assert choice["big1"].placement == Placement.ROW_WISE
+
+
+def test_fully_hot_table_is_never_hybrid():
+    tables = [TableSpec("tiny", rows=50, dim=16, hot_rows=50, hot_share=1.0)]
+    choice = StepTimeCostModel(_probed(SLOW)).choose(tables, ClusterTopology(2, 1), BATCH, {})
+    assert choice["tiny"].placement != Placement.HYBRID
+
+
+def test_calibration_round_trips_through_json():
+    import json
+
+    cal = _probed(SLOW)
+    again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert again == cal
+
+
+def test_probe_kinds():
+    assert probe_kind(Placement.COLUMN_WISE) == "table_wise"
+    assert probe_kind(Placement.TABLE_ROW_WISE) == "row_wise"
+    assert probe_kind(Placement.HYBRID) == "hybrid"
