@@ -60,7 +60,8 @@ def find_user_error(exc: BaseException, _seen: Optional[Set[int]] = None) -> Opt
 
     Ray hands a worker's or task's exception back wrapped (``RayTaskError`` with
     ``.cause``, Ray Data's ``UserCodeException`` chained by ``__cause__``, Ray
-    Train's ``WorkerGroupError`` with ``.worker_failures``); the user needs the
+    Train's ``WorkerGroupError`` with ``.worker_failures`` and ``ControllerError``
+    with ``.controller_failure``); the user needs the
     rayemb message inside, not the wrapper's traceback.
     """
     seen = _seen if _seen is not None else set()
@@ -71,7 +72,8 @@ def find_user_error(exc: BaseException, _seen: Optional[Set[int]] = None) -> Opt
         # a RayTaskError made "as instance of cause" is also a RayembError: return the plain cause it wraps
         cause = getattr(exc, "cause", None)
         return find_user_error(cause, seen) if isinstance(cause, RayembError) else exc
-    nested: List[Any] = [getattr(exc, "cause", None), exc.__cause__, exc.__context__]
+    nested: List[Any] = [getattr(exc, "cause", None), getattr(exc, "controller_failure", None), exc.__cause__,
+                         exc.__context__]
     failures = getattr(exc, "worker_failures", None)
     if isinstance(failures, dict):
         nested.extend(failures.values())

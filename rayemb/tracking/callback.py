@@ -39,6 +39,16 @@ class ReportForwarder(ray.train.UserCallback):
         except Exception as e:  # a full or dead queue drops a point; it never fails training
             logger.warning("rayemb: dropped a metrics report (%s: %s)", type(e).__name__, e)
 
+    def after_exception(self, run_context: Any, worker_exceptions: Dict[int, Exception]) -> None:
+        """A worker's user error (bad data, a diverging loss, no data for the workers) ends the run now:
+        it would repeat on every restart, so ``scaling.max_failures`` must not be spent on it."""
+        from rayemb.errors import find_user_error
+
+        for exc in worker_exceptions.values():
+            user_error = find_user_error(exc)
+            if user_error is not None:
+                raise user_error
+
 
 def numeric_metrics(report: Dict[str, Any]) -> Dict[str, float]:
     """The finite numeric entries of a report, as floats (step/epoch bookkeeping removed)."""
