@@ -270,17 +270,21 @@ class HybridEmbeddingBagCollection(nn.Module):
             # unweighted and apply the weights here, locally.
             ids = KeyedJaggedTensor(keys=part.keys(), values=part.values(), lengths=part.lengths())
             rows = self.cold[f"d{d}"](ids)
-            for key, jt in part.to_dict().items():
+            # pool every cold feature of this dim at once: the rows in KJT (key-major) order, one
+            # index_add into a (keys x batch) bag grid
+            keys = part.keys()
+            emb = torch.cat([rows[key].values() for key in keys]) if len(keys) > 1 else rows[keys[0]].values()
+            lengths = part.lengths()
+            w = part.weights_or_none()
+            if w is not None:
+                emb = emb * w.unsqueeze(1).to(emb.dtype)
+            bag = torch.repeat_interleave(torch.arange(len(keys) * batch, device=emb.device), lengths)
+            sums = torch.zeros(len(keys) * batch, d, dtype=emb.dtype, device=emb.device).index_add(0, bag, emb)
+            sums, lengths = sums.view(len(keys), batch, d), lengths.view(len(keys), batch)
+            for i, key in enumerate(keys):
                 f = key[: -len(COLD_SUFFIX)]
-                emb = rows[key].values()
-                lengths = jt.lengths()
-                w = jt.weights_or_none()
-                if w is not None:
-                    emb = emb * w.unsqueeze(1).to(emb.dtype)
-                bag = torch.repeat_interleave(torch.arange(batch, device=emb.device), lengths)
-                cold_sum = torch.zeros(batch, d, dtype=emb.dtype, device=emb.device).index_add(0, bag, emb)
-                pooled[f] = pooled[f] + cold_sum if f in pooled else cold_sum
-                counts[f] = counts[f] + lengths if f in counts else lengths
+                pooled[f] = pooled[f] + sums[i] if f in pooled else sums[i]
+                counts[f] = counts[f] + lengths[i] if f in counts else lengths[i]
         for f in self._mean_features:
             pooled[f] = pooled[f] / counts[f].clamp(min=1).unsqueeze(1).to(pooled[f].dtype)
         keys = r.input_features
