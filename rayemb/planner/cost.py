@@ -151,10 +151,14 @@ class BytesCostModel(PlacementChooser):
             options = [Placement.DATA_PARALLEL, tw_or_rw]
             if tw_or_rw != Placement.ROW_WISE:
                 options.append(Placement.ROW_WISE)  # fallback when the table does not fit one rank / node
-            if table.hot_rows > 0:
+            if 0 < table.hot_rows < table.rows:
                 options.append(Placement.HYBRID)
             if pin is not None:
-                options = [p for p in options if pin.allows(p)]
+                if pin.hybrid is True and table.rows > 0 and table.hot_rows >= table.rows:
+                    # every row is hot: "hybrid" is all rows replicated and no cold half, i.e. data-parallel
+                    options = [Placement.DATA_PARALLEL]
+                else:
+                    options = [p for p in options if pin.allows(p)]
         costs = [table_cost(table, p, w, l, global_batch) for p in options]
         return sorted(costs, key=lambda c: (c.bytes_per_step, c.max_shard_bytes))
 

@@ -118,3 +118,17 @@ def test_probe_kinds():
     assert probe_kind(Placement.COLUMN_WISE) == "table_wise"
     assert probe_kind(Placement.TABLE_ROW_WISE) == "row_wise"
     assert probe_kind(Placement.HYBRID) == "hybrid"
+
+
+def test_fully_hot_table_pinned_hybrid_is_data_parallel():
+    """A hot set holding every row leaves no cold half to shard: the pin means all rows replicated."""
+    from rayemb.planner.cost import BytesCostModel
+    from rayemb.planner.types import parse_pins
+
+    tables = [TableSpec("tiny", rows=18, dim=16, hot_rows=18, hot_share=1.0),
+              TableSpec("big", rows=100_000, dim=16, hot_rows=100, hot_share=0.8)]
+    pins = parse_pins({"tiny": {"hybrid": True}, "big": {"hybrid": True}}, ["tiny", "big"])
+    for chooser in (BytesCostModel(), StepTimeCostModel(_probed(FAST))):
+        choice = chooser.choose(tables, TOPO, BATCH, pins)
+        assert choice["tiny"].placement == Placement.DATA_PARALLEL
+        assert choice["big"].placement == Placement.HYBRID

@@ -1,0 +1,285 @@
+"""The hand-written peer: DLRM training with plain TorchRec + torchrun, as a user would write it without rayemb.
+
+Same model, data and optimizers as rayemb's default job (jobs/configs/synth_small.yaml):
+TorchRec's ``DLRM`` (bottom MLP [64, 16], embedding dim 16, pairwise dot
+interaction, top MLP [64, 32, 1]; one table per sparse feature, sizes from the
+dataset's ``schema.yaml``), ``DistributedModelParallel`` on gloo with TorchRec's
+default planner (``EmbeddingShardingPlanner`` over a CPU ``Topology``) and
+default sharders, fused row-wise Adagrad for the embeddings
+(``apply_optimizer_in_backward``), dense Adagrad, ``BCEWithLogitsLoss``.
+
+Each rank reads its equal share of the train split's rows (contiguous ranges over
+the parquet files) into numpy arrays before any timing (dense: ``log1p(max(x, 0))``,
+nulls as 0; one id per bag), then builds every batch by slicing those arrays —
+the usual hand-written loop. Embedding tables TorchRec places data-parallel are
+plain DDP parameters (the in-backward optimizer does not apply to them), so,
+as in TorchRec's own examples, the dense Adagrad trains them.
+It times ``--warmup`` steps, then ``--steps`` steps between two barriers.
+
+This file imports nothing from rayemb (it reads ``schema.yaml`` with PyYAML).
+
+Usage::
+
+    torchrun --standalone --nproc-per-node 2 jobs/bench/peer_torchrec.py \\
+        --data data/synth_small --batch-size 512 --steps 200 --warmup 20 --out /tmp/peer.json
+
+Writes (rank 0) ``{"schema_version": 1, "samples_per_s": ..., "step_ms": {...}, "sharding": {...}, ...}``
+and prints one summary line. Notes on the sharding TorchRec picks on CPU: its
+default ``EmbeddingBagCollectionSharder`` offers row-wise (and table-row-wise)
+only on CUDA, so on CPU the planner chooses among data-parallel, table-wise,
+column-wise and table-column-wise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", required=True, help="dataset directory (schema.yaml, train/*.parquet)")
+    ap.add_argument("--batch-size", type=int, default=512, help="rows per rank per step (global = this x world)")
+    ap.add_argument("--steps", type=int, default=200, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps before the timed window")
+    ap.add_argument("--window", type=int, default=20,
+                    help="steps per window for samples_per_s_window_median (rayemb's train.log_every_n_steps)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads per rank (default: CPU cores // world size, at least 1)")
+    ap.add_argument("--embedding-dim", type=int, default=16)
+    ap.add_argument("--bottom-mlp", default="64,16")
+    ap.add_argument("--top-mlp", default="64,32,1")
+    ap.add_argument("--lr", type=float, default=0.05, help="dense and embedding learning rate")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="result JSON (written by rank 0)")
+    return ap.parse_args(argv)
+
+
+def default_threads(world_size: int, cores: int | None = None) -> int:
+    """One equal share of the machine's cores per rank."""
+    cores = cores if cores is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                             else os.cpu_count() or 1)
+    return max(1, cores // max(1, world_size))
+
+
+def read_schema(data_dir: str) -> Dict[str, Any]:
+    import yaml
+
+    with open(os.path.join(data_dir, "schema.yaml")) as f:
+        schema = yaml.safe_load(f)
+    for feat in schema["sparse"]:
+        if feat.get("multi_hot"):
+            raise SystemExit(f"peer_torchrec: feature {feat['name']} is multi-hot; this peer handles one-hot data only")
+    return schema
+
+
+def rank_slices(file_rows: Sequence[int], rank: int, world: int) -> List[Tuple[int, int, int]]:
+    """This rank's equal share of the split: ``[(file index, first row, end row), ...]``.
+
+    The files' rows, in file order, are cut into ``world`` contiguous ranges of
+    ``total // world`` rows (the remainder is dropped so every rank holds as many).
+    """
+    per_rank = sum(file_rows) // world
+    lo, hi = rank * per_rank, (rank + 1) * per_rank
+    out, offset = [], 0
+    for i, n in enumerate(file_rows):
+        a, b = max(lo, offset), min(hi, offset + n)
+        if a < b:
+            out.append((i, a - offset, b - offset))
+        offset += n
+    return out
+
+
+def load_arrays(files: Sequence[str], schema: Dict[str, Any], rank: int,
+                world: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dense (N, 13) float32, ids (F, N) int64 feature-major, labels (N,) float32) of this rank's share."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    dense_cols, sparse = schema["dense"], [f["name"] for f in schema["sparse"]]
+    columns = [schema["label"], *dense_cols, *sparse]
+    files = sorted(files)
+    slices = rank_slices([pq.ParquetFile(f).metadata.num_rows for f in files], rank, world)
+    table = pa.concat_tables([pq.read_table(files[i], columns=columns).slice(a, b - a) for i, a, b in slices])
+    n = table.num_rows
+    dense = np.empty((n, len(dense_cols)), dtype=np.float32)
+    for i, c in enumerate(dense_cols):
+        dense[:, i] = pc.fill_null(table.column(c), 0).to_numpy()
+    np.log1p(np.maximum(dense, 0.0), out=dense)
+    ids = np.empty((len(sparse), n), dtype=np.int64)
+    for i, c in enumerate(sparse):
+        col = table.column(c)
+        if col.null_count:
+            raise SystemExit(f"peer_torchrec: sparse column {c} has nulls; this peer expects one id per row")
+        ids[i] = col.to_numpy()
+    labels = table.column(schema["label"]).to_numpy().astype(np.float32)
+    return dense, ids, labels
+
+
+def window_rates(step_s: Sequence[float], window: int, global_batch: int) -> List[float]:
+    """samples/s of each full window of ``window`` consecutive steps."""
+    out = []
+    for i in range(0, len(step_s) - window + 1, window):
+        t = float(sum(step_s[i:i + window]))
+        out.append(window * global_batch / t if t > 0 else float("inf"))
+    return out
+
+
+def sharding_of(plan: Any) -> Dict[str, Dict[str, Any]]:
+    """{table: {sharding_type, compute_kernel, ranks}} of a TorchRec ``ShardingPlan``."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for module_plan in plan.plan.values():
+        for table, ps in module_plan.items():
+            out[table] = {"sharding_type": ps.sharding_type, "compute_kernel": ps.compute_kernel,
+                          "ranks": list(ps.ranks) if ps.ranks is not None else None}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+    from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.models.dlrm import DLRM
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.optim import RowWiseAdagrad
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    dist.init_process_group(backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    threads = args.threads or default_threads(world)
+    torch.set_num_threads(threads)
+    torch.manual_seed(args.seed)
+    device = torch.device("cpu")
+
+    # ---- data: this rank's rows, in memory, before any timing ---- #
+    schema = read_schema(args.data)
+    files = glob.glob(os.path.join(args.data, "train", "*.parquet"))
+    if not files:
+        raise SystemExit(f"peer_torchrec: no parquet files under {args.data}/train")
+    t_load = time.perf_counter()
+    dense_np, ids_np, labels_np = load_arrays(files, schema, rank, world)
+    load_s = time.perf_counter() - t_load
+    keys = [f["name"] for f in schema["sparse"]]
+    bs = args.batch_size
+    n_batches = torch.tensor([dense_np.shape[0] // bs])
+    dist.all_reduce(n_batches, op=dist.ReduceOp.MIN)  # every rank runs the same steps
+    n_batches = int(n_batches.item())
+    if n_batches < 1:
+        raise SystemExit(f"peer_torchrec: a rank has fewer than {bs} rows")
+    lengths = torch.ones(len(keys) * bs, dtype=torch.int32)
+
+    def batch(i: int):
+        s = (i % n_batches) * bs
+        dense = torch.from_numpy(dense_np[s:s + bs])
+        values = torch.from_numpy(np.ascontiguousarray(ids_np[:, s:s + bs]).reshape(-1))  # key-major
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
+        return dense, kjt, torch.from_numpy(labels_np[s:s + bs])
+
+    # ---- model, plan, optimizers ---- #
+    dim = args.embedding_dim
+    tables = [EmbeddingBagConfig(name=f["name"], embedding_dim=dim, num_embeddings=int(f["num_embeddings"]),
+                                 feature_names=[f["name"]]) for f in schema["sparse"]]
+    model = DLRM(
+        embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
+        dense_in_features=len(schema["dense"]),
+        dense_arch_layer_sizes=[int(x) for x in args.bottom_mlp.split(",")],
+        over_arch_layer_sizes=[int(x) for x in args.top_mlp.split(",")],
+        dense_device=device,
+    )
+    apply_optimizer_in_backward(RowWiseAdagrad, model.sparse_arch.parameters(), {"lr": args.lr})
+    sharders = get_default_sharders()
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device="cpu"), batch_size=bs)
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+    dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
+                                      lambda params: torch.optim.Adagrad(params, lr=args.lr))
+    optimizer = CombinedOptimizer([model.fused_optimizer, dense_opt])
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def step(i: int) -> float:
+        dense, kjt, labels = batch(i)
+        logits = model(dense, kjt).squeeze(-1)
+        loss = loss_fn(logits, labels)
+        optimizer.zero_grad()
+        loss.backward()  # also applies the fused embedding optimizer
+        optimizer.step()
+        return float(loss.detach())
+
+    # ---- warm-up, then the timed window ---- #
+    losses = [step(i) for i in range(args.warmup)]
+    dist.barrier()
+    step_s: List[float] = []
+    t0 = time.perf_counter()
+    for i in range(args.warmup, args.warmup + args.steps):
+        s0 = time.perf_counter()
+        losses.append(step(i))
+        step_s.append(time.perf_counter() - s0)
+    dist.barrier()
+    elapsed = time.perf_counter() - t0
+
+    # the slowest rank's window sets the pace
+    el = torch.tensor([elapsed], dtype=torch.float64)
+    dist.all_reduce(el, op=dist.ReduceOp.MAX)
+    elapsed = float(el.item())
+    global_batch = bs * world
+    if rank == 0:
+        ms = np.asarray(step_s) * 1e3
+        windows = window_rates(step_s, args.window, global_batch)
+        sharding = sharding_of(plan)
+        types = [v["sharding_type"] for v in sharding.values()]
+        result = {
+            "schema_version": SCHEMA_VERSION,
+            "framework": "torchrec+torchrun",
+            "world_size": world,
+            "batch_size": bs,
+            "global_batch": global_batch,
+            "threads_per_rank": threads,
+            "warmup_steps": args.warmup,
+            "steps": args.steps,
+            "elapsed_s": elapsed,
+            "samples_per_s": args.steps * global_batch / elapsed,
+            "samples_per_s_window_median": float(np.median(windows)) if windows else None,
+            "samples_per_s_windows": windows,
+            "window_steps": args.window,
+            "step_ms": {"mean": float(ms.mean()), "p50": float(np.median(ms)), "p90": float(np.percentile(ms, 90)),
+                        "min": float(ms.min()), "max": float(ms.max())},
+            "load_s": load_s,
+            "rows_per_rank": int(dense_np.shape[0]),
+            "loss_first": losses[0] if losses else None,
+            "loss_last": losses[-1] if losses else None,
+            "sharding": sharding,
+            "sharding_counts": {t: types.count(t) for t in sorted(set(types))},
+            "torch_version": torch.__version__,
+        }
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=2)
+        counts = ", ".join(f"{t} x{c}" for t, c in result["sharding_counts"].items())
+        print(f"peer_torchrec: {result['samples_per_s']:,.0f} samples/s (window median "
+              f"{result['samples_per_s_window_median'] or float('nan'):,.0f}), step {ms.mean():.1f} ms mean / "
+              f"{np.median(ms):.1f} ms p50, world {world} x batch {bs}, {threads} thread(s)/rank; sharding: {counts}; "
+              f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,532 @@
+"""Training throughput of rayemb vs a hand-written TorchRec + torchrun peer, side by side on one node.
+
+Same data (``--data``, one-hot), same model (DLRM: bottom MLP [64, 16], dim 16,
+dot interaction, top MLP [64, 32, 1]), same optimizers, same global batch
+(512 per rank x 2 ranks) and the same cores, in one run:
+
+* ``peer``: ``jobs/bench/peer_torchrec.py`` under ``torchrun`` (TorchRec's
+  default planner and sharders, data in memory before timing);
+* ``auto``: ``rayemb train`` with the default config (the cost-model plan);
+* forced plans, through ``--set`` overrides of ``jobs/configs/synth_small.yaml``:
+  ``no_hybrid`` (``planner.hybrid=false``: the auto plan without hybrid),
+  ``data_parallel`` and ``table_wise`` (every table pinned to it), and
+  ``hybrid`` (every table with a hot set and a cold remainder pinned
+  ``hybrid: true``; the hot sets are read from the first auto run's ``split.json``). ``row_wise`` is
+  available through ``--variants``.
+
+rayemb runs through its CLI in a subprocess on a private local Ray, with HOME,
+TMPDIR and RAY_TMPDIR in a temp dir (``RAY_ADDRESS``, ``MLFLOW_TRACKING_URI``,
+``RAYEMB_WORKSPACE`` unset), one epoch of ``--steps`` + one window steps, early
+stopping off; the first run's ``stats.json`` is reused by the later ones
+(``data.stats_path``) so only the first pays for the statistics pass.
+
+Throughput of a run = the median of its per-window ``samples_per_s`` (windows
+of ``--window`` steps = ``train.log_every_n_steps``) after the first (warm-up)
+window, read from the run's MLflow store; the step-time breakdown
+(``time_s.data_wait/forward/backward/optimizer``) is the median over the same
+windows. The peer is measured with the same estimator (median over windows of
+``--window`` steps after ``--window`` warm-up steps). Each side runs
+``--repeats`` times, interleaved (round r rotates the order), and a row is the
+mean over its runs.
+
+Acceptance (printed PASS/FAIL; exit 0 unless ``--check``):
+
+* ``auto_vs_peer = auto / peer`` >= 1.0;
+* ``auto_vs_best_pure = auto / max(forced plans)`` >= 0.95.
+
+Usage::
+
+    python jobs/bench/throughput.py --out bench-results/throughput.json [--quick] [--repeats 2] [--steps 200]
+
+Writes ``{"schema_version": 1, "results": [...], "acceptance": {...}, "runs": [...]}``,
+a bar chart next to it (``.png``) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+from _report import report  # noqa: E402
+
+SCHEMA_VERSION = 1
+CONFIG = os.path.join(_REPO, "jobs", "configs", "synth_small.yaml")
+PEER_SCRIPT = os.path.join(_HERE, "peer_torchrec.py")
+#: rayemb variants: the cost-model plan, then the forced plans it is compared against
+AUTO = "auto"
+FORCED = ("no_hybrid", "data_parallel", "table_wise", "hybrid")
+EXTRA = ("row_wise",)
+PEER = "peer"
+DEFAULT_VARIANTS = (AUTO,) + FORCED
+TARGET_VS_PEER = 1.0
+TARGET_VS_BEST_PURE = 0.95
+PHASES = ("data_wait", "forward", "backward", "optimizer")
+#: metric histories read from each rayemb run
+RUN_METRICS = ("samples_per_s", *(f"time_s.{p}" for p in PHASES), "bytes_per_step.total", "valid_auc")
+#: environment variables that would point a rayemb run at something outside its temp dir
+UNSET_ENV = ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "RAYEMB_WORKSPACE", "RAYEMB_FAULT_INJECTION")
+
+
+# ---- pure pieces (unit-tested) ---- #
+
+
+def steady_windows(reports: Sequence[Mapping[str, Any]], key: str = "samples_per_s") -> List[float]:
+    """The values of ``key`` in step order, without the first (warm-up) window; epoch-end reports (no ``key``)
+    are skipped. With a single window that one is returned (there is nothing steady to prefer)."""
+    vals = [float(r[key]) for r in sorted(reports, key=lambda r: r.get("step", 0))
+            if key in r and r[key] is not None and not r.get("epoch_end")]
+    return vals[1:] if len(vals) > 1 else vals
+
+
+def steady_median(reports: Sequence[Mapping[str, Any]], key: str = "samples_per_s") -> Optional[float]:
+    """Median of ``key`` over the steady windows (None when no report has it)."""
+    vals = steady_windows(reports, key)
+    return float(statistics.median(vals)) if vals else None
+
+
+def reports_from_histories(histories: Mapping[str, Sequence[Tuple[int, float]]]) -> List[Dict[str, Any]]:
+    """``{metric: [(step, value), ...]}`` (an MLflow run's histories) -> step-ordered report dicts."""
+    by_step: Dict[int, Dict[str, Any]] = {}
+    for key, points in histories.items():
+        for step, value in points:
+            by_step.setdefault(int(step), {"step": int(step)})[key] = float(value)
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def variant_overrides(variant: str, tables: Sequence[str], hot_tables: Optional[Sequence[str]] = None) -> List[str]:
+    """The ``--set`` overrides that force a variant's plan.
+
+    ``hybrid`` pins ``hybrid: true`` on every table in ``hot_tables`` (those whose
+    frequent-category split found a hot set); the other tables keep the auto choice.
+    """
+    if variant == AUTO:
+        return []
+    if variant == "no_hybrid":
+        return ["planner.hybrid=false"]
+    if variant in ("data_parallel", "table_wise", "row_wise"):
+        return [f"planner.tables.{t}.sharding={variant}" for t in tables]
+    if variant == "hybrid":
+        if hot_tables is None:
+            raise ValueError("the hybrid variant needs the tables with a hot set (from an auto run's split.json)")
+        return [f"planner.tables.{t}.hybrid=true" for t in hot_tables]
+    raise ValueError(f"unknown variant {variant!r}; known: {(AUTO,) + FORCED + EXTRA}")
+
+
+def common_overrides(data_dir: str, output_dir: str, steps: int, window: int, batch_size: int, world: int,
+                     run_name: str, stats_path: Optional[str] = None) -> List[str]:
+    """Overrides every rayemb run gets: one epoch of warm-up window + ``steps`` steps, no early stopping,
+    no restarts, outputs in ``output_dir``."""
+    out = [
+        f"data.path={data_dir}", f"data.batch_size={batch_size}", f"scaling.num_workers={world}",
+        "scaling.max_failures=0", "train.epochs=1", f"train.max_steps_per_epoch={steps + window}",
+        "train.early_stopping_patience=null", f"train.log_every_n_steps={window}",
+        f"tracking.output_dir={output_dir}", "tracking.experiment=bench-throughput", f"tracking.run_name={run_name}",
+    ]
+    if stats_path:
+        out.append(f"data.stats_path={stats_path}")
+    return out
+
+
+def hot_tables_of(split: Mapping[str, Any]) -> List[str]:
+    """Tables of a ``split.json`` document with a hot set and a cold remainder (0 < |F| < V), in table order.
+
+    A table whose hot set is the whole table is data-parallel already (and rayemb
+    rejects a hybrid pin on it: its empty cold half gets no EmbeddingCollection
+    sharding), so the ``hybrid`` variant leaves those to the auto choice.
+    """
+    names = []
+    for name, t in split.get("tables", {}).items():
+        hot, rows = int(t.get("num_hot", 0)), t.get("num_embeddings")
+        if hot > 0 and (rows is None or hot < int(rows)):
+            names.append(name)
+    return sorted(names, key=_natural_key)
+
+
+def _natural_key(name: str) -> Tuple[Any, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def plan_summary(placements: Mapping[str, str]) -> str:
+    """``{table: placement}`` -> ``"data_parallel x20, hybrid x6"`` (most common first)."""
+    counts: Dict[str, int] = {}
+    for p in placements.values():
+        counts[p] = counts.get(p, 0) + 1
+    return ", ".join(f"{p} x{c}" for p, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def aggregate(runs: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """Per variant: mean/min/max of the runs' ``samples_per_s`` (failed runs, None, are left out) and the
+    mean step-time breakdown."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for r in runs:
+        out.setdefault(r["variant"], {"variant": r["variant"], "kind": r["kind"], "values": [], "failed": 0,
+                                      "plan": r.get("plan"), "phases": [], "step_ms": []})
+        row = out[r["variant"]]
+        if r.get("samples_per_s") is None:
+            row["failed"] += 1
+            continue
+        row["values"].append(float(r["samples_per_s"]))
+        if r.get("time_s"):
+            row["phases"].append(r["time_s"])
+        if r.get("step_ms_mean") is not None:
+            row["step_ms"].append(float(r["step_ms_mean"]))
+        row["plan"] = r.get("plan") or row["plan"]
+        row["plan_summary"] = r.get("plan_summary") or row.get("plan_summary")
+    for row in out.values():
+        v = row.pop("values")
+        phases = row.pop("phases")
+        step_ms = row.pop("step_ms")
+        if step_ms:
+            row["step_ms_mean"] = statistics.fmean(step_ms)
+        row.update(runs=len(v), samples_per_s=statistics.fmean(v) if v else None,
+                   samples_per_s_min=min(v) if v else None, samples_per_s_max=max(v) if v else None,
+                   samples_per_s_runs=v)
+        if phases:
+            row["time_s"] = {p: statistics.fmean(ph[p] for ph in phases if ph.get(p) is not None)
+                             for p in PHASES if any(ph.get(p) is not None for ph in phases)}
+    return out
+
+
+def acceptance(rows: Mapping[str, Mapping[str, Any]], forced: Sequence[str] = FORCED) -> Dict[str, Any]:
+    """auto / peer and auto / best forced plan, with PASS/FAIL against the targets (None where a side is missing)."""
+    def sps(name: str) -> Optional[float]:
+        row = rows.get(name)
+        return row.get("samples_per_s") if row else None
+
+    auto, peer = sps(AUTO), sps(PEER)
+    pure = {n: sps(n) for n in forced if sps(n) is not None}
+    best = max(pure, key=pure.get) if pure else None
+    vs_peer = auto / peer if auto is not None and peer else None
+    vs_best = auto / pure[best] if auto is not None and best is not None and pure[best] else None
+    return {
+        "auto_vs_peer": vs_peer, "auto_vs_peer_target": TARGET_VS_PEER,
+        "auto_vs_peer_pass": None if vs_peer is None else vs_peer >= TARGET_VS_PEER,
+        "auto_vs_best_pure": vs_best, "auto_vs_best_pure_target": TARGET_VS_BEST_PURE,
+        "auto_vs_best_pure_pass": None if vs_best is None else vs_best >= TARGET_VS_BEST_PURE,
+        "best_pure": best,
+    }
+
+
+def table_rows(rows: Mapping[str, Mapping[str, Any]], acc: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """The printed/JSON rows: peer, auto, then the forced plans, with ratios to the peer and the best forced plan."""
+    peer = (rows.get(PEER) or {}).get("samples_per_s")
+    best = (rows.get(acc.get("best_pure")) or {}).get("samples_per_s") if acc.get("best_pure") else None
+    order = [PEER, AUTO] + [n for n in rows if n not in (PEER, AUTO)]
+    out = []
+    for name in order:
+        if name not in rows:
+            continue
+        r = dict(rows[name])
+        s = r.get("samples_per_s")
+        lo, hi = r.get("samples_per_s_min"), r.get("samples_per_s_max")
+        r["spread_pct"] = 100.0 * (hi - lo) / s if s and lo is not None and hi is not None else None
+        r["vs_peer"] = s / peer if s is not None and peer else None
+        r["vs_best_pure"] = s / best if s is not None and best else None
+        t = r.get("time_s") or {}
+        r["step_ms"] = 1e3 * sum(t.values()) if t else r.get("step_ms_mean")
+        r["phases_ms"] = "/".join(f"{1e3 * t[p]:.1f}" if t.get(p) is not None else "-" for p in PHASES) if t else None
+        r["plan_summary"] = r.get("plan_summary") or (plan_summary(r["plan"]) if r.get("plan") else "-")
+        out.append(r)
+    return out
+
+
+def verdict(acc: Mapping[str, Any]) -> str:
+    def one(name: str, target: float) -> str:
+        v, ok = acc.get(name), acc.get(f"{name}_pass")
+        return f"{name} = {'-' if v is None else f'{v:.3f}'} (target >= {target}): " + \
+            ("n/a" if ok is None else "PASS" if ok else "FAIL")
+
+    return one("auto_vs_peer", TARGET_VS_PEER) + "; " + one("auto_vs_best_pure", TARGET_VS_BEST_PURE) + \
+        (f" [best forced plan: {acc['best_pure']}]" if acc.get("best_pure") else "")
+
+
+def round_order(variants: Sequence[str], r: int) -> List[str]:
+    """Round ``r``'s run order over the peer and the rayemb variants: round 0 is peer, auto, then the forced
+    plans (auto's split.json and stats.json feed the later runs); round r rotates it by r, so no side always
+    runs first or last."""
+    seq = [PEER, AUTO] + [v for v in variants if v not in (PEER, AUTO)]
+    k = r % len(seq)
+    return seq[k:] + seq[:k]
+
+
+# ---- running the sides ---- #
+
+
+def _hermetic_env(tmp: str) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in UNSET_ENV}
+    for sub in ("home", "tmp", "ray", "xdg-cache", "xdg-config"):
+        os.makedirs(os.path.join(tmp, sub), exist_ok=True)
+    env.update(HOME=os.path.join(tmp, "home"), TMPDIR=os.path.join(tmp, "tmp"), RAY_TMPDIR=os.path.join(tmp, "ray"),
+               XDG_CACHE_HOME=os.path.join(tmp, "xdg-cache"), XDG_CONFIG_HOME=os.path.join(tmp, "xdg-config"),
+               PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = _REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _tail(text: str, n: int = 15) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip() and "PlacementGroupCleaner" not in ln]
+    return "\n".join(lines[-n:])
+
+
+def run_peer(args: argparse.Namespace, tmp: str, r: int) -> Dict[str, Any]:
+    out = os.path.join(tmp, f"peer-{r}.json")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.world}",
+           PEER_SCRIPT, "--data", args.data, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+           "--warmup", str(args.window), "--window", str(args.window), "--out", out]
+    if args.peer_threads:
+        cmd += ["--threads", str(args.peer_threads)]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=_REPO, env=_hermetic_env(tmp), capture_output=True, text=True)
+    run: Dict[str, Any] = {"variant": PEER, "kind": "peer", "repeat": r, "wall_s": time.monotonic() - t0,
+                           "returncode": p.returncode, "samples_per_s": None}
+    if p.returncode != 0 or not os.path.exists(out):
+        run["error"] = _tail(p.stdout + "\n" + p.stderr)
+        return run
+    with open(out) as f:
+        res = json.load(f)
+    run.update(samples_per_s=res["samples_per_s_window_median"] or res["samples_per_s"],
+               samples_per_s_whole_window=res["samples_per_s"], step_ms=res["step_ms"],
+               step_ms_mean=res["step_ms"]["mean"],
+               threads_per_rank=res["threads_per_rank"], loss_last=res["loss_last"],
+               plan={t: v["sharding_type"] for t, v in res["sharding"].items()},
+               plan_detail=res["sharding"], plan_summary=plan_summary({t: v["sharding_type"]
+                                                                      for t, v in res["sharding"].items()}))
+    return run
+
+
+def _read_mlflow(tracking_uri: str, run_id: Optional[str]) -> Tuple[Optional[str], List[Dict[str, Any]], Dict[str, str]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    if run_id is None:
+        exp = client.get_experiment_by_name("bench-throughput")
+        runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"], max_results=1) \
+            if exp else []
+        if not runs:
+            return None, [], {}
+        run_id = runs[0].info.run_id
+    histories = {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in RUN_METRICS}
+    params = client.get_run(run_id).data.params
+    return run_id, reports_from_histories(histories), params
+
+
+def run_rayemb(variant: str, args: argparse.Namespace, tmp: str, r: int, tables: Sequence[str],
+               hot_tables: Optional[Sequence[str]], stats_path: Optional[str]) -> Dict[str, Any]:
+    out_dir = os.path.join(tmp, f"{variant}-{r}")
+    overrides = common_overrides(args.data, out_dir, args.steps, args.window, args.batch_size, args.world,
+                                 f"{variant}-r{r}", stats_path) + variant_overrides(variant, tables, hot_tables)
+    cmd = [sys.executable, "-m", "rayemb.cli", "train", "--config", args.config]
+    for o in overrides:
+        cmd += ["--set", o]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=_REPO, env=_hermetic_env(tmp), capture_output=True, text=True)
+    run: Dict[str, Any] = {"variant": variant, "kind": "auto" if variant == AUTO else "forced", "repeat": r,
+                           "wall_s": time.monotonic() - t0, "returncode": p.returncode, "samples_per_s": None,
+                           "overrides": variant_overrides(variant, tables, hot_tables)}
+    m = re.search(r"rayemb: run (\w+) (FINISHED|FAILED)", p.stdout)
+    if p.returncode != 0:
+        run["error"] = _tail(p.stdout + "\n" + p.stderr)
+    jobs = sorted(glob.glob(os.path.join(out_dir, "jobs", "*")))
+    if jobs:
+        run["job_dir"] = jobs[-1]
+        plan_path = os.path.join(jobs[-1], "plan.json")
+        if os.path.exists(plan_path):
+            with open(plan_path) as f:
+                plan = json.load(f)
+            run["plan"] = {t: v["placement"] for t, v in plan["tables"].items()}
+            run["plan_summary"] = plan_summary(run["plan"])
+            run["predicted_bytes_per_step"] = plan.get("predicted_bytes_per_step")
+    db = os.path.join(out_dir, "mlflow.db")
+    if p.returncode == 0 and os.path.exists(db):
+        run_id, reports, params = _read_mlflow(f"sqlite:///{db}", m.group(1) if m else None)
+        run["run_id"] = run_id
+        run["windows"] = steady_windows(reports)
+        run["samples_per_s"] = steady_median(reports)
+        run["time_s"] = {p_: steady_median(reports, f"time_s.{p_}") for p_ in PHASES}
+        run["bytes_per_step"] = steady_median(reports, "bytes_per_step.total")
+        auc = [x["valid_auc"] for x in reports if "valid_auc" in x]
+        run["valid_auc"] = auc[-1] if auc else None
+        run["cpus_per_worker"] = params.get("scaling.cpus_per_worker_resolved")
+        if run["samples_per_s"] is None:
+            run["error"] = "the run reported no samples_per_s (fewer steps than train.log_every_n_steps?)"
+    elif p.returncode == 0:
+        run["error"] = f"no MLflow store at {db}"
+    return run
+
+
+def ensure_data(path: str, rows: int) -> None:
+    if os.path.exists(os.path.join(path, "schema.yaml")):
+        return
+    print(f"throughput: generating {path} ({rows:,} rows) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "rayemb.cli", "gen-data", "--out", path, "--rows", str(rows)],
+                   cwd=_REPO, check=True)
+
+
+def schema_tables(path: str) -> List[str]:
+    import yaml
+
+    with open(os.path.join(path, "schema.yaml")) as f:
+        return [t["name"] for t in yaml.safe_load(f)["sparse"]]
+
+
+def plot(rows: Sequence[Mapping[str, Any]], acc: Mapping[str, Any], png: str,
+         global_batch: int = 1024) -> Optional[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # a chart never fails the benchmark
+        print(f"throughput: no chart ({e})")
+        return None
+    shown = [r for r in rows if r.get("samples_per_s") is not None]
+    if not shown:
+        return None
+    names = [r["variant"] for r in shown]
+    vals = [r["samples_per_s"] for r in shown]
+    err = [[v - (r.get("samples_per_s_min") or v) for v, r in zip(vals, shown)],
+           [(r.get("samples_per_s_max") or v) - v for v, r in zip(vals, shown)]]
+    colors = ["#7f7f7f" if r["kind"] == "peer" else "#1f77b4" if r["kind"] == "auto" else "#aec7e8" for r in shown]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    ax.bar(names, vals, yerr=err, capsize=4, color=colors)
+    peer = next((r["samples_per_s"] for r in shown if r["kind"] == "peer"), None)
+    if peer:
+        ax.axhline(peer, color="#7f7f7f", linestyle="--", linewidth=1, label="hand-written TorchRec")
+        ax.legend(loc="lower right")
+    for i, v in enumerate(vals):
+        ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel(f"samples/s (global batch {global_batch}, median of windows)")
+    ax.set_title("Training throughput, 2 ranks on one node: rayemb plans vs hand-written TorchRec", fontsize=10)
+    ax.tick_params(axis="x", labelrotation=20)
+    fig.text(0.01, 0.01, verdict(acc), fontsize=7)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+COLUMNS = [("row", "<14", "{}"), ("kind", "<7", "{}"), ("samples/s", ">10", "{:,.0f}"), ("±%", ">5", "{:.0f}"),
+           ("vs peer", ">8", "{:.3f}"), ("vs best", ">8", "{:.3f}"), ("step ms", ">8", "{:.1f}"),
+           ("wait/fwd/bwd/opt ms", "<20", "{}"), ("runs", ">4", "{}"), ("plan", "<36", "{}")]
+KEYS = ["variant", "kind", "samples_per_s", "spread_pct", "vs_peer", "vs_best_pure", "step_ms", "phases_ms", "runs",
+        "plan_summary"]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(_REPO, "bench-results", "throughput.json"), help="JSON result file")
+    ap.add_argument("--data", default=os.path.join(_REPO, "data", "synth_small"),
+                    help="one-hot dataset (made with `rayemb gen-data --out DATA --rows GEN_ROWS` when missing)")
+    ap.add_argument("--gen-rows", type=int, default=400000, help="rows to generate when --data is missing")
+    ap.add_argument("--config", default=CONFIG, help="rayemb job config the variants override")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per run, after one warm-up window "
+                                                           "(default 200, --quick 100)")
+    ap.add_argument("--window", type=int, default=20, help="steps per throughput window (train.log_every_n_steps)")
+    ap.add_argument("--repeats", type=int, default=None, help="runs of each side, interleaved (default 2, --quick 1)")
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help=f"rayemb variants, comma-separated, from {(AUTO,) + FORCED + EXTRA} (auto always runs)")
+    ap.add_argument("--batch-size", type=int, default=512, help="rows per rank per step")
+    ap.add_argument("--world", type=int, default=2, help="ranks (both sides)")
+    ap.add_argument("--peer-threads", type=int, default=None, help="torch threads per peer rank "
+                                                                  "(default: its own, cores // world)")
+    ap.add_argument("--quick", action="store_true", help="one repeat of 100 steps (about 7 minutes)")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a target fails or a side did not run")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (run outputs, Ray logs)")
+    args = ap.parse_args(argv)
+    args.steps = args.steps or (100 if args.quick else 200)
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    args.data = os.path.abspath(args.data)
+    args.config = os.path.abspath(args.config)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in (AUTO,) + FORCED + EXTRA]
+    if unknown:
+        ap.error(f"unknown variant(s) {unknown}")
+    if AUTO not in variants:
+        variants.insert(0, AUTO)
+    forced = [v for v in variants if v != AUTO]
+
+    ensure_data(args.data, args.gen_rows)
+    tables = schema_tables(args.data)
+    tmp = tempfile.mkdtemp(prefix="rbt-")  # short: Ray's socket paths live under it
+    runs: List[Dict[str, Any]] = []
+    hot: Optional[List[str]] = None
+    stats_path: Optional[str] = None
+    t_start = time.monotonic()
+    try:
+        for r in range(args.repeats):
+            for name in round_order(variants, r):
+                if name == "hybrid" and not hot:
+                    print("throughput: skipping hybrid: " + ("no auto run produced split.json" if hot is None
+                                                             else "no table has a hot set and a cold remainder"),
+                          flush=True)
+                    continue
+                print(f"throughput: round {r + 1}/{args.repeats}: {name} ...", flush=True)
+                if name == PEER:
+                    run = run_peer(args, tmp, r)
+                else:
+                    run = run_rayemb(name, args, tmp, r, tables, hot, stats_path)
+                    if name == AUTO and run.get("job_dir"):
+                        split = os.path.join(run["job_dir"], "split.json")
+                        if hot is None and os.path.exists(split):
+                            with open(split) as f:
+                                hot = hot_tables_of(json.load(f))
+                        st = os.path.join(run["job_dir"], "stats.json")
+                        if stats_path is None and os.path.exists(st):
+                            stats_path = os.path.join(tmp, "stats.json")
+                            shutil.copy(st, stats_path)
+                runs.append(run)
+                sps = run.get("samples_per_s")
+                print(f"throughput:   {name}: " + (f"{sps:,.0f} samples/s" if sps else "FAILED")
+                      + (f", plan {run['plan_summary']}" if run.get("plan_summary") else "")
+                      + f" ({run['wall_s']:.0f}s)", flush=True)
+                if run.get("error"):
+                    print("throughput:   error:\n" + run["error"], flush=True)
+    finally:
+        if args.keep:
+            print(f"throughput: run outputs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    rows = aggregate(runs)
+    acc = acceptance(rows, forced)
+    out_rows = table_rows(rows, acc)
+    png = plot(out_rows, acc, os.path.splitext(args.out)[0] + ".png", args.batch_size * args.world)
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "benchmark": "throughput",
+        "config": {"data": args.data, "config": args.config, "steps": args.steps, "window": args.window,
+                   "repeats": args.repeats, "batch_size": args.batch_size, "world_size": args.world,
+                   "global_batch": args.batch_size * args.world, "variants": variants, "hot_tables": hot,
+                   "cpu_count": os.cpu_count(), "wall_s": time.monotonic() - t_start},
+        "results": out_rows,
+        "acceptance": acc,
+        "chart": png,
+        "runs": runs,
+    }
+    report(args.out, doc, out_rows, COLUMNS, KEYS, footer=verdict(acc))
+    if png:
+        print(f"wrote {png}")
+    if args.check:
+        failed = any(r.get("samples_per_s") is None for r in out_rows) or PEER not in rows or AUTO not in rows
+        if failed or not acc["auto_vs_peer_pass"] or not acc["auto_vs_best_pure_pass"]:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
