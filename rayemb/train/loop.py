@@ -170,24 +170,50 @@ def evaluate(model, data, device, max_steps: Optional[int] = None) -> Dict[str, 
     return {"valid_auc": auc(y, z), "valid_logloss": logloss(y, z), "valid_rows": float(y.size)}
 
 
-def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
-    import ray.train
-    import ray.train.torch
+def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device: Any) -> Tuple[Any, Any, Any]:
+    """The job's DLRM sharded by ``job_plan`` under ``DistributedModelParallel``, its optimizer and id remapper.
+
+    Sharded tables update in their backward (fused FBGEMM optimizer). Replicated embedding rows (hybrid hot
+    halves, data-parallel tables) are dense parameters with all-reduced gradients: the same optimizer kind,
+    their own instance; the MLPs use Adagrad. Needs the process group (every rank calls it alike).
+    """
     import torch
-    import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+    from rayemb.embedding.hybrid import replicated_embedding_parameters
+    from rayemb.embedding.sharders import cpu_capable_sharders
+    from rayemb.train.sharding import build_model
+
+    model = build_model(cfg, schema, job_plan.placements, job_plan.hot_ids,
+                        embedding_device=torch.device("meta"), dense_device=device)
+    remapper = model.embedding.remapper
+    emb_opt_cls = _embedding_optimizer(cfg.train.embedding_optimizer)
+    apply_optimizer_in_backward(emb_opt_cls, model.embedding.parameters(), {"lr": cfg.train.embedding_lr})
+    model = DistributedModelParallel(module=model, device=device, plan=job_plan.sharding_plan,
+                                     sharders=cpu_capable_sharders())
+    replicated = replicated_embedding_parameters(model)
+    dense = {n: p for n, p in in_backward_optimizer_filter(model.named_parameters()) if n not in replicated}
+    optimizers = [model.fused_optimizer,
+                  KeyedOptimizerWrapper(dense, lambda params: torch.optim.Adagrad(params, lr=cfg.train.dense_lr))]
+    if replicated:
+        optimizers.append(KeyedOptimizerWrapper(replicated, lambda params: emb_opt_cls(params, lr=cfg.train.embedding_lr)))
+    return model, CombinedOptimizer(optimizers), remapper
+
+
+def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
+    import ray.train
+    import ray.train.torch
+    import torch
+    import torch.distributed as dist
+
     from rayemb.data.batching import BatchConverter
     from rayemb.embedding.comm import COLLECTIVES, CommCounter, instrument_ddp
-    from rayemb.embedding.hybrid import replicated_embedding_parameters
-    from rayemb.embedding.sharders import cpu_capable_sharders as sharders
     from rayemb.logs import quiet_third_party_logs
     from rayemb.train.checkpoint import save_rank, write_meta
     from rayemb.train.data_loader import RankBatches
-    from rayemb.train.sharding import build_model
 
     quiet_third_party_logs()
 
@@ -202,23 +228,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     device = ray.train.torch.get_device()
     torch.manual_seed(cfg.train.seed)
 
-    job_plan = loop_config["plan"]
-    model = build_model(cfg, schema, job_plan.placements, job_plan.hot_ids,
-                        embedding_device=torch.device("meta"), dense_device=device)
-    remapper = model.embedding.remapper
-    emb_opt_cls = _embedding_optimizer(cfg.train.embedding_optimizer)
-    apply_optimizer_in_backward(emb_opt_cls, model.embedding.parameters(), {"lr": cfg.train.embedding_lr})
-    model = DistributedModelParallel(module=model, device=device, plan=job_plan.sharding_plan, sharders=sharders())
+    model, optimizer, remapper = sharded_model(cfg, schema, loop_config["plan"], device)
     instrument_ddp(model)
-    # Sharded tables update in their backward (fused FBGEMM optimizer). Replicated embedding rows (hybrid hot
-    # halves, data-parallel tables) are dense parameters with all-reduced gradients: same optimizer kind, own instance.
-    replicated = replicated_embedding_parameters(model)
-    dense = {n: p for n, p in in_backward_optimizer_filter(model.named_parameters()) if n not in replicated}
-    optimizers = [model.fused_optimizer,
-                  KeyedOptimizerWrapper(dense, lambda params: torch.optim.Adagrad(params, lr=cfg.train.dense_lr))]
-    if replicated:
-        optimizers.append(KeyedOptimizerWrapper(replicated, lambda params: emb_opt_cls(params, lr=cfg.train.embedding_lr)))
-    optimizer = CombinedOptimizer(optimizers)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     converter = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap)
     data_args = dict(in_memory=bool(loop_config.get("in_memory")), first_batch_timeout_s=cfg.data.first_batch_timeout_s,
