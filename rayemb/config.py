@@ -27,6 +27,7 @@ from rayemb.errors import ConfigError
 from rayemb.units import flatten
 
 ID_POLICIES = ("error", "hash", "clip")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_SPREAD")
 EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
 
 
@@ -126,6 +127,9 @@ class ScalingConfig:
     cpus_per_worker: Optional[float] = None
     #: restarts of the worker group after a failure (Ray's default is 0)
     max_failures: int = 0
+    #: how Ray places the workers' bundles: PACK (fewest nodes), SPREAD (across nodes, best effort),
+    #: STRICT_SPREAD (one per node)
+    placement_strategy: str = "PACK"
 
     def __post_init__(self) -> None:
         _require(self.num_workers >= 1, "scaling.num_workers", f"{self.num_workers} < 1", "Use at least one worker.")
@@ -133,6 +137,8 @@ class ScalingConfig:
                  f"{self.cpus_per_worker} is not positive", "Use a positive number or null for automatic.")
         _require(self.max_failures >= -1, "scaling.max_failures", f"{self.max_failures} < -1",
                  "Use -1 (retry forever), 0 or a positive count.")
+        _require(self.placement_strategy in PLACEMENT_STRATEGIES, "scaling.placement_strategy",
+                 f"{self.placement_strategy!r} is unknown", f"Use one of {PLACEMENT_STRATEGIES}.")
 
 
 PLANNER_ENGINES = ("auto", "torchrec", "fast")

@@ -221,7 +221,7 @@ def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, sec
 
 
 def calibrate_cluster(world: int, cpus_per_worker: float, use_gpu: bool, num_nodes: int, shape: Dict[str, Any],
-                      timeout_s: float = 180.0) -> Calibration:
+                      timeout_s: float = 180.0, strategy: str = "PACK") -> Calibration:
     """Runs :func:`calibrate_rank` in ``world`` actors placed like the Train workers; returns the calibration."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
@@ -230,7 +230,7 @@ def calibrate_cluster(world: int, cpus_per_worker: float, use_gpu: bool, num_nod
     t0 = time.monotonic()
     backend = "nccl" if use_gpu else "gloo"
     bundle = {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
-    pg = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
+    pg = placement_group([dict(bundle) for _ in range(world)], strategy=strategy)
     try:
         ray.get(pg.ready(), timeout=timeout_s)
 

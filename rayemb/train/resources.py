@@ -47,24 +47,33 @@ def resolve_cpus_per_worker(cfg: JobConfig, cluster_cpus: float) -> float:
     return max(MIN_CPUS_PER_WORKER, min(1.0, round(share, 2)))
 
 
-def free_cpus_after_packing(node_cpus: Sequence[float], workers: int, cpus_per_worker: float) -> List[float]:
-    """Each node's CPUs left once ``workers`` bundles are packed (fullest-fit, as Ray's PACK placement).
+def free_cpus_after_packing(node_cpus: Sequence[float], workers: int, cpus_per_worker: float,
+                            strategy: str = "PACK") -> List[float]:
+    """Each node's CPUs left once ``workers`` bundles are placed as Ray's ``strategy`` would.
 
-    Raises ``ValueError`` when the workers do not fit at all (Ray would wait for more nodes).
+    PACK: the tightest node that fits; SPREAD: the node with fewest workers that fits; STRICT_SPREAD:
+    one per node. Raises ``ValueError`` when the workers do not fit at all (Ray would wait for nodes).
     """
     free = list(node_cpus)
+    placed = [0] * len(free)
     for _ in range(workers):
-        fits = [i for i, f in enumerate(free) if f + 1e-9 >= cpus_per_worker]
+        fits = [i for i, f in enumerate(free) if f + 1e-9 >= cpus_per_worker
+                and not (strategy == "STRICT_SPREAD" and placed[i])]
         if not fits:
             raise ValueError("the workers do not fit")
-        i = min(fits, key=lambda j: free[j])  # the tightest node that fits: packs
+        if strategy == "PACK":
+            i = min(fits, key=lambda j: free[j])
+        else:
+            i = min(fits, key=lambda j: (placed[j], -free[j]))
         free[i] -= cpus_per_worker
+        placed[i] += 1
     return free
 
 
-def data_starvation_warning(node_cpus: Sequence[float], workers: int, cpus_per_worker: float) -> List[str]:
+def data_starvation_warning(node_cpus: Sequence[float], workers: int, cpus_per_worker: float,
+                            strategy: str = "PACK") -> List[str]:
     try:
-        free = free_cpus_after_packing(node_cpus, workers, cpus_per_worker)
+        free = free_cpus_after_packing(node_cpus, workers, cpus_per_worker, strategy)
     except ValueError:
         return [f"{workers} workers x {cpus_per_worker:g} CPU do not fit the live nodes' CPUs {list(node_cpus)}: "
                 "Ray waits for the cluster to grow (an autoscaler), else lower scaling.cpus_per_worker or "
@@ -93,7 +102,7 @@ def worker_resources(cfg: JobConfig, schema: Any, stats: Any, train_rows: int, v
     cpw = resolve_cpus_per_worker(cfg, sum(nodes) or 1.0)
     size = shard_bytes(cfg, schema, stats, train_rows, valid_rows)
     in_memory = cfg.data.in_memory if cfg.data.in_memory is not None else size <= IN_MEMORY_MAX_BYTES_PER_RANK
-    warnings = data_starvation_warning(nodes, cfg.scaling.num_workers, cpw)
+    warnings = data_starvation_warning(nodes, cfg.scaling.num_workers, cpw, cfg.scaling.placement_strategy)
     return WorkerResources(cpw, bool(in_memory), size, tuple(warnings))
 
 

@@ -237,7 +237,7 @@ def calibrate(inputs: JobInputs, topology: Any, resources: WorkerResources) -> A
     print(f"rayemb: calibrating the step-time model on {inputs.world_size} ranks ...", flush=True)
     try:
         cal = calibrate_cluster(inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,
-                                topology.num_nodes, shape)
+                                topology.num_nodes, shape, strategy=cfg.scaling.placement_strategy)
     except Exception as e:  # noqa: BLE001 - planning goes on with the defaults, said loudly
         print(f"rayemb: WARNING: calibration failed ({type(e).__name__}: {e}); planning with the built-in "
               "constants (planner.calibrate=false skips it)", flush=True)
@@ -394,7 +394,8 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
         },
         torch_config=RayembTorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=inputs.world_size, use_gpu=cfg.scaling.use_gpu,
-                                     resources_per_worker={"CPU": resources.cpus_per_worker}),
+                                     resources_per_worker={"CPU": resources.cpus_per_worker},
+                                     placement_strategy=cfg.scaling.placement_strategy),
         run_config=RunConfig(
             name=tracking.job_id,
             storage_path=os.path.join(inputs.out_dir, "ray_results"),

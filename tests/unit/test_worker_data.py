@@ -123,3 +123,11 @@ def test_pin_socket_interface_sets_the_interface_of_this_host(monkeypatch):
     name, addr = sorted(real.items())[0]
     assert pin_socket_interface(addr) == name
     assert os.environ["GLOO_SOCKET_IFNAME"] == name == os.environ["NCCL_SOCKET_IFNAME"]
+
+
+def test_spread_placement_leaves_each_node_its_share():
+    # SPREAD puts one 1-CPU worker on each 2-CPU node: a CPU stays free on both
+    assert free_cpus_after_packing([2.0, 2.0], 2, 1.0, "SPREAD") == [1.0, 1.0]
+    assert free_cpus_after_packing([4.0, 1.0], 2, 1.0, "STRICT_SPREAD") == [3.0, 0.0]
+    with pytest.raises(ValueError):
+        free_cpus_after_packing([4.0], 2, 1.0, "STRICT_SPREAD")
