@@ -77,7 +77,8 @@ TARGET_VS_PEER = 1.0
 TARGET_VS_BEST_PURE = 0.95
 PHASES = ("data_wait", "forward", "backward", "optimizer")
 #: metric histories read from each rayemb run
-RUN_METRICS = ("samples_per_s", *(f"time_s.{p}" for p in PHASES), "bytes_per_step.total", "valid_auc")
+RUN_METRICS = ("samples_per_s", *(f"time_s.{p}" for p in PHASES), "bytes_per_step.total", "valid_auc",
+               "step_time_s", "step_time_measured_s", "step_time_predicted_s")
 #: environment variables that would point a rayemb run at something outside its temp dir
 UNSET_ENV = ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "RAYEMB_WORKSPACE", "RAYEMB_FAULT_INJECTION")
 
@@ -326,13 +327,19 @@ def _read_mlflow(tracking_uri: str, run_id: Optional[str]) -> Tuple[Optional[str
 
 
 def run_rayemb(variant: str, args: argparse.Namespace, tmp: str, r: int, tables: Sequence[str],
-               hot_tables: Optional[Sequence[str]], stats_path: Optional[str]) -> Dict[str, Any]:
-    out_dir = os.path.join(tmp, f"{variant}-{r}")
+               hot_tables: Optional[Sequence[str]], stats_path: Optional[str],
+               wrap: Optional[Any] = None, extra_overrides: Sequence[str] = (), tag: str = "") -> Dict[str, Any]:
+    """One ``rayemb train`` run of ``variant``; ``wrap(argv) -> argv`` runs it elsewhere (e.g. inside an
+    emulated cluster's head namespace, joined to that cluster), ``extra_overrides`` are appended."""
+    out_dir = os.path.join(tmp, f"{variant}-{r}{tag}")
     overrides = common_overrides(args.data, out_dir, args.steps, args.window, args.batch_size, args.world,
-                                 f"{variant}-r{r}", stats_path) + variant_overrides(variant, tables, hot_tables)
+                                 f"{variant}-r{r}{tag}", stats_path) + variant_overrides(variant, tables, hot_tables)
+    overrides += list(extra_overrides)
     cmd = [sys.executable, "-m", "rayemb.cli", "train", "--config", args.config]
     for o in overrides:
         cmd += ["--set", o]
+    if wrap is not None:
+        cmd = wrap(cmd)
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=_REPO, env=_hermetic_env(tmp), capture_output=True, text=True)
     run: Dict[str, Any] = {"variant": variant, "kind": "auto" if variant == AUTO else "forced", "repeat": r,
@@ -351,6 +358,8 @@ def run_rayemb(variant: str, args: argparse.Namespace, tmp: str, r: int, tables:
             run["plan"] = {t: v["placement"] for t, v in plan["tables"].items()}
             run["plan_summary"] = plan_summary(run["plan"])
             run["predicted_bytes_per_step"] = plan.get("predicted_bytes_per_step")
+            run["predicted_step_time_s"] = plan.get("predicted_step_time_s")
+            run["calibration"] = plan.get("calibration")
     db = os.path.join(out_dir, "mlflow.db")
     if p.returncode == 0 and os.path.exists(db):
         run_id, reports, params = _read_mlflow(f"sqlite:///{db}", m.group(1) if m else None)
@@ -359,6 +368,7 @@ def run_rayemb(variant: str, args: argparse.Namespace, tmp: str, r: int, tables:
         run["samples_per_s"] = steady_median(reports)
         run["time_s"] = {p_: steady_median(reports, f"time_s.{p_}") for p_ in PHASES}
         run["bytes_per_step"] = steady_median(reports, "bytes_per_step.total")
+        run["step_time_s"] = steady_median(reports, "step_time_s")
         auc = [x["valid_auc"] for x in reports if "valid_auc" in x]
         run["valid_auc"] = auc[-1] if auc else None
         run["cpus_per_worker"] = params.get("scaling.cpus_per_worker_resolved")

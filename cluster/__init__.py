@@ -1,0 +1,1 @@
+"""What users deploy (launcher YAMLs, KubeRay) and what tests use (local head, emulated cluster)."""

@@ -1,0 +1,256 @@
+"""Multi-node throughput on an emulated cluster: hybrid vs pooled vs data-parallel vs rayemb's choice, per bandwidth.
+
+For each ``--bandwidth-mbit`` B, ``cluster/emulate.py`` brings up ``--nodes``
+network-namespace nodes on a bridge whose links are shaped to B mbit (tc tbf,
+both directions), one Ray node each (token auth); every variant then runs as a
+real ``rayemb train`` job whose driver sits in the head's namespace, one
+worker per node (``scaling.placement_strategy=SPREAD``), so every collective
+crosses the shaped links. Same data, model, global batch and cores for every
+row of one bandwidth:
+
+* ``auto``: rayemb's plan (step-time objective, calibrated on this cluster at job start);
+* ``hybrid``: every table with a hot set and a cold remainder pinned hybrid;
+* ``no_hybrid``: the plan without hybrid (data-parallel small tables, pooled
+  model-parallel large ones: what TorchRec's planner builds), and ``table_wise``:
+  every table pooled table-wise — the best of the two is "the best TorchRec pooled plan";
+* ``data_parallel``: every table replicated.
+
+Per row: samples/s (median of log windows after the first), the measured step
+time (median window) and the step time the calibrated model predicted for that
+plan (plan.json), their ratio, bytes per step as counted from the collectives.
+
+Acceptance (printed; exit 0 unless ``--check``), at every bandwidth <= 100 mbit:
+hybrid >= 1.3x the best pooled plan; at every bandwidth: auto within 5% of the
+best measured row, predicted step time within 20% of measured for every row.
+
+Usage (root: network namespaces)::
+
+    python jobs/bench/multinode.py --bandwidth-mbit 1000 100 50 --out bench-results/multinode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(os.path.dirname(_HERE))
+sys.path[:0] = [_HERE, _REPO]
+
+from _report import report  # noqa: E402
+from throughput import (  # noqa: E402
+    AUTO,
+    CONFIG,
+    ensure_data,
+    hot_tables_of,
+    run_rayemb,
+    schema_tables,
+)
+
+SCHEMA_VERSION = 1
+VARIANTS = (AUTO, "hybrid", "no_hybrid", "table_wise", "data_parallel")
+POOLED = ("no_hybrid", "table_wise")
+SLOW_LINK_MBIT = 100
+TARGET_HYBRID_VS_POOLED = 1.3
+TARGET_AUTO_VS_BEST = 0.95
+TARGET_PREDICTION = 0.20
+
+
+def acceptance(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The three targets, per bandwidth and overall, from the table rows of one run."""
+    out: Dict[str, Any] = {"per_bandwidth": {}}
+    all_ok = {"hybrid_vs_pooled": True, "auto_vs_best": True, "prediction": True}
+    for bw in sorted({r["bandwidth_mbit"] for r in rows}, reverse=True):
+        mine = {r["variant"]: r for r in rows if r["bandwidth_mbit"] == bw and r.get("samples_per_s")}
+        pooled = max((mine[v]["samples_per_s"] for v in POOLED if v in mine), default=None)
+        best = max((r["samples_per_s"] for r in mine.values()), default=None)
+        entry: Dict[str, Any] = {}
+        if "hybrid" in mine and pooled:
+            entry["hybrid_vs_pooled"] = mine["hybrid"]["samples_per_s"] / pooled
+            if bw <= SLOW_LINK_MBIT:
+                entry["hybrid_vs_pooled_pass"] = entry["hybrid_vs_pooled"] >= TARGET_HYBRID_VS_POOLED
+                all_ok["hybrid_vs_pooled"] &= entry["hybrid_vs_pooled_pass"]
+        if AUTO in mine and best:
+            entry["auto_vs_best"] = mine[AUTO]["samples_per_s"] / best
+            entry["auto_vs_best_pass"] = entry["auto_vs_best"] >= TARGET_AUTO_VS_BEST
+            all_ok["auto_vs_best"] &= entry["auto_vs_best_pass"]
+        errors = [abs(r["predicted_over_measured"] - 1.0) for r in mine.values() if r.get("predicted_over_measured")]
+        if errors:
+            entry["worst_prediction_error"] = max(errors)
+            entry["prediction_pass"] = entry["worst_prediction_error"] <= TARGET_PREDICTION
+            all_ok["prediction"] &= entry["prediction_pass"]
+        out["per_bandwidth"][str(bw)] = entry
+    out.update({f"{k}_pass": v for k, v in all_ok.items()})
+    return out
+
+
+def row_of(run: Mapping[str, Any], bandwidth: float) -> Dict[str, Any]:
+    pred, meas = run.get("predicted_step_time_s"), run.get("step_time_s")
+    cal = run.get("calibration") or {}
+    return {
+        "bandwidth_mbit": bandwidth, "variant": run["variant"], "samples_per_s": run.get("samples_per_s"),
+        "step_ms": 1e3 * meas if meas else None, "predicted_ms": 1e3 * pred if pred else None,
+        "predicted_over_measured": pred / meas if pred and meas else None,
+        "bytes_per_step": run.get("bytes_per_step"), "plan_summary": run.get("plan_summary"),
+        "valid_auc": run.get("valid_auc"),
+        "calibrated_a2a_mb_s": 1e-6 / cal["all_to_all"]["seconds_per_byte"]
+        if cal.get("all_to_all", {}).get("seconds_per_byte") else None,
+        "error": run.get("error"),
+    }
+
+
+def plot(rows: Sequence[Mapping[str, Any]], png: str) -> Optional[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # a chart never fails the benchmark
+        print(f"multinode: no chart ({e})")
+        return None
+    bws = sorted({r["bandwidth_mbit"] for r in rows}, reverse=True)
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    width = 0.8 / max(len(variants), 1)
+    for i, v in enumerate(variants):
+        vals = [next((r["samples_per_s"] or 0 for r in rows if r["bandwidth_mbit"] == b and r["variant"] == v), 0)
+                for b in bws]
+        axes[0].bar([j + i * width for j in range(len(bws))], vals, width, label=v)
+    axes[0].set_xticks([j + 0.4 - width / 2 for j in range(len(bws))], [f"{b:g} mbit" for b in bws])
+    axes[0].set_ylabel("samples/s (median window)")
+    axes[0].set_title("Throughput per link bandwidth", fontsize=10)
+    axes[0].legend(fontsize=8)
+    pts = [(r["step_ms"], r["predicted_ms"], r["variant"]) for r in rows if r.get("step_ms") and r.get("predicted_ms")]
+    if pts:
+        top = max(max(a, b) for a, b, _ in pts) * 1.1
+        axes[1].plot([0, top], [0, top], color="#7f7f7f", linewidth=1)
+        axes[1].fill_between([0, top], [0, 0.8 * top], [0, 1.2 * top], color="#dddddd", label="±20 %")
+        for a, b, v in pts:
+            axes[1].scatter(a, b, s=18)
+            axes[1].annotate(v, (a, b), fontsize=6)
+        axes[1].set_xscale("log")
+        axes[1].set_yscale("log")
+        axes[1].legend(fontsize=8)
+    axes[1].set_xlabel("measured step time (ms)")
+    axes[1].set_ylabel("predicted step time (ms)")
+    axes[1].set_title("Calibrated step-time model vs measured", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+COLUMNS = [("mbit", ">6", "{:g}"), ("row", "<14", "{}"), ("samples/s", ">10", "{:,.0f}"), ("step ms", ">8", "{:.1f}"),
+           ("pred ms", ">8", "{:.1f}"), ("pred/meas", ">9", "{:.2f}"), ("MB/step", ">8", "{:.2f}"),
+           ("plan", "<34", "{}")]
+KEYS = ["bandwidth_mbit", "variant", "samples_per_s", "step_ms", "predicted_ms", "predicted_over_measured",
+        "mb_per_step", "plan_summary"]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bandwidth-mbit", type=float, nargs="+", default=[1000.0, 100.0, 50.0])
+    ap.add_argument("--latency-ms", type=float, default=None, help="added one-way latency per link (netem)")
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--cpus-per-node", type=int, default=2, help="Ray CPUs per node (one worker of 1 CPU each, "
+                                                                  "the rest for Ray Data)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--steps", type=int, default=40, help="timed steps per run after one warm-up window")
+    ap.add_argument("--window", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--data", default=os.path.join(_REPO, "data", "synth_small"))
+    ap.add_argument("--config", default=CONFIG)
+    ap.add_argument("--out", default=os.path.join(_REPO, "bench-results", "multinode.json"))
+    ap.add_argument("--check", action="store_true", help="exit 1 when a target fails")
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args(argv)
+    args.world = args.nodes
+    args.data, args.config = os.path.abspath(args.data), os.path.abspath(args.config)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if AUTO in variants:
+        variants.remove(AUTO)
+    variants.insert(0, AUTO)  # its split.json names the hybrid tables, its stats.json serves the rest
+
+    from cluster.emulate import EmulatedCluster
+
+    ensure_data(args.data, 400_000)
+    tables = schema_tables(args.data)
+    tmp = tempfile.mkdtemp(prefix="rbm-")
+    runs: List[Dict[str, Any]] = []
+    rows: List[Dict[str, Any]] = []
+    hot: Optional[List[str]] = None
+    stats_path: Optional[str] = None
+    t0 = time.monotonic()
+    extra = ["scaling.placement_strategy=SPREAD", "scaling.cpus_per_worker=1"]
+    try:
+        for bw in args.bandwidth_mbit:
+            cluster = EmulatedCluster(name="rayemb-bench", nodes=args.nodes, cpus_per_node=args.cpus_per_node,
+                                      bandwidth_mbit=bw, latency_ms=args.latency_ms,
+                                      state_dir=os.path.join(tmp, f"cluster-{bw:g}"))
+            print(f"multinode: {args.nodes} nodes at {bw:g} mbit ...", flush=True)
+            cluster.up(replace=True)
+            try:
+                for name in variants:
+                    if name == "hybrid" and not hot:
+                        print("multinode: skipping hybrid (no table with a hot set and a cold remainder)")
+                        continue
+                    run = run_rayemb(name, args, tmp, 0, tables, hot, stats_path, wrap=cluster.exec_argv,
+                                     extra_overrides=extra, tag=f"-{bw:g}mbit")
+                    run["bandwidth_mbit"] = bw
+                    if name == AUTO and run.get("job_dir"):
+                        split = os.path.join(run["job_dir"], "split.json")
+                        if hot is None and os.path.exists(split):
+                            with open(split) as f:
+                                hot = hot_tables_of(json.load(f))
+                        st = os.path.join(run["job_dir"], "stats.json")
+                        if stats_path is None and os.path.exists(st):
+                            stats_path = os.path.join(tmp, "stats.json")
+                            shutil.copy(st, stats_path)
+                    runs.append(run)
+                    row = row_of(run, bw)
+                    row["mb_per_step"] = row["bytes_per_step"] / 1e6 if row.get("bytes_per_step") else None
+                    rows.append(row)
+                    sps = run.get("samples_per_s")
+                    print(f"multinode:   {bw:g} mbit {name}: " + (f"{sps:,.0f} samples/s" if sps else "FAILED")
+                          + (f", step {row['step_ms']:.1f} ms vs predicted {row['predicted_ms']:.1f} ms"
+                             if row.get("step_ms") and row.get("predicted_ms") else "")
+                          + (f", plan {run['plan_summary']}" if run.get("plan_summary") else "")
+                          + f" ({run['wall_s']:.0f}s)", flush=True)
+                    if run.get("error"):
+                        print("multinode:   error:\n" + run["error"], flush=True)
+            finally:
+                cluster.down()
+    finally:
+        if args.keep:
+            print(f"multinode: outputs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    acc = acceptance(rows)
+    png = plot(rows, os.path.splitext(args.out)[0] + ".png")
+    doc = {"schema_version": SCHEMA_VERSION, "benchmark": "multinode",
+           "config": {"bandwidths_mbit": args.bandwidth_mbit, "latency_ms": args.latency_ms, "nodes": args.nodes,
+                      "cpus_per_node": args.cpus_per_node, "steps": args.steps, "window": args.window,
+                      "batch_size": args.batch_size, "global_batch": args.batch_size * args.world,
+                      "variants": variants, "hot_tables": hot, "wall_s": time.monotonic() - t0,
+                      "cpu_count": os.cpu_count()},
+           "results": rows, "acceptance": acc, "chart": png, "runs": runs}
+    footer = (f"hybrid >= {TARGET_HYBRID_VS_POOLED}x best pooled at <= {SLOW_LINK_MBIT} mbit: "
+              f"{'PASS' if acc['hybrid_vs_pooled_pass'] else 'FAIL'}; auto within 5% of best: "
+              f"{'PASS' if acc['auto_vs_best_pass'] else 'FAIL'}; predicted within 20%: "
+              f"{'PASS' if acc['prediction_pass'] else 'FAIL'}")
+    report(args.out, doc, rows, COLUMNS, KEYS, footer=footer)
+    if png:
+        print(f"wrote {png}")
+    if args.check and not all(acc[k] for k in ("hybrid_vs_pooled_pass", "auto_vs_best_pass", "prediction_pass")):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
