@@ -165,7 +165,7 @@ class EmulatedCluster:
     def __init__(self, name: str = DEFAULT_NAME, nodes: int = 2, cpus_per_node: int = 1,
                  bandwidth_mbit: float = 100, latency_ms: Optional[float] = None,
                  state_dir: Optional[str] = None, subnet: Optional[str] = None,
-                 object_store_bytes: int = DEFAULT_OBJECT_STORE_BYTES):
+                 object_store_bytes: int = DEFAULT_OBJECT_STORE_BYTES, gloo_ifname: bool = True):
         check_name(name)
         if not 1 <= int(nodes) <= MAX_NODES:
             raise EmulateError(f"--nodes {nodes}: need 1..{MAX_NODES}")
@@ -181,6 +181,8 @@ class EmulatedCluster:
         self.bandwidth_mbit = bandwidth_mbit
         self.latency_ms = latency_ms or None
         self.object_store_bytes = int(object_store_bytes)
+        #: export GLOO_SOCKET_IFNAME to the nodes (False: leave it to the job, as rayemb's RayembTorchConfig does)
+        self.gloo_ifname = bool(gloo_ifname)
         self.short = short_name(name)
         self.state_dir = Path(state_dir).resolve() if state_dir else REPO / "runs" / "emulate" / name
         try:
@@ -268,11 +270,14 @@ class EmulatedCluster:
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(self.token_path),
             "RAY_USAGE_STATS_ENABLED": "0",
-            "GLOO_SOCKET_IFNAME": IFNAME,
             "RAYEMB_SHARED_DIR": str(self.shared_dir),
             "RAYEMB_WORKSPACE": str(REPO),
             "PATH": bin_dir + os.pathsep + env.get("PATH", "/usr/bin:/bin"),
         })
+        if self.gloo_ifname:
+            env["GLOO_SOCKET_IFNAME"] = IFNAME
+        else:
+            env.pop("GLOO_SOCKET_IFNAME", None)
         return env
 
     def ray_start_argv(self, k: int) -> List[str]:
@@ -306,10 +311,12 @@ class EmulatedCluster:
     def exec_argv(self, cmd: Sequence[str]) -> List[str]:
         """`cmd` inside the head's namespace with the client env, GLOO_SOCKET_IFNAME and the venv on PATH."""
         env = dict(self.env())
-        env["GLOO_SOCKET_IFNAME"] = IFNAME
+        if self.gloo_ifname:
+            env["GLOO_SOCKET_IFNAME"] = IFNAME
         env["RAYEMB_WORKSPACE"] = str(REPO)
         env["PATH"] = os.path.dirname(_ray_bin()) + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin")
-        return self.node_exec_argv(0, ["env", "-u", "RAY_AUTH_TOKEN", *(f"{k}={v}" for k, v in env.items()),
+        unset = ["-u", "RAY_AUTH_TOKEN"] + ([] if self.gloo_ifname else ["-u", "GLOO_SOCKET_IFNAME"])
+        return self.node_exec_argv(0, ["env", *unset, *(f"{k}={v}" for k, v in env.items()),
                                        *cmd])
 
     # ---- state

@@ -141,6 +141,7 @@ def plot(rows: Sequence[Mapping[str, Any]], png: str) -> Optional[str]:
     axes[1].set_ylabel("predicted step time (ms)")
     axes[1].set_title("Calibrated step-time model vs measured", fontsize=10)
     fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
     fig.savefig(png, dpi=110)
     plt.close(fig)
     return png

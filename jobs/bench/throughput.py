@@ -425,6 +425,7 @@ def plot(rows: Sequence[Mapping[str, Any]], acc: Mapping[str, Any], png: str,
     ax.tick_params(axis="x", labelrotation=20)
     fig.text(0.01, 0.01, verdict(acc), fontsize=7)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
+    os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
     fig.savefig(png, dpi=110)
     plt.close(fig)
     return png

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List
 
@@ -43,6 +44,8 @@ def train_main(args: argparse.Namespace) -> int:
     if not args.sweep:
         result = run_training(cfg)
         print_result(result)
+        if args.result_json:
+            write_result_json(result, args.result_json)
         return 0
 
     from rayemb.config import resolve_path
@@ -61,6 +64,20 @@ def train_main(args: argparse.Namespace) -> int:
     uri = cfg.tracking.tracking_uri or default_tracking_uri(resolve_path(cfg.tracking.output_dir))
     ensure_store(uri)
     return run_sweep(args.set or [], args.sweep, run_one, uri, cfg.tracking.experiment)
+
+
+def write_result_json(result, path: str) -> None:
+    """The job's outcome as JSON for scripts: run id, status, wall time, final metrics, placements."""
+    import json
+
+    doc = {"run_id": result.run_id, "status": result.status, "wall_time_s": result.wall_time_s,
+           "tracking_uri": redact_uri(result.tracking_uri), "best_checkpoint": result.best_checkpoint,
+           "metrics": result.metrics,
+           "placements": {t: v["placement"] for t, v in result.plan.get("tables", {}).items()},
+           "predicted_step_time_s": result.plan.get("predicted_step_time_s")}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2, sort_keys=True, default=str)
 
 
 def print_result(result) -> None:
@@ -85,5 +102,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
     p.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...",
                    help="run one job per value as child runs of one parent MLflow run")
+    p.add_argument("--result-json", metavar="PATH",
+                   help="also write the job's outcome (run id, status, final metrics, placements) as JSON")
 
 
