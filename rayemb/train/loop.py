@@ -227,6 +227,11 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
     torch.manual_seed(cfg.train.seed)
+    # intra-op threads = the CPUs Ray granted this worker (Ray's OMP_NUM_THREADS rule), said once
+    threads = max(1, int(loop_config.get("cpus_per_worker") or 1))
+    torch.set_num_threads(threads)
+    if rank == 0:
+        logger.info("%d ranks, %d torch thread(s) each, device %s", world, threads, device)
 
     model, optimizer, remapper = sharded_model(cfg, schema, loop_config["plan"], device)
     instrument_ddp(model)
