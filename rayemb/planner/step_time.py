@@ -97,6 +97,12 @@ class Calibration:
     #: table at one id per bag); kinds: data_parallel, table_wise, row_wise, hybrid (see :func:`probe_kind`).
     #: When a kind is here it replaces ``group_overhead_s``, the calls' latency and the per-id lookup terms.
     groups: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+    #: the probes' tables (rows, hot rows, hot share of lookups; one id per bag at the job's dim and local
+    #: batch): their per-table cost already holds these tables' transfers and replicated rows, so a real
+    #: table adds only what it moves and replicates beyond them
+    probe_rows: int = 2_000
+    probe_hot_rows: int = 200
+    probe_hot_share: float = 0.55
     backend: str = "gloo"
     source: str = "default"
     world_size: int = 0
@@ -157,6 +163,22 @@ def _group_of(placement: Placement) -> List[str]:
     return [placement.value]
 
 
+def _bytes(t: TableSpec, p: Placement, global_batch: int, w: int, l: int) -> Dict[str, float]:
+    return predict_table_bytes(
+        p, batch_size=global_batch, dim=t.dim, world_size=w, pooling=t.pooling_factor, num_rows=t.rows,
+        hot_share=t.hot_share, num_hot=t.hot_rows, elem_bytes=t.bytes_per_element,
+        column_shards=column_shards(t.dim, w), devices_per_node=l,
+    )
+
+
+def _probe_like(t: TableSpec, p: Placement, cal: Calibration) -> TableSpec:
+    """The calibration probe's table standing in for ``t``: same dim, one id per bag, the probe's rows."""
+    hybrid = p == Placement.HYBRID
+    return TableSpec(t.name, rows=cal.probe_rows, dim=t.dim, bytes_per_element=t.bytes_per_element,
+                     pooling_factor=1.0, hot_rows=cal.probe_hot_rows if hybrid else 0,
+                     hot_share=cal.probe_hot_share if hybrid else 0.0)
+
+
 def predict_step_time(
     tables: Sequence[TableSpec], placements: Mapping[str, Placement], topology: ClusterTopology, global_batch: int,
     calibration: Calibration,
@@ -173,11 +195,12 @@ def predict_step_time(
         ids_local = local_batch * t.pooling_factor  # ids one rank's batch looks up
         hot = t.hot_share if p == Placement.HYBRID else 0.0
         kind = probe_kind(p)
-        if kind in cal.groups:  # measured on real modules at one id per bag; more ids cost fused lookups
+        probed = kind in cal.groups
+        if probed:  # measured on real modules at one id per bag; more ids cost fused lookups
             lookup = cal.groups[kind][1] + max(t.pooling_factor - 1.0, 0.0) * local_batch * cal.lookup_s
-            rep = (t.hot_rows if p == Placement.HYBRID else t.rows if p == Placement.DATA_PARALLEL else 0) \
-                * t.dim * cal.replicated_elem_s
-            pool = 0.0
+            rep_rows = (t.hot_rows - cal.probe_hot_rows if p == Placement.HYBRID
+                        else t.rows - cal.probe_rows if p == Placement.DATA_PARALLEL else 0)
+            rep, pool = rep_rows * t.dim * cal.replicated_elem_s, 0.0
         elif p == Placement.DATA_PARALLEL:
             lookup, rep, pool = ids_local * cal.dense_lookup_s, t.rows * t.dim * cal.replicated_elem_s, 0.0
         elif p == Placement.HYBRID:
@@ -187,13 +210,12 @@ def predict_step_time(
             lookup, rep, pool = ids_local * cal.lookup_s, 0.0, 0.0
         transfer = 0.0
         if w > 1:
-            by_collective = predict_table_bytes(
-                p, batch_size=global_batch, dim=t.dim, world_size=w, pooling=t.pooling_factor, num_rows=t.rows,
-                hot_share=t.hot_share, num_hot=t.hot_rows, elem_bytes=t.bytes_per_element,
-                column_shards=column_shards(t.dim, w), devices_per_node=l,
-            )
+            by_collective = _bytes(t, p, global_batch, w, l)
+            if probed:  # the probe's own table already moved its bytes: count only the difference
+                probe_like = _bytes(_probe_like(t, p, cal), p, global_batch, w, l)
+                by_collective = {c: b - probe_like.get(c, 0.0) for c, b in by_collective.items()}
             for collective, total_bytes in by_collective.items():
-                if collective == "all_reduce" and kind in cal.groups:
+                if collective == "all_reduce" and probed:
                     continue  # probed: replicated_elem_s already holds the all-reduce on the live links
                 transfer += cal.link(collective).time(total_bytes / w, calls=0)
                 if collective == "all_reduce":

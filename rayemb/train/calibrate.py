@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Dict, List, Sequence
 
 from rayemb.planner.step_time import Calibration, LinkCost
+from rayemb.train.calibrate_probes import PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_ROWS
 
 logger = logging.getLogger(__name__)
 
@@ -216,6 +217,7 @@ def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, sec
         all_reduce=ar, all_to_all=links["all_to_all"], lookup_s=mean["lookup_s"],
         dense_lookup_s=mean["dense_lookup_s"], replicated_elem_s=mean["replicated_elem_s"], pool_s=mean["pool_s"],
         group_overhead_s=mean["group_overhead_s"], dense_step_s=mean["dense_step_s"] + dense_sync, groups=groups,
+        probe_rows=PROBE_ROWS, probe_hot_rows=PROBE_HOT_ROWS, probe_hot_share=PROBE_HOT_SHARE,
         backend=backend, source="measured", world_size=world, num_nodes=num_nodes, seconds=seconds,
     )
 

@@ -25,6 +25,8 @@ PROBE_ROWS = 2_000
 #: rows of the large replicated table that measures the cost per replicated element
 PROBE_LARGE_ROWS = 50_000
 PROBE_HOT_ROWS = 200
+#: share of the probes' lookups that hit hot rows: half drawn from the hot rows, half uniform over all rows
+PROBE_HOT_SHARE = 0.5 + 0.5 * PROBE_HOT_ROWS / PROBE_ROWS
 PROBE_TABLES = (1, 4)
 PROBE_STEPS = 8
 
@@ -116,4 +118,5 @@ def probe_replicated_elem(local_batch: int, dim: int, device: Any) -> float:
     return max((t_large - t_small) / ((PROBE_LARGE_ROWS - PROBE_ROWS) * dim), 0.0)
 
 
-__all__ = ["probe_groups", "probe_replicated_elem", "PROBE_KINDS"]
+__all__ = ["probe_groups", "probe_replicated_elem", "PROBE_KINDS", "PROBE_ROWS", "PROBE_HOT_ROWS",
+           "PROBE_HOT_SHARE"]
