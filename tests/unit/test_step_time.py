@@ -132,3 +132,31 @@ def test_fully_hot_table_pinned_hybrid_is_data_parallel():
         choice = chooser.choose(tables, TOPO, BATCH, pins)
         assert choice["tiny"].placement == Placement.DATA_PARALLEL
         assert choice["big"].placement == Placement.HYBRID
+
+
+def test_probed_table_adds_only_what_it_moves_beyond_the_probe():
+    """A table like the probe's costs exactly the probe's per-table figure; more ids per bag cost more."""
+    cal = _probed(SLOW)
+    topo = ClusterTopology(2, 1)
+    like = TableSpec("p", rows=cal.probe_rows, dim=64, pooling_factor=1.0)
+    pred = predict_step_time([like], {"p": Placement.TABLE_WISE}, topo, BATCH, cal)
+    assert pred.per_table_s["p"] == pytest.approx(cal.groups["table_wise"][1])
+    assert pred.components["transfer"] == pytest.approx(0.0)
+    multi = TableSpec("p", rows=cal.probe_rows, dim=64, pooling_factor=4.0)
+    more = predict_step_time([multi], {"p": Placement.TABLE_WISE}, topo, BATCH, cal)
+    assert more.per_table_s["p"] > pred.per_table_s["p"]  # 3 more ids per bag: lookups and id bytes
+
+
+def test_combine_averages_ranks_and_keeps_rank0_links():
+    from rayemb.train.calibrate import combine
+
+    def rank(scale):
+        return {"lookup_s": 1e-7 * scale, "dense_lookup_s": 1e-7, "replicated_elem_s": 1e-9, "pool_s": 1e-8,
+                "group_overhead_s": 1e-3, "dense_step_s": 5e-3, "dense_param_bytes": 1e5,
+                "groups": {"table_wise": (2e-3 * scale, 1e-4)}}
+    links = {"all_reduce": LinkCost(1e-4, 1e-9), "all_to_all": LinkCost(2e-4, 2e-9)}
+    cal = combine([{"links": links, "compute": [rank(1), rank(3)]}, {"links": {}, "compute": []}], "gloo", 2, 3.0)
+    assert cal.lookup_s == pytest.approx(2e-7) and cal.groups["table_wise"] == pytest.approx((4e-3, 1e-4))
+    assert cal.all_to_all == links["all_to_all"] and cal.num_nodes == 2 and cal.world_size == 2
+    # the dense arch's gradient all-reduce (one DDP bucket) joins the fixed step cost
+    assert cal.dense_step_s == pytest.approx(5e-3 + links["all_reduce"].time(1e5))

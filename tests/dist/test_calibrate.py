@@ -1,0 +1,59 @@
+"""Calibration on real gloo ranks: collectives, kernels and probes of real sharded modules give a usable model."""
+
+import pytest
+
+from rayemb.multiprocess import run_multiprocess
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SHAPE = dict(local_batch=256, num_dense=13, num_sparse=8, dim=16, bottom_mlp=[32, 16], top_mlp=[32, 1])
+
+
+def _rank(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    from rayemb.train.calibrate import measure_collectives, measure_compute
+    from rayemb.train.calibrate_probes import probe_groups, probe_replicated_elem
+
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    links = measure_collectives(device, world_size)
+    compute = measure_compute(device, **SHAPE)
+    compute["groups"] = probe_groups(SHAPE["local_batch"], SHAPE["dim"], device)
+    compute["replicated_elem_s"] = probe_replicated_elem(SHAPE["local_batch"], SHAPE["dim"], device)
+    parts = [None] * world_size
+    dist.all_gather_object(parts, compute)
+    return {"links": links, "compute": parts}
+
+
+def test_calibration_on_two_gloo_ranks_prices_plans():
+    import json
+
+    from rayemb.planner.step_time import Calibration, StepTimeCostModel, predict_step_time
+    from rayemb.planner.types import ClusterTopology, Placement, TableSpec
+    from rayemb.train.calibrate import combine
+    from rayemb.train.calibrate_probes import PROBE_KINDS
+
+    results = run_multiprocess(_rank, 2)
+    cal = combine(results, "gloo", 1, seconds=1.0)
+    assert cal.source == "measured" and cal.world_size == 2
+    # every figure measured and positive where it must be: a step costs time, bytes cost time
+    assert cal.all_reduce.seconds_per_byte > 0 and cal.all_to_all.seconds_per_byte > 0
+    assert cal.dense_step_s > 0 and cal.lookup_s > 0 and cal.replicated_elem_s > 0
+    assert set(cal.groups) == set(PROBE_KINDS)
+    assert all(fixed >= 0 and per >= 0 for fixed, per in cal.groups.values())
+    assert any(fixed > 0 for fixed, _ in cal.groups.values())
+    assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
+
+    tables = [TableSpec(f"t{i}", rows=20_000, dim=16, hot_rows=300, hot_share=0.8) for i in range(4)]
+    topo = ClusterTopology(1, 2)
+    model = StepTimeCostModel(cal)
+    choice = model.choose(tables, topo, 512, {})
+    chosen = predict_step_time(tables, {n: c.placement for n, c in choice.items()}, topo, 512, cal).total_s
+    for p in (Placement.TABLE_WISE, Placement.DATA_PARALLEL, Placement.HYBRID):
+        assert chosen <= predict_step_time(tables, {t.name: p for t in tables}, topo, 512, cal).total_s + 1e-12
+    # a larger replicated table costs more per step under the measured model
+    small = predict_step_time([TableSpec("a", rows=1_000, dim=16)], {"a": Placement.DATA_PARALLEL}, topo, 512, cal)
+    large = predict_step_time([TableSpec("a", rows=500_000, dim=16)], {"a": Placement.DATA_PARALLEL}, topo, 512, cal)
+    assert large.total_s > small.total_s
