@@ -171,12 +171,32 @@ def _bytes(t: TableSpec, p: Placement, global_batch: int, w: int, l: int) -> Dic
     )
 
 
-def _probe_like(t: TableSpec, p: Placement, cal: Calibration) -> TableSpec:
-    """The calibration probe's table standing in for ``t``: same dim, one id per bag, the probe's rows."""
-    hybrid = p == Placement.HYBRID
-    return TableSpec(t.name, rows=cal.probe_rows, dim=t.dim, bytes_per_element=t.bytes_per_element,
-                     pooling_factor=1.0, hot_rows=cal.probe_hot_rows if hybrid else 0,
-                     hot_share=cal.probe_hot_share if hybrid else 0.0)
+def normalize_probes(groups: Mapping[str, Tuple[float, float]], links: Mapping[str, LinkCost],
+                     replicated_elem_s: float, local_batch: int, dim: int, world: int, probe_rows: int,
+                     probe_hot_rows: int, probe_hot_share: float) -> Dict[str, Tuple[float, float]]:
+    """Probe costs per table minus what the probe's own table moved and replicated, clamped at zero.
+
+    A probe's cost per table was measured on the live links, so it holds that table's transfers
+    (pooled rows, ids, cold rows at bytes/β) and, for replicated kinds, its rows' all-reduce. Those
+    scale with the real table (batch, pooling, hot share, rows), so :func:`predict_step_time` adds
+    them for every table in full; what stays here is the per-table compute and launch cost.
+    """
+    out: Dict[str, Tuple[float, float]] = {}
+    global_batch = local_batch * world
+    for kind, (fixed, per_table) in groups.items():
+        p = Placement(kind)
+        hybrid = p == Placement.HYBRID
+        probe = TableSpec("probe", rows=probe_rows, dim=dim, pooling_factor=1.0,
+                          hot_rows=probe_hot_rows if hybrid else 0, hot_share=probe_hot_share if hybrid else 0.0)
+        moved = 0.0
+        if world > 1:
+            for collective, total in _bytes(probe, p, global_batch, world, world).items():
+                if collective != "all_reduce":
+                    moved += links[collective if collective in links else "all_to_all"].time(total / world, calls=0)
+        rep_rows = probe_hot_rows if hybrid else probe_rows if p == Placement.DATA_PARALLEL else 0
+        moved += rep_rows * dim * replicated_elem_s
+        out[kind] = (fixed, max(per_table - moved, 0.0))
+    return out
 
 
 def predict_step_time(
@@ -198,8 +218,7 @@ def predict_step_time(
         probed = kind in cal.groups
         if probed:  # measured on real modules at one id per bag; more ids cost fused lookups
             lookup = cal.groups[kind][1] + max(t.pooling_factor - 1.0, 0.0) * local_batch * cal.lookup_s
-            rep_rows = (t.hot_rows - cal.probe_hot_rows if p == Placement.HYBRID
-                        else t.rows - cal.probe_rows if p == Placement.DATA_PARALLEL else 0)
+            rep_rows = t.hot_rows if p == Placement.HYBRID else t.rows if p == Placement.DATA_PARALLEL else 0
             rep, pool = rep_rows * t.dim * cal.replicated_elem_s, 0.0
         elif p == Placement.DATA_PARALLEL:
             lookup, rep, pool = ids_local * cal.dense_lookup_s, t.rows * t.dim * cal.replicated_elem_s, 0.0
@@ -211,9 +230,6 @@ def predict_step_time(
         transfer = 0.0
         if w > 1:
             by_collective = _bytes(t, p, global_batch, w, l)
-            if probed:  # the probe's own table already moved its bytes: count only the difference
-                probe_like = _bytes(_probe_like(t, p, cal), p, global_batch, w, l)
-                by_collective = {c: b - probe_like.get(c, 0.0) for c, b in by_collective.items()}
             for collective, total_bytes in by_collective.items():
                 if collective == "all_reduce" and probed:
                     continue  # probed: replicated_elem_s already holds the all-reduce on the live links
@@ -324,4 +340,4 @@ class StepTimeCostModel(PlacementChooser):
 
 
 __all__ = ["Calibration", "LinkCost", "DEFAULT_CALIBRATION", "StepTimePrediction", "predict_step_time",
-           "StepTimeCostModel", "GROUP_CALLS", "DDP_BUCKET_BYTES", "probe_kind"]
+           "StepTimeCostModel", "GROUP_CALLS", "DDP_BUCKET_BYTES", "probe_kind", "normalize_probes"]

@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from rayemb.planner.step_time import Calibration, LinkCost
+from rayemb.planner.step_time import Calibration, LinkCost, normalize_probes
 from rayemb.train.calibrate_probes import PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_ROWS
 
 logger = logging.getLogger(__name__)
@@ -200,17 +200,22 @@ def calibrate_rank(rank: int, world: int, master: str, backend: str, threads: in
     return {"links": links, "compute": parts}
 
 
-def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, seconds: float) -> Calibration:
+def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, seconds: float,
+            shape: Optional[Dict[str, Any]] = None) -> Calibration:
     """One :class:`Calibration` from every rank's measurements: rank 0's links, compute averaged over ranks."""
+    shape = shape or {}
     first = results[0]
     compute = first["compute"]
     mean = {k: statistics.fmean(float(c[k]) for c in compute) for k in compute[0] if k != "groups"}
-    groups = {kind: (statistics.fmean(c["groups"][kind][0] for c in compute),
-                     statistics.fmean(c["groups"][kind][1] for c in compute))
-              for kind in compute[0].get("groups", {})}
+    raw_groups = {kind: (statistics.fmean(c["groups"][kind][0] for c in compute),
+                         statistics.fmean(c["groups"][kind][1] for c in compute))
+                  for kind in compute[0].get("groups", {})}
     world = len(compute)
     links = first["links"] or {"all_reduce": LinkCost(0.0, 0.0), "all_to_all": LinkCost(0.0, 0.0)}
     ar = links["all_reduce"]
+    groups = normalize_probes(raw_groups, {"all_reduce": ar, "all_to_all": links["all_to_all"]},
+                              mean["replicated_elem_s"], int(shape.get("local_batch", 1)), int(shape.get("dim", 1)),
+                              world, PROBE_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE) if raw_groups else {}
     # the dense arch's gradient all-reduce (DDP, one bucket) belongs to every plan's fixed step cost
     dense_sync = ar.time(2.0 * (world - 1) / world * mean["dense_param_bytes"]) if world > 1 else 0.0
     return Calibration(
@@ -265,7 +270,7 @@ def calibrate_cluster(world: int, cpus_per_worker: float, use_gpu: bool, num_nod
             ray.kill(a)
     finally:
         remove_placement_group(pg)
-    return combine(results, backend, num_nodes, time.monotonic() - t0)
+    return combine(results, backend, num_nodes, time.monotonic() - t0, shape)
 
 
 __all__ = ["calibrate_cluster", "calibrate_rank", "combine", "measure_collectives", "measure_compute"]

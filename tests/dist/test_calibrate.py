@@ -36,7 +36,7 @@ def test_calibration_on_two_gloo_ranks_prices_plans():
     from rayemb.train.calibrate_probes import PROBE_KINDS
 
     results = run_multiprocess(_rank, 2)
-    cal = combine(results, "gloo", 1, seconds=1.0)
+    cal = combine(results, "gloo", 1, seconds=1.0, shape=SHAPE)
     assert cal.source == "measured" and cal.world_size == 2
     # every figure measured and positive where it must be: a step costs time, bytes cost time
     assert cal.all_reduce.seconds_per_byte > 0 and cal.all_to_all.seconds_per_byte > 0

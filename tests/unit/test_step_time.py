@@ -134,17 +134,29 @@ def test_fully_hot_table_pinned_hybrid_is_data_parallel():
         assert choice["big"].placement == Placement.HYBRID
 
 
-def test_probed_table_adds_only_what_it_moves_beyond_the_probe():
-    """A table like the probe's costs exactly the probe's per-table figure; more ids per bag cost more."""
+def test_probe_costs_are_normalised_to_compute_and_priced_back_in_full():
+    """A probe's cost per table holds its own table's transfer; normalising removes it (never below zero)
+    and the prediction adds the real table's transfer back: a probe-like table costs what the probe measured."""
+    from rayemb.planner.step_time import normalize_probes
+
     cal = _probed(SLOW)
     topo = ClusterTopology(2, 1)
+    local_batch = BATCH // 2
     like = TableSpec("p", rows=cal.probe_rows, dim=64, pooling_factor=1.0)
-    pred = predict_step_time([like], {"p": Placement.TABLE_WISE}, topo, BATCH, cal)
-    assert pred.per_table_s["p"] == pytest.approx(cal.groups["table_wise"][1])
-    assert pred.components["transfer"] == pytest.approx(0.0)
+    moved = predict_step_time([like], {"p": Placement.TABLE_WISE}, topo, BATCH,
+                              dataclasses.replace(cal, groups={})).components["transfer"]
+    raw = {"table_wise": (0.006, 0.0002 + moved), "row_wise": (0.008, 0.0)}
+    norm = normalize_probes(raw, {"all_reduce": SLOW, "all_to_all": SLOW}, cal.replicated_elem_s, local_batch, 64,
+                            2, cal.probe_rows, cal.probe_hot_rows, cal.probe_hot_share)
+    assert norm["table_wise"] == pytest.approx((0.006, 0.0002))
+    assert norm["row_wise"] == (0.008, 0.0)  # clamped: a probe faster than its own transfer counts as free
+    measured = dataclasses.replace(cal, groups=norm)
+    pred = predict_step_time([like], {"p": Placement.TABLE_WISE}, topo, BATCH, measured)
+    assert pred.per_table_s["p"] == pytest.approx(raw["table_wise"][1])
     multi = TableSpec("p", rows=cal.probe_rows, dim=64, pooling_factor=4.0)
-    more = predict_step_time([multi], {"p": Placement.TABLE_WISE}, topo, BATCH, cal)
+    more = predict_step_time([multi], {"p": Placement.TABLE_WISE}, topo, BATCH, measured)
     assert more.per_table_s["p"] > pred.per_table_s["p"]  # 3 more ids per bag: lookups and id bytes
+    assert all(v >= 0 for v in more.components.values())
 
 
 def test_combine_averages_ranks_and_keeps_rank0_links():
@@ -155,8 +167,15 @@ def test_combine_averages_ranks_and_keeps_rank0_links():
                 "group_overhead_s": 1e-3, "dense_step_s": 5e-3, "dense_param_bytes": 1e5,
                 "groups": {"table_wise": (2e-3 * scale, 1e-4)}}
     links = {"all_reduce": LinkCost(1e-4, 1e-9), "all_to_all": LinkCost(2e-4, 2e-9)}
-    cal = combine([{"links": links, "compute": [rank(1), rank(3)]}, {"links": {}, "compute": []}], "gloo", 2, 3.0)
-    assert cal.lookup_s == pytest.approx(2e-7) and cal.groups["table_wise"] == pytest.approx((4e-3, 1e-4))
+    from rayemb.planner.step_time import normalize_probes
+
+    shape = {"local_batch": 64, "dim": 8}
+    cal = combine([{"links": links, "compute": [rank(1), rank(3)]}, {"links": {}, "compute": []}], "gloo", 2, 3.0,
+                  shape)
+    expected = normalize_probes({"table_wise": (4e-3, 1e-4)}, links, 1e-9, 64, 8, 2, cal.probe_rows,
+                                cal.probe_hot_rows, cal.probe_hot_share)
+    assert cal.lookup_s == pytest.approx(2e-7) and cal.groups["table_wise"] == pytest.approx(expected["table_wise"])
+    assert cal.groups["table_wise"][0] == pytest.approx(4e-3) and cal.groups["table_wise"][1] < 1e-4
     assert cal.all_to_all == links["all_to_all"] and cal.num_nodes == 2 and cal.world_size == 2
     # the dense arch's gradient all-reduce (one DDP bucket) joins the fixed step cost
     assert cal.dense_step_s == pytest.approx(5e-3 + links["all_reduce"].time(1e5))
