@@ -31,7 +31,6 @@ Usage (root: network namespaces)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -48,7 +47,7 @@ from throughput import (  # noqa: E402
     AUTO,
     CONFIG,
     ensure_data,
-    hot_tables_of,
+    reuse_auto_outputs,
     run_rayemb,
     schema_tables,
 )
@@ -204,15 +203,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     run = run_rayemb(name, args, tmp, 0, tables, hot, stats_path, wrap=cluster.exec_argv,
                                      extra_overrides=extra, tag=f"-{bw:g}mbit")
                     run["bandwidth_mbit"] = bw
-                    if name == AUTO and run.get("job_dir"):
-                        split = os.path.join(run["job_dir"], "split.json")
-                        if hot is None and os.path.exists(split):
-                            with open(split) as f:
-                                hot = hot_tables_of(json.load(f))
-                        st = os.path.join(run["job_dir"], "stats.json")
-                        if stats_path is None and os.path.exists(st):
-                            stats_path = os.path.join(tmp, "stats.json")
-                            shutil.copy(st, stats_path)
+                    if name == AUTO:
+                        hot, stats_path = reuse_auto_outputs(run, tmp, hot, stats_path)
                     runs.append(run)
                     row = row_of(run, bw)
                     row["mb_per_step"] = row["bytes_per_step"] / 1e6 if row.get("bytes_per_step") else None

@@ -379,6 +379,23 @@ def run_rayemb(variant: str, args: argparse.Namespace, tmp: str, r: int, tables:
     return run
 
 
+def reuse_auto_outputs(run: Mapping[str, Any], tmp: str, hot: Optional[List[str]],
+                       stats_path: Optional[str]) -> Tuple[Optional[List[str]], Optional[str]]:
+    """(hybrid tables, stats.json copy) from an auto run's job dir, for the runs after it; kept if already known."""
+    job_dir = run.get("job_dir")
+    if not job_dir:
+        return hot, stats_path
+    split = os.path.join(job_dir, "split.json")
+    if hot is None and os.path.exists(split):
+        with open(split) as f:
+            hot = hot_tables_of(json.load(f))
+    st = os.path.join(job_dir, "stats.json")
+    if stats_path is None and os.path.exists(st):
+        stats_path = os.path.join(tmp, "stats.json")
+        shutil.copy(st, stats_path)
+    return hot, stats_path
+
+
 def ensure_data(path: str, rows: int) -> None:
     if os.path.exists(os.path.join(path, "schema.yaml")):
         return
@@ -491,15 +508,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     run = run_peer(args, tmp, r)
                 else:
                     run = run_rayemb(name, args, tmp, r, tables, hot, stats_path)
-                    if name == AUTO and run.get("job_dir"):
-                        split = os.path.join(run["job_dir"], "split.json")
-                        if hot is None and os.path.exists(split):
-                            with open(split) as f:
-                                hot = hot_tables_of(json.load(f))
-                        st = os.path.join(run["job_dir"], "stats.json")
-                        if stats_path is None and os.path.exists(st):
-                            stats_path = os.path.join(tmp, "stats.json")
-                            shutil.copy(st, stats_path)
+                    if name == AUTO:
+                        hot, stats_path = reuse_auto_outputs(run, tmp, hot, stats_path)
                 runs.append(run)
                 sps = run.get("samples_per_s")
                 print(f"throughput:   {name}: " + (f"{sps:,.0f} samples/s" if sps else "FAILED")
