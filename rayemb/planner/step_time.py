@@ -39,7 +39,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from rayemb.planner.cost import BytesCostModel, column_shards, replicated_bytes_per_rank, table_cost
+from rayemb.planner.cost import (
+    OPTIMIZER_STATE_BYTES,
+    BytesCostModel,
+    column_shards,
+    replicated_bytes_per_rank,
+    table_cost,
+)
 from rayemb.planner.traffic import predict_table_bytes
 from rayemb.planner.types import ClusterTopology, Cost, Placement, PlacementChooser, TablePin, TableSpec
 
@@ -287,7 +293,7 @@ class StepTimeCostModel(PlacementChooser):
         start = self.bytes_model.choose(tables, topology, global_batch, pins)
         cap, w, l = topology.capacity_bytes, topology.world_size, topology.devices_per_node
         budget = self.bytes_model.replicated_fraction * cap
-        total_mp = sum(t.rows * (t.row_bytes + 4) for t in tables)
+        total_mp = sum(t.rows * (t.row_bytes + OPTIMIZER_STATE_BYTES) for t in tables)  # as the bytes model
         options: Dict[str, List[Cost]] = {}
         forced = set()
         for t in tables:
@@ -326,7 +332,8 @@ class StepTimeCostModel(PlacementChooser):
         for _ in range(self.max_passes):
             improved = False
             for trial in list(moves(choice)):
-                if replicated(trial) > budget and replicated(trial) > replicated(choice):
+                held = replicated(trial)
+                if held > budget and held > replicated(choice):
                     continue
                 cost = total(trial)
                 if cost < best * (1 - 1e-6):
