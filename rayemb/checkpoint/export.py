@@ -1,0 +1,140 @@
+"""``rayemb checkpoint export`` and ``reshard``: a logical checkpoint as one unsharded file, or for another world.
+
+:func:`export_checkpoint` writes one ``torch.save`` file of plain tensors
+(loadable with ``torch.load(path, weights_only=True)``)::
+
+    {"tables": {name: {"weight": [V, D], "momentum1": [V] or [V, D]}},
+     "dense": {param: tensor}, "dense_optim": {param: {state: tensor}},
+     "meta": {format, epoch, step, world_size, ...}}
+
+— the form a user takes to inference. :func:`reshard_checkpoint` rewrites a
+checkpoint in the canonical layout of ``world_size`` ranks (real gloo ranks
+on 127.0.0.1, each reading exactly its rows, as a job of that size would).
+``export(reshard(C, W))`` equals ``export(C)`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Dict, Optional
+
+import torch
+
+from rayemb.checkpoint.store import META_FILE, read_unsharded, verify
+from rayemb.errors import DataError
+
+#: meta.json entries that describe the writing job, copied into an export
+_EXPORT_META = ("format", "epoch", "step", "epoch_step", "world_size", "plan_fingerprint", "placements", "tables",
+                "states")
+
+
+def unsharded_state(directory: str) -> Dict[str, Any]:
+    """The checkpoint as nested plain tensors (see the module doc); checks sizes and hashes first."""
+    meta = verify(directory)
+    flat = read_unsharded(directory)
+    out: Dict[str, Any] = {"tables": {}, "dense": {}, "dense_optim": {},
+                           "meta": {k: meta[k] for k in _EXPORT_META if k in meta}}
+    for key, value in sorted(flat.items()):
+        kind, rest = key.split(".", 1)
+        if kind == "tables":
+            table, state = rest.rsplit(".", 1)
+            out["tables"].setdefault(table, {})[state] = value
+        elif kind == "dense":
+            out["dense"][rest] = value
+        elif kind == "dense_optim":
+            param, state = rest.rsplit(".", 1)
+            out["dense_optim"].setdefault(param, {})[state] = value
+    missing = sorted(set(meta["tables"]) - set(out["tables"]))
+    if missing:
+        raise DataError(f"Checkpoint {directory!r} lists tables {missing[:5]} that its files do not hold.",
+                        category="bad_checkpoint")
+    return out
+
+
+def export_checkpoint(directory: str, out_file: str) -> Dict[str, Any]:
+    """Writes :func:`unsharded_state` of ``directory`` to ``out_file`` atomically; returns a summary."""
+    state = unsharded_state(directory)
+    os.makedirs(os.path.dirname(os.path.abspath(out_file)) or ".", exist_ok=True)
+    tmp = out_file + ".tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, out_file)
+    return {"out": out_file, "tables": len(state["tables"]), "dense_tensors": len(state["dense"]),
+            "bytes": os.path.getsize(out_file), "step": state["meta"].get("step")}
+
+
+def _reshard_rank(rank: int, world_size: int, src: str, out: str, extra_meta: Dict[str, Any]) -> Dict[str, Any]:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from rayemb.checkpoint.exchange import row_range
+    from rayemb.checkpoint.store import _file_digests, _row_sharded, state_shapes
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = verify(src, hashes=rank == 0)
+    md = FileSystemReader(src).read_metadata()
+    request: Dict[str, Any] = {}
+    for key, shape in state_shapes(src).items():
+        dtype = md.state_dict_metadata[key].properties.dtype
+        if key.startswith("tables."):
+            lo, hi = row_range(shape[0], rank, world_size)
+            request[key] = _row_sharded(torch.zeros([hi - lo] + shape[1:], dtype=dtype), shape[0], rank, world_size)
+        else:
+            request[key] = torch.zeros(shape, dtype=dtype)
+    dcp.load(request, storage_reader=dcp.FileSystemReader(src))
+    dcp.save(request, storage_writer=dcp.FileSystemWriter(out, sync_files=True))
+    mine = [n for n in os.listdir(out) if n.startswith(f"__{rank}_") and n.endswith(".distcp")]
+    if rank == 0:
+        mine.append(".metadata")
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, _file_digests(out, mine))
+    if rank == 0:
+        doc = {**meta, **extra_meta, "world_size": world_size, "rng": [],
+               "files": {n: info for g in gathered for n, info in g.items()},
+               "resharded_from": {"path": os.path.abspath(src), "world_size": meta["world_size"]}}
+        tmp = os.path.join(out, META_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+        os.replace(tmp, os.path.join(out, META_FILE))
+        return doc
+    return {}
+
+
+def reshard_checkpoint(directory: str, world_size: int, out: str, plan_file: Optional[str] = None) -> Dict[str, Any]:
+    """Rewrites ``directory`` for ``world_size`` ranks into ``out`` (must not exist); returns the new meta.json.
+
+    With ``plan_file`` (a job's plan.json) the new checkpoint records that
+    plan's placements and fingerprint (the tables must match the checkpoint's).
+    """
+    from rayemb.multiprocess import run_multiprocess
+
+    if world_size < 1:
+        raise DataError(f"--world-size {world_size} < 1. Use at least one rank.", category="bad_config")
+    if os.path.exists(out):
+        raise DataError(f"Output {out!r} exists. Choose a new directory (reshard never overwrites).",
+                        category="bad_config")
+    meta = verify(directory)
+    extra: Dict[str, Any] = {}
+    if plan_file:
+        with open(plan_file) as f:
+            plan = json.load(f)
+        tables = plan.get("tables", {})
+        unknown = sorted(set(tables) - set(meta["tables"]))
+        if unknown:
+            raise DataError(f"Plan {plan_file!r} places tables {unknown[:5]} that checkpoint {directory!r} does not "
+                            "hold. Use the plan.json of a job over the same schema.", category="bad_config")
+        extra["placements"] = {t: v.get("placement") for t, v in tables.items()}
+        extra["plan_world_size"] = plan.get("world_size")
+    tmp_out = out + ".partial"
+    shutil.rmtree(tmp_out, ignore_errors=True)
+    try:
+        docs = run_multiprocess(_reshard_rank, world_size, src=os.path.abspath(directory), out=tmp_out,
+                                extra_meta=extra)
+        os.replace(tmp_out, out)
+    finally:
+        shutil.rmtree(tmp_out, ignore_errors=True)
+    return docs[0]
+
+
+__all__ = ["export_checkpoint", "reshard_checkpoint", "unsharded_state"]

@@ -1,0 +1,166 @@
+"""Where each logical table row lives in a live sharded model: the *slots* of a rank.
+
+A rayemb model holds every embedding table of the schema in one of several
+forms: a plain ``EmbeddingBagCollection`` table sharded table-, row- or
+column-wise (TorchRec ``ShardedTensor``), a data-parallel table (a plain
+tensor, the same on every rank), or a hybrid table split into a replicated hot
+half and a cold half (an ``EmbeddingCollection`` table, sharded) whose rows are
+the table's hot ids and cold ids in sorted order
+(:class:`~rayemb.embedding.remap.HybridRemapper`). The optimizer state follows
+its parameter: FBGEMM's fused state (``<table>.momentum1``; for row-wise
+Adagrad one value per row and *per column shard*) or a regular optimizer's
+(``sum`` of TorchRec's ``RowWiseAdagrad``, ``[rows, 1]``).
+
+:func:`model_slots` turns all of that into one list of :class:`Slot`: a local
+tensor (a view of the live weight or state, written in place on load) plus the
+logical row ids it holds, its first column and width. Everything downstream
+(:mod:`rayemb.checkpoint.exchange`) works on slots only, so a new placement
+is a new slot source, not a new checkpoint format.
+
+Logical state names: ``weight`` (``[V, D]``) and ``momentum1`` (the
+accumulator of Adagrad-type optimizers: ``[V]`` for row-wise, ``[V, D]`` for
+element-wise). Row-wise state of column-wise shards is combined as the
+width-weighted mean over the shards (exactly the row's value when the shards
+agree, so a save → load → save round trip is bit-exact).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+
+from rayemb.embedding.remap import COLD_SUFFIX, HOT_SUFFIX
+
+#: logical state names a checkpoint may hold per table
+WEIGHT = "weight"
+MOMENTUM = "momentum1"
+
+_PLAIN_OR_HOT = re.compile(r"(?:^|\.)(plain|hot)\.embedding_bags\.([^.]+)\.weight$")
+_COLD = re.compile(r"(?:^|\.)cold\.d\d+\.embeddings\.([^.]+)\.weight$")
+#: optimizer state names that mean the Adagrad accumulator (FBGEMM fused / torch and TorchRec optimizers)
+_MOMENTUM_NAMES = ("momentum1", "sum")
+
+
+@dataclass
+class Slot:
+    """Rows of one logical table's state held by this rank, in one local tensor."""
+
+    table: str
+    state: str  # WEIGHT or MOMENTUM
+    tensor: torch.Tensor  # [n, width] (weight, element-wise state) or [n] / [n, 1] (row-wise state)
+    rows: torch.Tensor  # int64 [n]: logical row id of each local row
+    col0: int
+    width: int
+    #: the same rows are on every rank (data-parallel table, hybrid hot half)
+    replicated: bool
+
+    @property
+    def rowwise(self) -> bool:
+        return self.state != WEIGHT and (self.tensor.dim() == 1 or self.tensor.shape[-1] == 1) and self.width > 1
+
+
+def embedding_key(key: str) -> Optional[Tuple[str, str]]:
+    """(part, logical table) of a state-dict key of an embedding weight: part is plain, hot or cold; else None."""
+    m = _PLAIN_OR_HOT.search(key)
+    if m:
+        part, table = m.group(1), m.group(2)
+        return part, table.removesuffix(HOT_SUFFIX) if part == "hot" else table
+    m = _COLD.search(key)
+    if m:
+        return "cold", m.group(1).removesuffix(COLD_SUFFIX)
+    return None
+
+
+def _row_map(part: str, table: str, remapper: Any) -> Optional[np.ndarray]:
+    """Logical id of each row of the half (None: the identity, a plain table)."""
+    if part == "hot":
+        return remapper.hot_ids(table)
+    if part == "cold":
+        return remapper.cold_ids(table)
+    return None
+
+
+def _rows(mapping: Optional[np.ndarray], start: int, count: int) -> torch.Tensor:
+    if mapping is None:
+        return torch.arange(start, start + count, dtype=torch.int64)
+    return torch.from_numpy(np.ascontiguousarray(mapping[start:start + count], dtype=np.int64))
+
+
+def _local_pieces(value: Any) -> Tuple[List[Tuple[torch.Tensor, List[int], List[int]]], bool]:
+    """[(tensor, offsets, sizes)] of a state-dict value and whether it is replicated (a plain tensor)."""
+    if hasattr(value, "local_shards"):
+        return [(s.tensor, list(s.metadata.shard_offsets), list(s.metadata.shard_sizes))
+                for s in value.local_shards()], False
+    t = value.detach() if isinstance(value, torch.Tensor) else value
+    return [(t, [0] * t.dim(), list(t.shape))], True
+
+
+def model_slots(model_state: Mapping[str, Any], optimizer_state: Mapping[str, Mapping[str, Any]],
+                remapper: Any) -> List[Slot]:
+    """Every slot of this rank: weights from ``model.state_dict()``, states from ``optimizer.state_dict()["state"]``.
+
+    Raises :class:`ValueError` when a fused state's local shards do not pair
+    with its weight's (a TorchRec layout this code does not know).
+    """
+    slots: List[Slot] = []
+    weight_pieces: Dict[str, List[Tuple[torch.Tensor, List[int], List[int]]]] = {}
+    for key, value in model_state.items():
+        parsed = embedding_key(key)
+        if parsed is None:
+            continue
+        part, table = parsed
+        mapping = _row_map(part, table, remapper)
+        pieces, replicated = _local_pieces(value)
+        weight_pieces[key] = pieces
+        for tensor, (r0, c0), (nr, nc) in pieces:
+            slots.append(Slot(table, WEIGHT, tensor, _rows(mapping, r0, nr), int(c0), int(nc), replicated))
+        for name, state in optimizer_state.get(key, {}).items():
+            if name.rsplit(".", 1)[-1] not in _MOMENTUM_NAMES:
+                continue  # "step" counters: restored from the checkpoint's step
+            state_pieces, state_replicated = _local_pieces(state)
+            if len(state_pieces) != len(pieces):
+                raise ValueError(f"{key}: {len(state_pieces)} local shards of optimizer state {name!r} "
+                                 f"for {len(pieces)} weight shards")
+            for (tensor, _, _), (_, (r0, c0), (nr, nc)) in zip(state_pieces, pieces):
+                if tensor.shape[0] != nr:
+                    raise ValueError(f"{key}: optimizer state {name!r} shard of {tensor.shape[0]} rows pairs "
+                                     f"with a weight shard of {nr} rows")
+                slots.append(Slot(table, MOMENTUM, tensor, _rows(mapping, r0, nr), int(c0), int(nc),
+                                  state_replicated))
+    return slots
+
+
+def dense_entries(model_state: Mapping[str, Any], optimizer_state: Mapping[str, Mapping[str, Any]]
+                  ) -> Dict[str, torch.Tensor]:
+    """The model's non-embedding tensors and their optimizer state, replicated on every rank.
+
+    Keys ``dense.<param>`` and ``dense_optim.<param>.<state>``; tensors are the live ones.
+    """
+    out: Dict[str, torch.Tensor] = {}
+    for key, value in model_state.items():
+        if embedding_key(key) is None and isinstance(value, torch.Tensor):
+            out[f"dense.{key}"] = value
+    for key, states in optimizer_state.items():
+        if embedding_key(key) is not None:
+            continue
+        for name, value in states.items():
+            if isinstance(value, torch.Tensor):
+                out[f"dense_optim.{key}.{name}"] = value
+    return out
+
+
+def set_step_counters(optimizer_state: Mapping[str, Mapping[str, Any]], step: int) -> None:
+    """Sets every embedding optimizer ``step`` counter (replicated halves) to the checkpoint's step."""
+    for key, states in optimizer_state.items():
+        if embedding_key(key) is None:
+            continue
+        for name, value in states.items():
+            if name == "step" and isinstance(value, torch.Tensor):
+                value.fill_(float(step))
+
+
+__all__ = ["MOMENTUM", "Slot", "WEIGHT", "dense_entries", "embedding_key", "model_slots", "set_step_counters"]

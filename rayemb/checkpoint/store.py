@@ -1,0 +1,282 @@
+"""Plan-independent checkpoints: every table in its logical row space, in ``torch.distributed.checkpoint`` format.
+
+A checkpoint directory holds
+
+* DCP files (``.metadata`` + ``__<rank>_0.distcp``): ``tables.<t>.weight``
+  ``[V, D]``, ``tables.<t>.momentum1`` (``[V]`` row-wise / ``[V, D]``) as
+  row-sharded tensors in the canonical layout of the writing world
+  (:mod:`rayemb.checkpoint.exchange`), ``dense.<param>`` and
+  ``dense_optim.<param>.<state>`` (replicated; DCP keeps one copy);
+* ``meta.json``, written last by rank 0: format, world size, plan fingerprint
+  and placements, tables (rows, dim), epoch / step / position in the epoch,
+  every rank's RNG state, and the size and SHA-256 of every file. A
+  directory without a ``meta.json`` whose files match it is not a checkpoint
+  (a crash mid-write leaves nothing that looks complete).
+
+Loading (:func:`load_logical`) reads the canonical rows of the *loading*
+world (DCP reshards: any world size) and scatters them into the live model's
+slots (:mod:`rayemb.checkpoint.layout`: any plan, hybrid or not). Nothing is
+unpickled: DCP reads tensors by their recorded byte ranges, ``meta.json`` is JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from rayemb.checkpoint.exchange import gather_canonical, row_range, scatter_canonical
+from rayemb.checkpoint.layout import MOMENTUM, WEIGHT, dense_entries, model_slots, set_step_counters
+from rayemb.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "rayemb-logical-v1"
+META_FILE = "meta.json"
+DCP_METADATA = ".metadata"
+
+
+def table_key(table: str, state: str) -> str:
+    return f"tables.{table}.{state}"
+
+
+def _row_sharded(chunk: torch.Tensor, num_rows: int, rank: int, world: int) -> Any:
+    """A ShardedTensor of global rows ``num_rows`` whose local shard is this rank's canonical ``chunk``."""
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor import Shard, init_from_local_shards
+
+    lo, hi = row_range(num_rows, rank, world)
+    tail = list(chunk.shape[1:])
+    shards = []
+    if hi > lo:
+        meta = ShardMetadata(shard_offsets=[lo] + [0] * len(tail), shard_sizes=[hi - lo] + tail,
+                             placement=f"rank:{rank}/cpu")
+        shards.append(Shard(chunk.contiguous(), meta))
+    return init_from_local_shards(shards, num_rows, *tail)
+
+
+def _has_state(slots: List[Any], state: str) -> bool:
+    flag = torch.tensor([1 if any(s.state == state for s in slots) else 0], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        flag = flag.cuda()
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _rng_state() -> str:
+    return base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _file_digests(directory: str, names: List[str]) -> Dict[str, Dict[str, Any]]:
+    return {n: {"bytes": os.path.getsize(os.path.join(directory, n)), "sha256": _sha256(os.path.join(directory, n))}
+            for n in names}
+
+
+def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
+                 tables: Mapping[str, Tuple[int, int]], meta: Mapping[str, Any]) -> Dict[str, Any]:
+    """Writes this rank's part of a logical checkpoint into ``directory`` (a collective; every rank calls it).
+
+    ``directory`` may be local to each rank (Ray Train merges the ranks' directories)
+    or shared. ``tables``: name -> (num_embeddings, dim). ``meta``: epoch, step,
+    position and bookkeeping to record. Rank 0 writes ``meta.json`` last and
+    returns it (other ranks return ``{}``).
+    """
+    import torch.distributed.checkpoint as dcp
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    os.makedirs(directory, exist_ok=True)
+    model_state = model.state_dict()
+    optim_state = optimizer.state_dict()["state"]
+    slots = model_slots(model_state, optim_state, remapper)
+    state: Dict[str, Any] = {}
+    states = [WEIGHT] + ([MOMENTUM] if _has_state(slots, MOMENTUM) else [])
+    for name in states:
+        for table, chunk in gather_canonical(slots, tables, name).items():
+            state[table_key(table, name)] = _row_sharded(chunk, tables[table][0], rank, world)
+    for key, value in dense_entries(model_state, optim_state).items():
+        state[key] = value.detach().cpu()
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
+    mine = [n for n in os.listdir(directory) if n.startswith(f"__{rank}_") and n.endswith(".distcp")]
+    if rank == 0:
+        mine.append(DCP_METADATA)
+    gathered: List[Any] = [None] * world
+    dist.all_gather_object(gathered, {"files": _file_digests(directory, mine), "rng": _rng_state()})
+    if rank != 0:
+        return {}
+    doc = {
+        **dict(meta), "format": FORMAT, "world_size": world,
+        "tables": {t: {"num_embeddings": int(v), "dim": int(d)} for t, (v, d) in sorted(tables.items())},
+        "states": states, "rng": [g["rng"] for g in gathered],
+        "files": {n: info for g in gathered for n, info in g["files"].items()},
+    }
+    tmp = os.path.join(directory, META_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(directory, META_FILE))
+    return doc
+
+
+def read_meta(directory: str) -> Optional[Dict[str, Any]]:
+    path = os.path.join(directory, META_FILE)
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+
+def verify(directory: str, hashes: bool = True) -> Dict[str, Any]:
+    """``meta.json`` of a complete, intact checkpoint; :class:`DataError` (``bad_checkpoint``) naming what is wrong.
+
+    Checks every file ``meta.json`` lists exists with its size and (``hashes``) its SHA-256.
+    """
+    fix = ("Use another checkpoint_* directory (an earlier one of the same job), or start fresh without "
+           "--resume-from / train.resume_from.")
+    if not os.path.isdir(directory):
+        raise DataError(f"Checkpoint {directory!r} does not exist. {fix}", category="bad_checkpoint")
+    meta = read_meta(directory)
+    if meta is None:
+        raise DataError(f"Checkpoint {directory!r} has no readable {META_FILE} of format {FORMAT} (an incomplete "
+                        f"write, or not a rayemb checkpoint). {fix}", category="bad_checkpoint")
+    problems = []
+    for name, info in sorted(meta.get("files", {}).items()):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            problems.append(f"{name} is missing")
+        elif os.path.getsize(path) != info["bytes"]:
+            problems.append(f"{name} has {os.path.getsize(path)} bytes, {info['bytes']} were written")
+        elif hashes and _sha256(path) != info["sha256"]:
+            problems.append(f"{name} is corrupt (SHA-256 differs from the one written)")
+    if DCP_METADATA not in meta.get("files", {}):
+        problems.append(f"{DCP_METADATA} is not listed")
+    if problems:
+        raise DataError(f"Checkpoint {directory!r}: {'; '.join(problems)}. {fix}", category="bad_checkpoint")
+    return meta
+
+
+def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
+                 tables: Mapping[str, Tuple[int, int]], meta: Optional[Mapping[str, Any]] = None
+                 ) -> Dict[str, Any]:
+    """Loads a logical checkpoint into the live model and optimizer of any plan and world size (a collective).
+
+    Tables must have the same rows and dim as in the checkpoint (a
+    :class:`DataError` names the first that does not). Restores this rank's
+    RNG state when the world size is the one that wrote it. Returns ``meta.json``.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    meta = dict(meta) if meta is not None else verify(directory, hashes=False)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    saved_tables = meta["tables"]
+    for name, (rows, dim) in sorted(tables.items()):
+        got = saved_tables.get(name)
+        if got is None or (int(got["num_embeddings"]), int(got["dim"])) != (int(rows), int(dim)):
+            raise DataError(
+                f"Checkpoint {directory!r} has table {name!r} as {got} ; this job has {rows} rows x {dim} dims. "
+                "Resume with the same schema and model.embedding_dim, or start fresh.", category="bad_checkpoint")
+    model_state = model.state_dict()
+    optim_state = optimizer.state_dict()
+    slots = model_slots(model_state, optim_state["state"], remapper)
+    states = [s for s in meta.get("states", [WEIGHT]) if s in (WEIGHT, MOMENTUM)]
+    if MOMENTUM not in states and _has_state(slots, MOMENTUM):
+        logger.warning("checkpoint %s holds no optimizer state for the tables; they start with fresh state",
+                       directory)
+    rowwise = {s.table: s.rowwise for s in slots if s.state == MOMENTUM}
+    request: Dict[str, Any] = {}
+    for name in states:
+        for table, (rows, dim) in tables.items():
+            lo, hi = row_range(rows, rank, world)
+            tail = [] if name == MOMENTUM and _saved_rowwise(directory, table, meta, rowwise.get(table)) else [dim]
+            request[table_key(table, name)] = _row_sharded(torch.zeros([hi - lo] + tail), rows, rank, world)
+    dense = {k: v.detach().cpu().clone() for k, v in dense_entries(model_state, optim_state["state"]).items()}
+    request.update(dense)
+    dcp.load(request, storage_reader=dcp.FileSystemReader(directory))
+    for name in states:
+        canonical = {}
+        for table in tables:
+            shards = request[table_key(table, name)].local_shards()
+            rows, dim = tables[table]
+            lo, hi = row_range(rows, rank, world)
+            canonical[table] = shards[0].tensor if shards else torch.zeros([0] + ([dim] if name == WEIGHT else []))
+            if name == MOMENTUM and canonical[table].dim() == 1 and rowwise.get(table) is False:
+                canonical[table] = canonical[table][:, None].expand(-1, dim)  # row-wise saved, element-wise live
+            if name == MOMENTUM and canonical[table].dim() == 2 and rowwise.get(table):
+                canonical[table] = canonical[table].mean(dim=1)  # element-wise saved, row-wise live
+        scatter_canonical(slots, canonical, tables, name)
+    live_dense = dense_entries(model_state, optim_state["state"])
+    with torch.no_grad():
+        for key, value in live_dense.items():
+            value.copy_(request[key].to(value.device))
+    set_step_counters(optim_state["state"], int(meta.get("step", 0)))
+    model.load_state_dict(model_state)
+    optimizer.load_state_dict(optim_state)
+    if int(meta.get("world_size", -1)) == world and meta.get("rng"):
+        torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(meta["rng"][rank])), dtype=torch.uint8))
+    return dict(meta)
+
+
+def _saved_rowwise(directory: str, table: str, meta: Mapping[str, Any], live_rowwise: Optional[bool]) -> bool:
+    """Whether the checkpoint's ``momentum1`` of ``table`` is 1-D (row-wise), from DCP's metadata."""
+    shapes = meta.get("_state_shapes")
+    if shapes is None:
+        shapes = state_shapes(directory)
+        if isinstance(meta, dict):
+            meta["_state_shapes"] = shapes  # type: ignore[index]
+    shape = shapes.get(table_key(table, MOMENTUM))
+    return bool(shape is not None and len(shape) == 1) if shape is not None else bool(live_rowwise)
+
+
+def state_shapes(directory: str) -> Dict[str, List[int]]:
+    """Global shape of every tensor in a DCP checkpoint (from ``.metadata``; no tensor data read)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    md = FileSystemReader(directory).read_metadata()
+    return {k: list(v.size) for k, v in md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
+
+
+def read_unsharded(directory: str, keys: Optional[List[str]] = None) -> Dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint (or ``keys``) as a full plain tensor, without a process group."""
+    import torch.distributed.checkpoint as dcp
+
+    shapes = state_shapes(directory)
+    from torch.distributed.checkpoint import FileSystemReader
+
+    md = FileSystemReader(directory).read_metadata()
+    out = {k: torch.zeros(shape, dtype=md.state_dict_metadata[k].properties.dtype)
+           for k, shape in shapes.items() if keys is None or k in keys}
+    dcp.load(out, storage_reader=dcp.FileSystemReader(directory), no_dist=True)
+    return out
+
+
+def checkpoints_newest_first(directory: str) -> List[str]:
+    """Complete-looking logical checkpoints in ``directory``'s parent (siblings incl. itself), newest step first."""
+    parent = os.path.dirname(os.path.abspath(directory))
+    found = []
+    for name in os.listdir(parent) if os.path.isdir(parent) else []:
+        path = os.path.join(parent, name)
+        meta = read_meta(path) if os.path.isdir(path) else None
+        if meta is not None:
+            found.append((int(meta.get("step", -1)), name, path))
+    return [p for _, _, p in sorted(found, reverse=True)]
+
+
+__all__ = ["FORMAT", "META_FILE", "checkpoints_newest_first", "load_logical", "read_meta", "read_unsharded",
+           "save_logical", "state_shapes", "table_key", "verify"]
