@@ -100,8 +100,15 @@ class TrainConfig:
     #: stop after this many epochs without a validation-AUC gain (None: run every epoch); the run
     #: reports best_valid_auc / best_epoch either way, and Ray Train keeps the best checkpoint
     early_stopping_patience: Optional[int] = None
-    #: a checkpoint_* directory of an earlier job (same config and world size) to continue from
+    #: a checkpoint directory of an earlier job to continue from (any world size and plan; same tables)
     resume_from: Optional[str] = None
+    #: also write a checkpoint every N steps (None: epoch ends only)
+    checkpoint_every_n_steps: Optional[int] = None
+    #: also write a checkpoint when this many seconds passed since the last (checked at log points)
+    checkpoint_every_s: Optional[float] = None
+    #: checkpoints Ray Train keeps (the newest); older ones are deleted. At least 2, so a corrupt newest one
+    #: has a predecessor to fall back to
+    keep_checkpoints: int = 3
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train.epochs", f"{self.epochs} < 1", "Train at least one epoch.")
@@ -113,6 +120,13 @@ class TrainConfig:
                  "Use a positive step count.")
         _require(self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1, "train.max_steps_per_epoch",
                  f"{self.max_steps_per_epoch} < 1", "Use a positive cap or null for the whole split.")
+        _require(self.checkpoint_every_n_steps is None or self.checkpoint_every_n_steps >= 1,
+                 "train.checkpoint_every_n_steps", f"{self.checkpoint_every_n_steps} < 1",
+                 "Use a positive step count, or null for epoch ends only.")
+        _require(self.checkpoint_every_s is None or self.checkpoint_every_s > 0, "train.checkpoint_every_s",
+                 f"{self.checkpoint_every_s} is not positive", "Use a positive number of seconds, or null.")
+        _require(self.keep_checkpoints >= 2, "train.keep_checkpoints", f"{self.keep_checkpoints} < 2",
+                 "Keep at least 2 checkpoints (the newest and one to fall back to).")
         _require(self.early_stopping_patience is None or self.early_stopping_patience >= 1,
                  "train.early_stopping_patience", f"{self.early_stopping_patience} < 1",
                  "Use a positive number of epochs, or null to run every epoch.")
@@ -120,8 +134,11 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ScalingConfig:
-    #: Ray Train workers, one per rank (one per GPU when use_gpu)
-    num_workers: int = 2
+    #: Ray Train workers, one per rank (one per GPU when use_gpu); ``[min, max]`` makes the job elastic:
+    #: it starts with what the cluster grants (up to max) and survives losing workers down to min.
+    #: Read as the max; ``min_workers`` holds the min (None: fixed size)
+    num_workers: Any = 2
+    min_workers: Optional[int] = None
     use_gpu: bool = False
     #: CPUs per worker; None picks a share that leaves CPUs for Ray Data's read tasks
     cpus_per_worker: Optional[float] = None
@@ -132,7 +149,20 @@ class ScalingConfig:
     placement_strategy: str = "PACK"
 
     def __post_init__(self) -> None:
+        if isinstance(self.num_workers, (list, tuple)):
+            ok = (len(self.num_workers) == 2 and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                                      for n in self.num_workers)
+                  and self.num_workers[0] <= self.num_workers[1])
+            _require(ok, "scaling.num_workers", f"{list(self.num_workers)} is not [min, max] with 1 <= min <= max",
+                     "Write a worker count, or [min, max] for an elastic job, e.g. [1, 4].")
+            object.__setattr__(self, "min_workers", int(self.num_workers[0]))
+            object.__setattr__(self, "num_workers", int(self.num_workers[1]))
+        _require(isinstance(self.num_workers, int) and not isinstance(self.num_workers, bool), "scaling.num_workers",
+                 f"{self.num_workers!r} is not an integer", "Write a worker count, or [min, max] for an elastic job.")
         _require(self.num_workers >= 1, "scaling.num_workers", f"{self.num_workers} < 1", "Use at least one worker.")
+        _require(self.min_workers is None or 1 <= self.min_workers <= self.num_workers, "scaling.min_workers",
+                 f"{self.min_workers} is not in [1, num_workers={self.num_workers}]",
+                 "Use scaling.num_workers: [min, max] for an elastic job.")
         _require(self.cpus_per_worker is None or self.cpus_per_worker > 0, "scaling.cpus_per_worker",
                  f"{self.cpus_per_worker} is not positive", "Use a positive number or null for automatic.")
         _require(self.max_failures >= -1, "scaling.max_failures", f"{self.max_failures} < -1",

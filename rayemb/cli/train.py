@@ -40,7 +40,10 @@ def train_main(args: argparse.Namespace) -> int:
     from rayemb.config import load_config
     from rayemb.train.trainer import run_training
 
-    cfg = load_config(args.config, args.set or [])
+    overrides = list(args.set or [])
+    if args.resume_from:
+        overrides.append(f"train.resume_from={args.resume_from}")
+    cfg = load_config(args.config, overrides)
     if not args.sweep:
         result = run_training(cfg)
         print_result(result)
@@ -72,6 +75,7 @@ def write_result_json(result, path: str) -> None:
 
     doc = {"run_id": result.run_id, "status": result.status, "wall_time_s": result.wall_time_s,
            "tracking_uri": redact_uri(result.tracking_uri), "best_checkpoint": result.best_checkpoint,
+           "last_checkpoint": result.last_checkpoint,
            "metrics": result.metrics,
            "placements": {t: v["placement"] for t, v in result.plan.get("tables", {}).items()},
            "predicted_step_time_s": result.plan.get("predicted_step_time_s")}
@@ -92,6 +96,9 @@ def print_result(result) -> None:
     )
     if result.best_checkpoint:
         print(f"rayemb: best checkpoint: {result.best_checkpoint}")
+    if result.last_checkpoint:
+        print(f"rayemb: last checkpoint: {result.last_checkpoint}  (continue with --resume-from, export with "
+              "`rayemb checkpoint export`)")
     uri = redact_uri(result.tracking_uri)
     print(f"rayemb: MLflow store: {uri}")
     print(f"rayemb: browse it with:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
@@ -102,6 +109,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
     p.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...",
                    help="run one job per value as child runs of one parent MLflow run")
+    p.add_argument("--resume-from", metavar="CHECKPOINT",
+                   help="continue from a checkpoint of an earlier job (any world size; same as train.resume_from)")
     p.add_argument("--result-json", metavar="PATH",
                    help="also write the job's outcome (run id, status, final metrics, placements) as JSON")
 

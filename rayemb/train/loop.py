@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
@@ -86,33 +85,23 @@ class StepTimer:
 
 # ---- CHECKPOINTS ---- #
 #
-# Every epoch end, each rank writes its own shard of the model and optimizer state
-# as rank<r>.pt (plain tensors, see rayemb.train.checkpoint) into one checkpoint
-# directory, and rank 0 writes meta.json: Ray Train syncs the directory name across
-# ranks and uploads every rank's files into it. A restarted worker group
-# (scaling.max_failures) resumes from the epoch after the latest checkpoint; a new
-# job resumes from train.resume_from. Both need the same world size and plan.
+# Logical checkpoints (rayemb.checkpoint): every table in its logical row space, loadable into any
+# world size and plan; written at epoch ends and every train.checkpoint_every_n_steps / _s; where a
+# (re)started group continues is rayemb.train.resume.
 
 
-def restore_checkpoint(model, optimizer, rank: int, resume_from: Optional[str] = None) -> Tuple[int, int, Dict[str, Any]]:
-    """Loads this rank's shard of the latest checkpoint (else of ``resume_from``), if any.
+def _maybe_inject_fault(fault: Optional[Dict[str, Any]], step: int) -> None:
+    """Test hook ($RAYEMB_FAULT_INJECTION=STEP:MARKER_FILE[:kill] on the driver): fail once at STEP.
 
-    Returns (step, first epoch to run, the checkpoint's bookkeeping entries).
+    ``kill``: this worker process SIGKILLs itself (no Python error, no cleanup), as a crash or OOM kill would.
     """
-    import ray.train
+    if fault and step == fault["step"] and not os.path.exists(fault["marker"]):
+        open(fault["marker"], "w").close()
+        if fault.get("mode") == "kill":
+            import signal
 
-    from rayemb.train.checkpoint import load_rank
-
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            extra = load_rank(directory, rank, model, optimizer)
-    elif resume_from:
-        extra = load_rank(resume_from, rank, model, optimizer)
-    else:
-        return 0, 0, {}
-    logger.info("rank %d: resumed from the checkpoint of epoch %d (step %d)", rank, extra["epoch"], extra["step"])
-    return int(extra["step"]), int(extra["epoch"]) + 1, extra
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected fault at step {step}")
 
 
 def check_finite_loss(loss_value: float, step: int, epoch: int, rank: int) -> None:
@@ -126,13 +115,6 @@ def check_finite_loss(loss_value: float, step: int, epoch: int, rank: int) -> No
             "the MLflow run is marked FAILED.",
             category="non_finite_loss",
         )
-
-
-def _maybe_inject_fault(fault: Optional[Dict[str, Any]], step: int) -> None:
-    """Test hook ($RAYEMB_FAULT_INJECTION=STEP:MARKER_FILE on the driver): fail once at STEP."""
-    if fault and step == fault["step"] and not os.path.exists(fault["marker"]):
-        open(fault["marker"], "w").close()
-        raise RuntimeError(f"injected fault at step {step}")
 
 
 def _gather(arr: np.ndarray) -> np.ndarray:
@@ -203,6 +185,12 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     return model, CombinedOptimizer(optimizers), remapper
 
 
+def steps_for_world(train_rows: int, world: int, cfg: JobConfig) -> int:
+    """Steps per epoch for ``world`` ranks (the driver's check made sure the largest world has one)."""
+    steps = max(1, train_rows // world // cfg.data.batch_size)
+    return min(steps, cfg.train.max_steps_per_epoch) if cfg.train.max_steps_per_epoch else steps
+
+
 def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
@@ -212,20 +200,21 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     from rayemb.data.batching import BatchConverter
     from rayemb.embedding.comm import COLLECTIVES, CommCounter, instrument_ddp
     from rayemb.logs import quiet_third_party_logs
-    from rayemb.train.checkpoint import save_rank, write_meta
+    from rayemb.model.dlrm import table_configs
     from rayemb.train.data_loader import RankBatches
+    from rayemb.train.resume import CheckpointSchedule, restore, save_and_report
 
     quiet_third_party_logs()
 
     cfg: JobConfig = loop_config["job"]  # the frozen config object itself, pickled by Ray
     schema: DatasetSchema = loop_config["schema"]
-    steps_per_epoch: int = loop_config["steps_per_epoch"]
     # Step metrics go straight to the driver's queue: ray.train.report is a barrier across ranks (about
     # 2 s per call measured on a 2-core machine), so it is kept for epoch ends.
     metrics_queue = loop_config.get("metrics_queue")
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
+    steps_per_epoch = steps_for_world(loop_config["train_rows"], world, cfg)
     torch.manual_seed(cfg.train.seed)
     # intra-op threads = the CPUs Ray granted this worker (Ray's OMP_NUM_THREADS rule), said once
     threads = max(1, int(loop_config.get("cpus_per_worker") or 1))
@@ -233,7 +222,9 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     if rank == 0:
         logger.info("%d ranks, %d torch thread(s) each, device %s", world, threads, device)
 
-    model, optimizer, remapper = sharded_model(cfg, schema, loop_config["plan"], device)
+    # an elastic group restarted on fewer ranks takes the plan made for its size (hot set and shards)
+    job_plan = (loop_config.get("plans") or {}).get(world, loop_config["plan"])
+    model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device)
     instrument_ddp(model)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     converter = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap)
@@ -246,16 +237,34 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     global_batch = cfg.data.batch_size * world
     log_every = cfg.train.log_every_n_steps
 
-    step, first_epoch, resumed = restore_checkpoint(model, optimizer, rank, loop_config.get("resume_from"))
-    best = EarlyStopping(cfg.train.early_stopping_patience, resumed)
+    tables = {t.name: (int(t.num_embeddings), int(t.embedding_dim))
+              for t in table_configs(schema, cfg.model.embedding_dim)}
+    position = restore(model, optimizer, remapper, tables, cfg.data.batch_size, loop_config.get("resume_from"))
+    step = position.step
+    best = EarlyStopping(cfg.train.early_stopping_patience, position.bookkeeping)
     fault = loop_config.get("fault_injection")
-    for epoch in range(first_epoch, cfg.train.epochs):
+    schedule = CheckpointSchedule(cfg.train.checkpoint_every_n_steps, cfg.train.checkpoint_every_s, rank)
+    ckpt_meta = {"plan_fingerprint": loop_config.get("plan_fingerprint"), "global_batch": global_batch,
+                 "placements": {n: str(getattr(tp.placement, "value", tp.placement))
+                                for n, tp in job_plan.placements.items()}, "world_size_planned": world}
+
+    def checkpoint(epoch: int, epoch_steps: int, complete: bool, report: Dict[str, Any]) -> None:
+        meta = {**ckpt_meta, "epoch": epoch, "step": step, "epoch_complete": complete,
+                "epoch_samples": epoch_steps * global_batch, **best.state()}
+        save_and_report(model, optimizer, remapper, tables, meta, report)
+        schedule.saved()
+
+    for epoch in range(position.epoch, cfg.train.epochs):
         it = train_data.epoch(epoch)  # in memory: the first call reads and converts the whole shard
         agreed = _agreed_steps(train_data, steps_per_epoch, device)
+        skip = position.skip_steps if epoch == position.epoch else 0
+        for _ in range(skip):  # the steps of this epoch the checkpoint already holds
+            next(it, None)
+        epoch_steps = skip
         window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
         timer = StepTimer()
         counter = CommCounter()
-        for _ in range(steps_per_epoch if agreed is None else agreed):
+        for _ in range(max(0, (steps_per_epoch if agreed is None else agreed) - skip)):
             batch = next(it, None)
             if agreed is None and not _all_have(batch is not None, device):
                 logger.warning("rank %d: a rank ran out of data at step %d; ending the epoch early", rank, step)
@@ -274,18 +283,21 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
             optimizer.step()
             timer.lap("optimizer")
             step += 1
+            epoch_steps += 1
             _maybe_inject_fault(fault, step)
             window_loss += loss_value
             window_steps += 1
+            time_flag = 0.0
             if step % log_every == 0:
                 elapsed = time.perf_counter() - window_t0
                 # mean over ranks of: loss, per-phase seconds per step
                 vals = torch.tensor(
-                    [window_loss / window_steps] + [timer.totals[p] / window_steps for p in StepTimer.PHASES],
-                    dtype=torch.float64, device=device,
+                    [window_loss / window_steps] + [timer.totals[p] / window_steps for p in StepTimer.PHASES]
+                    + [schedule.due_flag()], dtype=torch.float64, device=device,
                 )
                 dist.all_reduce(vals)
-                vals = (vals / world).tolist()
+                time_flag = float(vals[-1])  # summed: rank 0 decides the time rule for all
+                vals = (vals[:-1] / world).tolist()
                 # bytes sent per step, summed over ranks, per collective family
                 sent = counter.bytes()
                 comm = torch.tensor([sent[c] / window_steps for c in COLLECTIVES], dtype=torch.float64, device=device)
@@ -313,18 +325,15 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                     metrics_queue.actor.put_nowait.remote(metrics)
                 window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
                 timer.reset()
+            if schedule.due(step, time_flag) and epoch_steps < steps_per_epoch:
+                checkpoint(epoch, epoch_steps, False, {"step": step, "epoch": epoch, "checkpoint": 1})
         valid = evaluate(model, valid_data, device)
         # every rank sees the same gathered AUC, so all make the same decision; the last epoch is no early stop
         stop = best.update(epoch, valid["valid_auc"]) and epoch + 1 < cfg.train.epochs
         if rank == 0:
             logger.info("epoch %d step %d: %s", epoch, step, valid)
         report = {"step": step, "epoch": epoch, "epoch_end": 1, **valid, **best.metrics(), "early_stopped": int(stop)}
-        with tempfile.TemporaryDirectory() as ckpt_dir:
-            save_rank(ckpt_dir, rank, model, optimizer, {"epoch": epoch, "step": step, **best.state()})
-            if rank == 0:
-                write_meta(ckpt_dir, {"world_size": world, "plan_fingerprint": loop_config.get("plan_fingerprint"),
-                                      "epoch": epoch, "step": step, **best.state(), **valid})
-            ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(ckpt_dir))
+        checkpoint(epoch, epoch_steps, True, report)
         if stop:
             if rank == 0:
                 logger.info("early stopping after epoch %d: no valid_auc gain for %d epoch(s)", epoch, best.patience)

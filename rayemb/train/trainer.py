@@ -70,6 +70,8 @@ class PlannedJob:
     resources: Any = None
     #: (directory, meta.json) of train.resume_from, checked against this plan
     resume: Optional[Tuple[str, Dict[str, Any]]] = None
+    #: world size -> JobPlan: the planned world, and each smaller one an elastic job may restart at
+    plans_by_world: Dict[int, Any] = field(default_factory=dict)
 
     @property
     def summary(self) -> Dict[str, Any]:
@@ -94,8 +96,10 @@ class TrainResult:
     reports: List[Dict[str, Any]] = field(default_factory=list)
     plan: Dict[str, Any] = field(default_factory=dict)
     wall_time_s: float = 0.0
-    #: Ray Train's checkpoint of the epoch with the best validation AUC
+    #: the retained checkpoint with the best validation AUC (an epoch end)
     best_checkpoint: Optional[str] = None
+    #: the newest checkpoint (what --resume-from takes to continue this job)
+    last_checkpoint: Optional[str] = None
 
 
 def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainResult:
@@ -147,7 +151,11 @@ def job_topology(cfg: JobConfig) -> Any:
     from rayemb.planner import topology_from_ray
 
     world = cfg.scaling.num_workers
-    topo = topology_from_ray(num_workers=world)
+    return resize_topology(topology_from_ray(num_workers=world), world)
+
+
+def resize_topology(topo: Any, world: int) -> Any:
+    """``topo`` cut (or grown) to ``world`` ranks, keeping ranks per node where they divide it."""
     if topo.world_size != world:  # a GPU cluster larger (or smaller, before it scales up) than the job
         per_node = min(topo.devices_per_node, world)
         if world % per_node:
@@ -213,7 +221,29 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
     print(f"rayemb: plan {fingerprint}: " + ", ".join(f"{p} x{placements.count(p)}" for p in sorted(set(placements)))
           + f"; predicted {1e3 * summary['predicted_step_time_s']:.1f} ms/step ({summary['objective']} objective)",
           flush=True)
-    return PlannedJob(topology, stats, split, job_plan, fingerprint, resources, _check_resume(cfg, fingerprint))
+    from rayemb.planner.tables import split_rule
+
+    plans = {inputs.world_size: job_plan}
+    for world in elastic_worlds(cfg):  # an elastic job restarts on fewer ranks: a plan (and hot set) for each
+        topo = resize_topology(topology, world)
+        world_split = split_rule(topo, cfg.data.batch_size * world, cfg.model.embedding_dim).split(stats)
+        plans[world] = ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(cfg, inputs.schema, stats, world_split,
+                                                                           topo, calibration))
+        print(f"rayemb: elastic plan for {world} ranks: " + ", ".join(
+            f"{p} x{n}" for p, n in _placement_counts(plans[world].summary).items()), flush=True)
+    return PlannedJob(topology, stats, split, job_plan, fingerprint, resources, _check_resume(inputs),
+                      plans_by_world=plans)
+
+
+def elastic_worlds(cfg: JobConfig) -> List[int]:
+    """World sizes besides ``num_workers`` an elastic job (``num_workers: [min, max]``) may run at."""
+    low = cfg.scaling.min_workers or cfg.scaling.num_workers
+    return list(range(low, cfg.scaling.num_workers))
+
+
+def _placement_counts(summary: Dict[str, Any]) -> Dict[str, int]:
+    placements = [t["placement"] for t in summary["tables"].values()]
+    return {p: placements.count(p) for p in sorted(set(placements))}
 
 
 def _plan_remote(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any, calibration: Any):
@@ -249,15 +279,33 @@ def calibrate(inputs: JobInputs, topology: Any, resources: WorkerResources) -> A
     return cal
 
 
-def _check_resume(cfg: JobConfig, fingerprint: str) -> Optional[Tuple[str, Dict[str, Any]]]:
-    """(directory, meta) of ``train.resume_from`` after checking it fits this job; None when not resuming."""
+def _check_resume(inputs: JobInputs) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """(directory, meta) of ``train.resume_from`` after checking it fits this job; None when not resuming.
+
+    Any world size and plan load (logical checkpoints); the files must be intact (sizes, SHA-256) and hold
+    the schema's tables with this job's rows and dim.
+    """
+    cfg = inputs.cfg
     if not cfg.train.resume_from:
         return None
-    from rayemb.train.checkpoint import check_checkpoint_dir
+    from rayemb.checkpoint.store import verify
+    from rayemb.model.dlrm import table_configs
 
     directory = resolve_path(cfg.train.resume_from)
-    meta = check_checkpoint_dir(directory, cfg.scaling.num_workers, fingerprint)
-    if int(meta.get("epoch", -1)) + 1 >= cfg.train.epochs:
+    try:
+        meta = verify(directory)
+    except DataError as e:
+        raise DataError(f"{e.message.rstrip('.')} (train.resume_from / --resume-from).",
+                        category="bad_checkpoint") from None
+    saved = meta.get("tables", {})
+    for t in table_configs(inputs.schema, cfg.model.embedding_dim):
+        got = saved.get(t.name)
+        if got is None or (int(got["num_embeddings"]), int(got["dim"])) != (int(t.num_embeddings), int(t.embedding_dim)):
+            raise DataError(
+                f"Checkpoint {directory!r} (train.resume_from) has table {t.name!r} as {got}; this job has "
+                f"{t.num_embeddings} rows x {t.embedding_dim} dims. Resume with the same dataset schema and "
+                "model.embedding_dim, or start fresh.", category="bad_checkpoint")
+    if meta.get("epoch_complete", True) and int(meta.get("epoch", -1)) + 1 >= cfg.train.epochs:
         raise DataError(
             f"Checkpoint {directory!r} (train.resume_from) already holds epoch {int(meta['epoch']) + 1} of "
             f"train.epochs={cfg.train.epochs}: nothing is left to train. Raise train.epochs (e.g. "
@@ -321,18 +369,18 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
              else "streamed from Ray Data"), flush=True)
     for warning in resources.warnings:
         print(f"rayemb: WARNING: {warning}", flush=True)
-    first_epoch = int(planned.resume[1]["epoch"]) + 1 if planned.resume else 0
+    first_epoch = (int(planned.resume[1]["epoch"]) + int(planned.resume[1].get("epoch_complete", True))
+                   if planned.resume else 0)
     print(f"rayemb: training epochs {first_epoch + 1}..{cfg.train.epochs} ({steps} steps each)"
           + (f", resuming from {planned.resume[0]}" if planned.resume else ""), flush=True)
     queue = Queue(actor_options={"num_cpus": 0})
     progress = ProgressPrinter(cfg.train.epochs, steps, cfg.data.batch_size * world)
     drainer = QueueDrainer(queue, run_logger, progress=progress).start()
-    status, reason, best_checkpoint = "FAILED", None, None
+    status, reason, best_checkpoint, last_checkpoint = "FAILED", None, None, None
     try:
         result = _ray_trainer(inputs, planned, tracking, queue, resources).fit()
         status = "FINISHED"
-        if result.best_checkpoints:
-            best_checkpoint = result.best_checkpoints[0][0].path
+        best_checkpoint, last_checkpoint = _best_and_last(result)
     except KeyboardInterrupt:
         reason = "interrupted (KeyboardInterrupt)"
         raise
@@ -361,6 +409,8 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
                   f"({final['step_time_predicted_over_measured']:.2f}x)", flush=True)
         if best_checkpoint:
             run_logger.set_tags({"rayemb.best_checkpoint": best_checkpoint})
+        if last_checkpoint:
+            run_logger.set_tags({"rayemb.last_checkpoint": last_checkpoint})
         log_charts(run_logger, reports, tracking.job_dir)
         run_logger.finish(status=status, reason=reason)
         try:
@@ -368,7 +418,16 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
         except Exception:
             pass
     return TrainResult(run_id=run_logger.run_id, tracking_uri=tracking.tracking_uri, status=status, metrics=final,
-                       reports=reports, plan=planned.summary, best_checkpoint=best_checkpoint)
+                       reports=reports, plan=planned.summary, best_checkpoint=best_checkpoint,
+                       last_checkpoint=last_checkpoint)
+
+
+def _best_and_last(result: Any) -> Tuple[Optional[str], Optional[str]]:
+    """(retained epoch-end checkpoint with the best valid_auc, newest checkpoint) of a Ray Train result."""
+    last = result.checkpoint.path if result.checkpoint is not None else None
+    scored = [(float(m["valid_auc"]), c.path) for c, m in (result.best_checkpoints or []) if "valid_auc" in m]
+    best = max(scored)[1] if scored else last
+    return best, last
 
 
 def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, queue: Any,
@@ -387,13 +446,16 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
-            "job": cfg, "schema": inputs.schema, "plan": planned.job_plan, "steps_per_epoch": inputs.steps_per_epoch,
+            "job": cfg, "schema": inputs.schema, "plan": planned.job_plan, "plans": planned.plans_by_world,
+            "train_rows": inputs.train_rows,
             "metrics_queue": queue, "fault_injection": _fault_injection(), "plan_fingerprint": planned.fingerprint,
             "resume_from": planned.resume[0] if planned.resume else None,
             "in_memory": resources.in_memory, "cpus_per_worker": resources.cpus_per_worker,
         },
         torch_config=RayembTorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=inputs.world_size, use_gpu=cfg.scaling.use_gpu,
+        scaling_config=ScalingConfig(num_workers=((cfg.scaling.min_workers, inputs.world_size)
+                                                  if cfg.scaling.min_workers else inputs.world_size),
+                                     use_gpu=cfg.scaling.use_gpu,
                                      resources_per_worker={"CPU": resources.cpus_per_worker},
                                      placement_strategy=cfg.scaling.placement_strategy),
         run_config=RunConfig(
@@ -401,9 +463,8 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
             storage_path=os.path.join(inputs.out_dir, "ray_results"),
             callbacks=[ReportForwarder(queue)],
             failure_config=FailureConfig(max_failures=cfg.scaling.max_failures),
-            # the best epoch by validation AUC is kept, and the latest (Ray never deletes it) to resume from
-            checkpoint_config=CheckpointConfig(num_to_keep=1, checkpoint_score_attribute="valid_auc",
-                                               checkpoint_score_order="max"),
+            # the newest few: a corrupt newest one falls back to the one before (rayemb.train.resume)
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
         ),
         datasets={"train": ray.data.read_parquet(parquet_files(data_dir, TRAIN_SPLIT)),
                   "valid": ray.data.read_parquet(parquet_files(data_dir, VALID_SPLIT))},
@@ -430,12 +491,16 @@ def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float]) -
 
 
 def _fault_injection() -> Optional[Dict[str, Any]]:
-    """``$RAYEMB_FAULT_INJECTION=STEP:MARKER_FILE``: a worker fails once at STEP (tests of failure recovery)."""
+    """``$RAYEMB_FAULT_INJECTION=STEP:MARKER_FILE[:kill]``: a worker fails once at STEP (tests of recovery).
+
+    ``kill``: the worker process SIGKILLs itself instead of raising.
+    """
     spec = os.environ.get(FAULT_INJECTION_ENV_VAR)
     if not spec:
         return None
-    step, marker = spec.split(":", 1)
-    return {"step": int(step), "marker": marker}
+    step, rest = spec.split(":", 1)
+    kill = rest.endswith(":kill")
+    return {"step": int(step), "marker": rest[:-len(":kill")] if kill else rest, "mode": "kill" if kill else "raise"}
 
 
 __all__ = ["run_training", "check_inputs", "compute_statistics", "plan_job", "start_tracking", "train",

@@ -142,16 +142,20 @@ def _no_parquet(data: Path) -> None:
 
 
 def _fake_checkpoint(tmp: Path, ranks: Sequence[int], corrupt: Sequence[int] = (), world: int = 2) -> Path:
-    import torch
+    """A logical checkpoint's meta.json listing ``world`` rank files; only ``ranks`` exist, ``corrupt`` ones altered."""
+    import hashlib
 
     ckpt = tmp / "checkpoint_old"
     ckpt.mkdir()
-    (ckpt / "meta.json").write_text(json.dumps({"world_size": world, "epoch": 0, "step": 10}))
-    for r in ranks:
-        torch.save({"model": {}, "optimizer": {}, "epoch": 0, "step": 10}, ckpt / f"rank{r}.pt")
-        if r in corrupt:
-            raw = (ckpt / f"rank{r}.pt").read_bytes()
-            (ckpt / f"rank{r}.pt").write_bytes(raw[: len(raw) // 2])
+    files = {}
+    for name in [".metadata"] + [f"__{r}_0.distcp" for r in range(world)]:
+        payload = f"tensor bytes of {name}".encode() * 10
+        files[name] = {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+        r = None if name == ".metadata" else int(name[2:].split("_")[0])
+        if r is None or r in ranks:
+            (ckpt / name).write_bytes(payload if r not in corrupt else payload[::-1])
+    (ckpt / "meta.json").write_text(json.dumps({"format": "rayemb-logical-v1", "world_size": world, "epoch": 0,
+                                                "step": 10, "files": files, "tables": {}}))
     return ckpt
 
 
@@ -199,9 +203,9 @@ CASES: List = [
     pytest.param(_corrupt_page, [], ["part-00000.parquet", "corrupt or truncated"], id="parquet-corrupt-page",
                  marks=SLOW),
     pytest.param(_empty_train, [], ["0 rows", "fewer than one global batch"], id="split-empty", marks=SLOW),
-    pytest.param("ckpt-missing-rank", [], ["rank1.pt is missing", "train.resume_from"], id="resume-missing-rank-file",
+    pytest.param("ckpt-missing-rank", [], ["__1_0.distcp is missing", "train.resume_from"], id="resume-missing-rank-file",
                  marks=SLOW),
-    pytest.param("ckpt-corrupt-rank", [], ["rank0.pt", "train.resume_from"], id="resume-corrupt-rank-file",
+    pytest.param("ckpt-corrupt-rank", [], ["__0_0.distcp is corrupt", "train.resume_from"], id="resume-corrupt-rank-file",
                  marks=SLOW),
 ]
 

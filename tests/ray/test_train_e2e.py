@@ -46,8 +46,12 @@ def test_job_learns_and_is_tracked(ray_2_cpus, tiny_data, tmp_path):
     assert [m.value for m in client.get_metric_history(result.run_id, "best_epoch")][-1] == auc_hist.index(best)
     assert run.data.tags["rayemb.best_checkpoint"] == result.best_checkpoint
     meta = json.loads((Path(result.best_checkpoint) / "meta.json").read_text())
-    assert meta["epoch"] == auc_hist.index(best) and abs(meta["valid_auc"] - best.value) < 1e-9
-    assert sorted(p.name for p in Path(result.best_checkpoint).glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
+    assert meta["epoch"] == auc_hist.index(best) and abs(meta["best_valid_auc"] - best.value) < 1e-9
+    assert meta["epoch_complete"] and meta["world_size"] == 2 and meta["format"] == "rayemb-logical-v1"
+    assert sorted(p.name for p in Path(result.best_checkpoint).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    # the last checkpoint is the second epoch's, and tagged
+    assert run.data.tags["rayemb.last_checkpoint"] == result.last_checkpoint
+    assert json.loads((Path(result.last_checkpoint) / "meta.json").read_text())["epoch"] == 1
     loss_hist = client.get_metric_history(result.run_id, "train_loss")
     steps = [m.step for m in loss_hist]
     assert steps == sorted(steps) and len(steps) >= 4

@@ -1,0 +1,155 @@
+"""Worker side of checkpoints: where a (re)started job continues, and writing the next checkpoint.
+
+Checkpoints are logical (:mod:`rayemb.checkpoint.store`): they load into any
+world size and plan, so a worker group restarted by Ray Train after a failure
+or a resize (``scaling.num_workers: [min, max]``), or a new job with
+``--resume-from``, continues from the newest intact one:
+
+* the model, optimizer state and dense weights re-partitioned for this plan;
+* the position: epoch, and within it the samples already trained — a job of
+  another world size skips the same number of samples (rounded down to its
+  global batch); the same world size also gets its RNG states back;
+* the early-stopping bookkeeping.
+
+A checkpoint that fails its size/SHA-256 check is skipped with a warning for
+the previous one (Ray Train keeps ``train.keep_checkpoints``); an explicit
+``--resume-from`` that fails is an error (the driver checks it first).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Position:
+    """Where training continues."""
+
+    step: int = 0  # optimizer steps taken so far (all epochs)
+    epoch: int = 0  # first epoch to run
+    skip_steps: int = 0  # steps of ``epoch`` already trained (of this world's global batch)
+    bookkeeping: Dict[str, Any] = field(default_factory=dict)  # early stopping state
+    source: Optional[str] = None  # the checkpoint loaded
+
+
+def position_from_meta(meta: Mapping[str, Any], world_size: int, batch_size: int) -> Position:
+    """The :class:`Position` a checkpoint's meta.json leads to for a job of ``world_size`` ranks."""
+    epoch, step = int(meta.get("epoch", 0)), int(meta.get("step", 0))
+    bookkeeping = {k: meta[k] for k in ("best_valid_auc", "best_epoch", "epochs_without_gain") if k in meta}
+    if meta.get("epoch_complete", True):
+        return Position(step, epoch + 1, 0, bookkeeping)
+    samples = int(meta.get("epoch_samples", 0))
+    return Position(step, epoch, samples // (world_size * batch_size), bookkeeping)
+
+
+def _candidates(resume_from: Optional[str]) -> Tuple[List[str], bool]:
+    """Checkpoints to try, newest first, and whether falling back past the first is allowed."""
+    import ray.train
+
+    from rayemb.checkpoint.store import checkpoints_newest_first
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        if getattr(checkpoint.filesystem, "type_name", "local") != "local":  # cloud storage: download the latest
+            return [checkpoint.to_directory()], False
+        latest = checkpoint.path  # a directory on storage every node reaches (shared or local)
+        others = [p for p in checkpoints_newest_first(latest) if os.path.abspath(p) != os.path.abspath(latest)]
+        return [latest] + others, True
+    if resume_from:
+        return [resume_from], False
+    return [], False
+
+
+def restore(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tuple[int, int]],
+            batch_size: int, resume_from: Optional[str] = None) -> Position:
+    """Loads the newest intact checkpoint (Ray Train's, else ``resume_from``) into this plan; a collective.
+
+    Rank 0 picks the checkpoint (size and SHA-256 of every file checked) and
+    tells the others, so all ranks load the same one.
+    """
+    import torch.distributed as dist
+
+    from rayemb.checkpoint.store import load_logical, verify
+    from rayemb.errors import DataError
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    choice: List[Any] = [None, None]
+    if rank == 0:
+        candidates, fallback = _candidates(resume_from)
+        for i, path in enumerate(candidates):
+            try:
+                choice = [path, verify(path, hashes=True)]
+                if i:
+                    logger.warning("resuming from the older checkpoint %s", path)
+                break
+            except DataError as e:
+                if not fallback:
+                    raise
+                logger.warning("checkpoint %s is not usable (%s); falling back to the previous one", path, e)
+        else:
+            if candidates:
+                logger.warning("no intact checkpoint among %d; starting from scratch", len(candidates))
+    dist.broadcast_object_list(choice, src=0)
+    path, meta = choice
+    if path is None:
+        return Position()
+    load_logical(path, model, optimizer, remapper, tables, meta=meta)
+    pos = position_from_meta(meta, world, batch_size)
+    pos.source = path
+    if rank == 0:
+        logger.info("resumed from %s (written by %d ranks at epoch %d, step %d): continuing at epoch %d after %d "
+                    "step(s) of it", path, int(meta["world_size"]), int(meta["epoch"]), pos.step, pos.epoch,
+                    pos.skip_steps)
+    return pos
+
+
+def save_and_report(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tuple[int, int]],
+                    meta: Mapping[str, Any], report: Mapping[str, Any]) -> None:
+    """Writes a logical checkpoint (every rank its part, in a temp dir) and reports it with ``report`` to Ray Train."""
+    import ray.train
+
+    from rayemb.checkpoint.store import save_logical
+
+    with tempfile.TemporaryDirectory(prefix="rayemb-ckpt-") as directory:
+        save_logical(directory, model, optimizer, remapper, tables, meta)
+        ray.train.report(dict(report), checkpoint=ray.train.Checkpoint.from_directory(directory))
+
+
+class CheckpointSchedule:
+    """When to write a checkpoint besides epoch ends: every N steps and/or every S seconds.
+
+    The time rule is decided by rank 0 at log points and agreed on through the
+    loop's existing all-reduce (:meth:`due_flag`), so ranks never disagree.
+    """
+
+    def __init__(self, every_n_steps: Optional[int], every_s: Optional[float], rank: int) -> None:
+        import time
+
+        self.every_n_steps = every_n_steps
+        self.every_s = every_s
+        self.rank = rank
+        self._last = time.monotonic()
+
+    def due_flag(self) -> float:
+        """1.0 on rank 0 when the time rule says a checkpoint is due (sum it over ranks), else 0.0."""
+        import time
+
+        return 1.0 if self.rank == 0 and self.every_s is not None and time.monotonic() - self._last >= self.every_s \
+            else 0.0
+
+    def due(self, step: int, time_flag: float = 0.0) -> bool:
+        return bool(self.every_n_steps and step % self.every_n_steps == 0) or time_flag > 0
+
+    def saved(self) -> None:
+        import time
+
+        self._last = time.monotonic()
+
+
+__all__ = ["CheckpointSchedule", "Position", "position_from_meta", "restore", "save_and_report"]
