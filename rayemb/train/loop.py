@@ -332,7 +332,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         stop = best.update(epoch, valid["valid_auc"]) and epoch + 1 < cfg.train.epochs
         if rank == 0:
             logger.info("epoch %d step %d: %s", epoch, step, valid)
-        report = {"step": step, "epoch": epoch, "epoch_end": 1, **valid, **best.metrics(), "early_stopped": int(stop)}
+        report = {"step": step, "epoch": epoch, "epoch_end": 1, **valid, **best.metrics(), "early_stopped": int(stop),
+                  "world_size": world, "resumed_at_step": position.step if position.source else -1}
         checkpoint(epoch, epoch_steps, True, report)
         if stop:
             if rank == 0:

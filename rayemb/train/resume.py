@@ -58,9 +58,12 @@ def _candidates(resume_from: Optional[str]) -> Tuple[List[str], bool]:
     if checkpoint is not None:
         if getattr(checkpoint.filesystem, "type_name", "local") != "local":  # cloud storage: download the latest
             return [checkpoint.to_directory()], False
+        # Ray registers a reported checkpoint when its controller next polls the workers: a worker killed
+        # right after reporting leaves a complete (meta.json written last, hashes listed) but unregistered
+        # checkpoint beside the registered ones. The newest intact one by step wins.
         latest = checkpoint.path  # a directory on storage every node reaches (shared or local)
-        others = [p for p in checkpoints_newest_first(latest) if os.path.abspath(p) != os.path.abspath(latest)]
-        return [latest] + others, True
+        siblings = checkpoints_newest_first(latest)
+        return siblings or [latest], True
     if resume_from:
         return [resume_from], False
     return [], False
