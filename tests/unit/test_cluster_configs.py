@@ -1,0 +1,541 @@
+"""The cluster configs users deploy: cluster/aws.yaml, cluster/gcp.yaml, cluster/kuberay/*.yaml, cluster/Dockerfile.
+
+Fast and offline: no cloud SDK, no Kubernetes, no Docker. The launcher configs go through Ray's own
+checks, the ones `ray up` runs before it calls a cloud API (``prepare_config`` merges the provider's
+defaults.yaml; ``validate_config`` checks the result against ray/autoscaler/ray-schema.json), with
+the network refused. rayemb's own requirements (GPU workers from zero, token auth from a file or a
+Secret, the shared mount, the image) are checked by the ``*_problems`` functions below, which list
+what is wrong; every check is also run on broken copies to show that it can fail.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import json
+import re
+import shlex
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = ROOT / "cluster"
+KUBERAY = CLUSTER / "kuberay"
+LOCK = ROOT / "requirements" / "lock-cpu.txt"
+LAUNCHER_CONFIGS = ["aws.yaml", "gcp.yaml"]
+SHARED = "/mnt/shared"
+PVC_NAME = "rayemb-shared"
+#: a hard-coded token would look like this (`openssl rand -hex 32` makes 64 hex characters)
+HEX_TOKEN = re.compile(r"\b[0-9a-fA-F]{32,}\b")
+
+
+def locked_version(name: str) -> str:
+    m = re.search(rf"^{re.escape(name)}==(\S+)$", LOCK.read_text(), re.M)
+    assert m, f"{name} is not pinned in {LOCK}"
+    return m.group(1)
+
+
+class NetworkUsed(BaseException):
+    """Raised on any connection attempt; a BaseException, so no ``except Exception`` in Ray swallows it."""
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise NetworkUsed(f"network access while checking a config: {args!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+def test_no_network_fixture_refuses_connections(no_network):
+    with pytest.raises(NetworkUsed):
+        socket.create_connection(("127.0.0.1", 9), timeout=1)
+    with pytest.raises(NetworkUsed):
+        socket.socket().connect(("127.0.0.1", 9))
+
+
+# --------------------------------------------------------------------------------------------- #
+# Ray cluster launcher configs
+# --------------------------------------------------------------------------------------------- #
+
+
+def load_launcher(name: str) -> Dict[str, Any]:
+    return yaml.safe_load((CLUSTER / name).read_text())
+
+
+def ray_validate(config: Dict[str, Any]) -> Dict[str, Any]:
+    """What `ray up` does to a config before any cloud call (ray.autoscaler._private.commands._bootstrap_config)."""
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    prepared = prepare_config(copy.deepcopy(config))
+    validate_config(prepared)
+    return prepared
+
+
+def _resources(node_type: Dict[str, Any]) -> Dict[str, Any]:
+    return node_type.get("resources") or {}
+
+
+def launcher_problems(config: Dict[str, Any]) -> List[str]:
+    """rayemb's requirements on a launcher config, as a list of what is wrong (empty: fine)."""
+    problems: List[str] = []
+    types = config.get("available_node_types") or {}
+    head_name = config.get("head_node_type")
+    head = types.get(head_name, {})
+    if _resources(head).get("GPU", 0):
+        problems.append(f"head node type {head_name} has GPUs: the head is a CPU node")
+    for name, t in types.items():
+        if not _resources(t).get("CPU"):
+            problems.append(f"node type {name} states no CPU resources")
+    gpu_types = {n: t for n, t in types.items() if n != head_name and _resources(t).get("GPU", 0) >= 1}
+    if not gpu_types:
+        problems.append("no GPU worker node type (resources with GPU >= 1)")
+    for name, t in gpu_types.items():
+        if "min_workers" not in t or t["min_workers"] != 0:
+            problems.append(f"GPU node type {name}: min_workers must be 0 (scaled up on demand), not {t.get('min_workers')!r}")
+        if t.get("max_workers", 0) < 1:
+            problems.append(f"GPU node type {name}: max_workers must be >= 1")
+
+    docker = config.get("docker") or {}
+    if "rayemb" not in str(docker.get("image", "")):
+        problems.append(f"docker.image {docker.get('image')!r} is not a rayemb image")
+    if not docker.get("container_name"):
+        problems.append("docker.container_name is not set")
+    if f"--volume {SHARED}:{SHARED}" not in docker.get("run_options", []):
+        problems.append(f"docker.run_options do not mount the host's {SHARED} into the container")
+
+    init = " ".join(config.get("initialization_commands") or [])
+    if not re.search(rf"\bmount\b.*\s{re.escape(SHARED)}(\s|;|$)", init):
+        problems.append(f"initialization_commands do not mount the shared file system at {SHARED}")
+    if "setup_commands" not in config:
+        problems.append("setup_commands is not set: Ray's default (pip-install a nightly Ray) would run")
+
+    mount_dests = [d.rstrip("/") for d in (config.get("file_mounts") or {})]
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        cmds = config.get(key) or []
+        text = " ".join(cmds)
+        if "RAY_AUTH_MODE=token" not in text:
+            problems.append(f"{key}: token authentication is not on (RAY_AUTH_MODE=token)")
+        paths = re.findall(r"RAY_AUTH_TOKEN_PATH=(\S+)", text)
+        if not paths:
+            problems.append(f"{key}: no RAY_AUTH_TOKEN_PATH (the token must come from a file)")
+        for p in paths:
+            p = p.replace("$HOME/", "~/")
+            if not any(p.startswith(d + "/") for d in mount_dests):
+                problems.append(f"{key}: token file {p} is not under a file_mounts destination {mount_dests}")
+        if re.search(r"RAY_AUTH_TOKEN=", text):
+            problems.append(f"{key}: RAY_AUTH_TOKEN is set in a command (a hard-coded token)")
+        if f"RAYEMB_WORKSPACE={SHARED}" not in text:
+            problems.append(f"{key}: RAYEMB_WORKSPACE={SHARED} is not set")
+        start = [i for i, c in enumerate(cmds) if "ray start" in c]
+        if len(start) != 1:
+            problems.append(f"{key}: expected one `ray start` command, found {len(start)}")
+        for i, c in enumerate(cmds):
+            if "ray stop" in c and (c.strip() != "ray stop" or not start or i > start[0]):
+                problems.append(f"{key}: `ray stop` only as the plain command before `ray start`, not {c!r}")
+    if HEX_TOKEN.search(json.dumps(config)):
+        problems.append("a token-like hex string is written in the config")
+    return problems
+
+
+@pytest.mark.parametrize("name", LAUNCHER_CONFIGS)
+def test_launcher_config_passes_rays_own_validation(name, no_network):
+    prepared = ray_validate(load_launcher(name))
+    # prepare_config merged the provider's defaults.yaml underneath: none of its commands leaked in
+    assert "ray-wheels" not in json.dumps(prepared)
+    assert prepared["setup_commands"] == []
+    assert all(t["max_workers"] >= t["min_workers"] for t in prepared["available_node_types"].values())
+
+
+@pytest.mark.parametrize("name", LAUNCHER_CONFIGS)
+def test_launcher_config_meets_rayemb_requirements(name):
+    assert launcher_problems(load_launcher(name)) == []
+    text = (CLUSTER / name).read_text()
+    assert not HEX_TOKEN.search(text), "a token-like hex string in the file (comments included)"
+    assert "REPLACE_ME" in load_launcher(name)["docker"]["image"], "the image should be an obvious placeholder"
+
+
+def _gpu_type(config: Dict[str, Any]) -> Dict[str, Any]:
+    return next(t for n, t in config["available_node_types"].items()
+                if n != config["head_node_type"] and t["resources"].get("GPU", 0) >= 1)
+
+
+# Each breaks the config the way a hand edit could; Ray's checks must refuse it.
+RAY_REJECTS = {
+    "GPU type without resources": lambda c: _gpu_type(c).pop("resources"),
+    "min_workers as a string": lambda c: _gpu_type(c).__setitem__("min_workers", "0"),
+    "negative GPU count": lambda c: _gpu_type(c)["resources"].__setitem__("GPU", -1),
+    "misspelled docker key": lambda c: c["docker"].__setitem__("imgae", "rayemb:latest"),
+    "unknown top-level key": lambda c: c.__setitem__("worker_nodes_typo", {}),
+    "head_node_type not defined": lambda c: c.__setitem__("head_node_type", "no.such.type"),
+    "docker image without container name": lambda c: c["docker"].pop("container_name"),
+}
+
+
+@pytest.mark.parametrize("name", LAUNCHER_CONFIGS)
+@pytest.mark.parametrize("breakage", sorted(RAY_REJECTS))
+def test_rays_validation_rejects_a_broken_config(name, breakage, no_network):
+    import jsonschema
+
+    config = load_launcher(name)
+    RAY_REJECTS[breakage](config)
+    with pytest.raises((jsonschema.ValidationError, ValueError, AssertionError)):
+        ray_validate(config)
+
+
+OWN_REJECTS = {
+    "GPU workers kept up": (lambda c: _gpu_type(c).__setitem__("min_workers", 1), "min_workers must be 0"),
+    "no GPU type": (lambda c: _gpu_type(c)["resources"].pop("GPU"), "no GPU worker node type"),
+    "GPU head": (lambda c: c["available_node_types"][c["head_node_type"]]["resources"].__setitem__("GPU", 1),
+                 "head node type"),
+    "auth off on workers": (lambda c: c.__setitem__("worker_start_ray_commands", [
+        x.replace("RAY_AUTH_MODE=token", "RAY_AUTH_MODE=disabled") for x in c["worker_start_ray_commands"]]),
+        "token authentication is not on"),
+    "hard-coded token": (lambda c: c["head_start_ray_commands"].__setitem__(
+        1, "export RAY_AUTH_TOKEN=" + "ab" * 32 + "; " + c["head_start_ray_commands"][1]), "hard-coded"),
+    "token file not copied": (lambda c: c.__setitem__("file_mounts", {}), "not under a file_mounts destination"),
+    "no shared volume in container": (lambda c: c["docker"].__setitem__("run_options", []), "run_options"),
+    "no shared mount on hosts": (lambda c: c.__setitem__("initialization_commands", []), "mount the shared"),
+    "Ray's default setup": (lambda c: c.pop("setup_commands"), "setup_commands"),
+    "ray stop after start": (lambda c: c["worker_start_ray_commands"].append("ray stop"), "`ray stop`"),
+    "not our image": (lambda c: c["docker"].__setitem__("image", "rayproject/ray:latest-gpu"), "not a rayemb image"),
+}
+
+
+@pytest.mark.parametrize("name", LAUNCHER_CONFIGS)
+@pytest.mark.parametrize("breakage", sorted(OWN_REJECTS))
+def test_rayemb_requirements_catch_a_broken_launcher_config(name, breakage):
+    config = load_launcher(name)
+    mutate, expected = OWN_REJECTS[breakage]
+    mutate(config)
+    problems = launcher_problems(config)
+    assert any(expected in p for p in problems), problems
+
+
+# --------------------------------------------------------------------------------------------- #
+# KubeRay manifests
+# --------------------------------------------------------------------------------------------- #
+
+
+def load_docs(name: str) -> List[Dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((KUBERAY / name).read_text()) if d]
+
+
+def the_doc(name: str, kind: str) -> Dict[str, Any]:
+    docs = [d for d in load_docs(name) if d.get("kind") == kind]
+    assert len(docs) == 1, f"{name}: expected one {kind}, found {len(docs)}"
+    return docs[0]
+
+
+def _pod_problems(where: str, template: Dict[str, Any], secret: str) -> List[str]:
+    problems: List[str] = []
+    spec = (template or {}).get("spec") or {}
+    containers = spec.get("containers") or []
+    if not containers:
+        return [f"{where}: template.spec.containers is empty"]
+    for c in containers:
+        image = c.get("image")
+        if not isinstance(image, str) or not image.strip() or any(ch.isspace() for ch in image):
+            problems.append(f"{where}/{c.get('name')}: image {image!r} is not set")
+    ray = containers[0]  # KubeRay's Ray container is the first one
+    env = ray.get("env") or []
+    names = [e.get("name") for e in env]
+    if len(names) != len(set(names)):
+        problems.append(f"{where}: duplicate env names {names}")
+    by_name = {e.get("name"): e for e in env}
+    if (by_name.get("RAY_AUTH_MODE") or {}).get("value") != "token":
+        problems.append(f"{where}: RAY_AUTH_MODE is not token")
+    tok = by_name.get("RAY_AUTH_TOKEN") or {}
+    ref = ((tok.get("valueFrom") or {}).get("secretKeyRef")) or {}
+    if "value" in tok or ref.get("name") != secret or ref.get("key") != "auth_token":
+        problems.append(f"{where}: RAY_AUTH_TOKEN must come from Secret {secret!r} key auth_token, not {tok!r}")
+    if (by_name.get("RAYEMB_WORKSPACE") or {}).get("value") != SHARED:
+        problems.append(f"{where}: RAYEMB_WORKSPACE is not {SHARED}")
+    volumes = {v.get("name"): v for v in spec.get("volumes") or []}
+    shared = [n for n, v in volumes.items() if (v.get("persistentVolumeClaim") or {}).get("claimName") == PVC_NAME]
+    mounts = {m.get("name"): m.get("mountPath") for m in ray.get("volumeMounts") or []}
+    if not shared or mounts.get(shared[0]) != SHARED:
+        problems.append(f"{where}: the PVC {PVC_NAME} is not mounted at {SHARED}")
+    for m in mounts:
+        if m not in volumes:
+            problems.append(f"{where}: volumeMount {m} has no volume")
+    return problems
+
+
+def _gpu_limit(group: Dict[str, Any]) -> int:
+    c = (((group.get("template") or {}).get("spec") or {}).get("containers") or [{}])[0]
+    return int(((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0))
+
+
+def raycluster_spec_problems(spec: Dict[str, Any]) -> List[str]:
+    """rayemb's and KubeRay's requirements on a RayCluster spec (also a RayJob's rayClusterSpec)."""
+    problems: List[str] = []
+    if spec.get("enableInTreeAutoscaling") is not True:
+        problems.append("enableInTreeAutoscaling is not true")
+    if str(spec.get("rayVersion")) != locked_version("ray"):
+        problems.append(f"rayVersion {spec.get('rayVersion')!r} is not the locked Ray {locked_version('ray')}")
+    auth = spec.get("authOptions") or {}
+    secret = auth.get("secretName")
+    if auth.get("mode") != "token" or not secret:
+        problems.append(f"authOptions {auth!r}: token mode with a secretName is required")
+    head = spec.get("headGroupSpec")
+    groups = spec.get("workerGroupSpecs")
+    if not isinstance(head, dict):
+        return problems + ["headGroupSpec is missing"]
+    if not isinstance(groups, list) or not groups:
+        return problems + ["workerGroupSpecs is missing or empty"]
+    for where, params in [("headGroupSpec", head.get("rayStartParams"))] + [
+            (f"workerGroupSpecs[{g.get('groupName')}]", g.get("rayStartParams")) for g in groups]:
+        if not isinstance(params, dict) or not all(isinstance(v, str) for v in params.values()):
+            problems.append(f"{where}.rayStartParams must be a mapping of strings, not {params!r}")
+    problems += _pod_problems("headGroupSpec", head.get("template"), secret)
+    if _gpu_limit(head):
+        problems.append("the head asks for GPUs: it is a CPU pod")
+    for g in groups:
+        where = f"workerGroupSpecs[{g.get('groupName')}]"
+        for key in ("groupName", "minReplicas", "maxReplicas", "rayStartParams", "template"):
+            if key not in g:
+                problems.append(f"{where}: {key} is missing")
+        lo, hi = g.get("minReplicas", 0), g.get("maxReplicas", 0)
+        if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= g.get("replicas", lo) <= hi and hi >= 1):
+            problems.append(f"{where}: needs 0 <= minReplicas <= replicas <= maxReplicas, maxReplicas >= 1")
+        problems += _pod_problems(where, g.get("template"), secret)
+        c = (((g.get("template") or {}).get("spec") or {}).get("containers") or [{}])[0]
+        res = c.get("resources") or {}
+        if "nvidia.com/gpu" in (res.get("requests") or {}) and \
+                str(res["requests"]["nvidia.com/gpu"]) != str((res.get("limits") or {}).get("nvidia.com/gpu")):
+            problems.append(f"{where}: nvidia.com/gpu requests must equal limits")
+    gpu_groups = [g for g in groups if _gpu_limit(g) >= 1]
+    if not gpu_groups:
+        problems.append("no worker group with an nvidia.com/gpu limit")
+    for g in gpu_groups:
+        if g.get("minReplicas") != 0:
+            problems.append(f"GPU group {g.get('groupName')}: minReplicas must be 0, not {g.get('minReplicas')!r}")
+    return problems
+
+
+def _check_manifest_header(doc: Dict[str, Any], kind: str) -> None:
+    assert doc["apiVersion"] == "ray.io/v1"
+    assert doc["kind"] == kind
+    assert doc["metadata"]["name"]
+
+
+def test_raycluster_manifest():
+    rc = the_doc("raycluster.yaml", "RayCluster")
+    _check_manifest_header(rc, "RayCluster")
+    assert raycluster_spec_problems(rc["spec"]) == []
+    assert all(g["replicas"] == 0 for g in rc["spec"]["workerGroupSpecs"] if _gpu_limit(g))
+
+
+def test_rayjob_manifest():
+    job = the_doc("rayjob.yaml", "RayJob")
+    _check_manifest_header(job, "RayJob")
+    spec = job["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert raycluster_spec_problems(spec["rayClusterSpec"]) == []
+
+
+def test_rayjob_entrypoint_runs_train_py_on_the_image_with_outputs_on_the_shared_volume():
+    from rayemb.config import load_config
+
+    entry = the_doc("rayjob.yaml", "RayJob")["spec"]["entrypoint"]
+    assert not re.search(r"&&|\|\||[;|<>`]|\$\(", entry), "keep the entrypoint one command, no shell operators"
+    argv = shlex.split(entry)
+    assert argv[0] == "python" and argv[1].endswith("jobs/train.py")
+    workdir = dockerfile_workdir(DOCKERFILE.read_text())
+    in_repo = lambda p: ROOT / Path(p).relative_to(workdir)  # noqa: E731
+    assert in_repo(argv[1]).is_file()
+    config = argv[argv.index("--config") + 1]
+    overrides = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+    # rayemb itself accepts the config and every override
+    cfg = load_config(str(in_repo(config)), overrides)
+    assert cfg.tracking.output_dir.startswith(SHARED + "/") and cfg.data.path.startswith(SHARED + "/")
+    assert cfg.scaling.use_gpu is True
+
+
+def test_kuberay_manifests_agree_with_each_other_and_the_volume_claim():
+    pvc = the_doc("shared-storage.yaml", "PersistentVolumeClaim")
+    assert pvc["metadata"]["name"] == PVC_NAME and "ReadWriteMany" in pvc["spec"]["accessModes"]
+    rc = the_doc("raycluster.yaml", "RayCluster")["spec"]
+    rj = the_doc("rayjob.yaml", "RayJob")["spec"]["rayClusterSpec"]
+
+    def images(spec):
+        pods = [spec["headGroupSpec"]["template"]] + [g["template"] for g in spec["workerGroupSpecs"]]
+        return {c["image"] for p in pods for c in p["spec"]["containers"]}
+
+    assert images(rc) == images(rj) and len(images(rc)) == 1
+    assert "REPLACE_ME" in next(iter(images(rc))), "the image should be an obvious placeholder"
+    assert rc["authOptions"] == rj["authOptions"]
+    for name in ("raycluster.yaml", "rayjob.yaml", "shared-storage.yaml"):
+        assert not HEX_TOKEN.search((KUBERAY / name).read_text()), f"{name}: a token-like hex string"
+
+
+def _gpu_group(spec):
+    return next(g for g in spec["workerGroupSpecs"] if _gpu_limit(g))
+
+
+def _ray_container(pod_template):
+    return pod_template["spec"]["containers"][0]
+
+
+KUBERAY_REJECTS = {
+    "no autoscaler": (lambda s: s.__setitem__("enableInTreeAutoscaling", False), "enableInTreeAutoscaling"),
+    "GPU pods kept up": (lambda s: _gpu_group(s).__setitem__("minReplicas", 1), "minReplicas must be 0"),
+    "no GPU limit": (lambda s: [_ray_container(g["template"])["resources"]["limits"].pop("nvidia.com/gpu", None)
+                                for g in s["workerGroupSpecs"]], "no worker group with an nvidia.com/gpu"),
+    "no maxReplicas": (lambda s: _gpu_group(s).pop("maxReplicas"), "maxReplicas is missing"),
+    "no image": (lambda s: _ray_container(s["headGroupSpec"]["template"]).pop("image"), "image None"),
+    "token in the manifest": (lambda s: [e.update(value="ab" * 32) or e.pop("valueFrom")
+                                         for e in _ray_container(_gpu_group(s)["template"])["env"]
+                                         if e["name"] == "RAY_AUTH_TOKEN"], "RAY_AUTH_TOKEN must come from Secret"),
+    "auth off": (lambda s: s.pop("authOptions"), "authOptions"),
+    "shared volume not mounted": (lambda s: _ray_container(_gpu_group(s)["template"]).__setitem__(
+        "volumeMounts", [m for m in _ray_container(_gpu_group(s)["template"])["volumeMounts"]
+                         if m["mountPath"] != SHARED]), f"not mounted at {SHARED}"),
+    "rayStartParams not strings": (lambda s: s["headGroupSpec"]["rayStartParams"].__setitem__("num-cpus", 0),
+                                   "mapping of strings"),
+    "no headGroupSpec": (lambda s: s.pop("headGroupSpec"), "headGroupSpec is missing"),
+    "wrong Ray version": (lambda s: s.__setitem__("rayVersion", "2.9.0"), "rayVersion"),
+}
+
+
+@pytest.mark.parametrize("name,path", [("raycluster.yaml", ("spec",)), ("rayjob.yaml", ("spec", "rayClusterSpec"))])
+@pytest.mark.parametrize("breakage", sorted(KUBERAY_REJECTS))
+def test_kuberay_checks_catch_a_broken_manifest(name, path, breakage):
+    doc = load_docs(name)[0]
+    spec = doc
+    for key in path:
+        spec = spec[key]
+    mutate, expected = KUBERAY_REJECTS[breakage]
+    mutate(spec)
+    problems = raycluster_spec_problems(spec)
+    assert any(expected in p for p in problems), problems
+
+
+# --------------------------------------------------------------------------------------------- #
+# Dockerfile
+# --------------------------------------------------------------------------------------------- #
+
+DOCKERFILE = CLUSTER / "Dockerfile"
+
+
+def dockerfile_instructions(text: str) -> List[tuple]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    out, buf = [], ""
+    for line in text.splitlines():
+        if not buf and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.rstrip().endswith("\\"):
+            buf += line.rstrip()[:-1] + " "
+            continue
+        buf += line
+        word, _, rest = buf.strip().partition(" ")
+        out.append((word.upper(), rest.strip()))
+        buf = ""
+    return out
+
+
+def dockerfile_workdir(text: str) -> str:
+    workdirs = [a for i, a in dockerfile_instructions(text) if i == "WORKDIR"]
+    return workdirs[-1] if workdirs else "/"
+
+
+def _sed_expr(text: str) -> str:
+    m = re.search(r"sed -E '([^']+)'", text)
+    return m.group(1) if m else ""
+
+
+def dockerfile_problems(text: str) -> List[str]:
+    """What in a Dockerfile would break the install from the lock or the `python jobs/train.py` entry."""
+    problems: List[str] = []
+    ins = dockerfile_instructions(text)
+    kinds = [i for i, _ in ins]
+    args = {a.split("=", 1)[0]: a.split("=", 1)[1] if "=" in a else "" for i, a in ins if i == "ARG"}
+    base = args.get("BASE_IMAGE", "")
+    if not base.startswith(f"rayproject/ray:{locked_version('ray')}-py311"):
+        problems.append(f"BASE_IMAGE {base!r} is not Ray {locked_version('ray')} on Python 3.11 (the lock's)")
+    if not any(i == "FROM" and "${BASE_IMAGE}" in a for i, a in ins):
+        problems.append("FROM does not use the BASE_IMAGE argument")
+    for ref in sorted(set(re.findall(r"requirements/[\w.-]+", text))):
+        if not (ROOT / ref).is_file():
+            problems.append(f"{ref} does not exist in the repository")
+    if "requirements/lock-cpu.txt" not in text:
+        problems.append("the lock requirements/lock-cpu.txt is not used")
+    install_sh = (ROOT / "scripts" / "install.sh").read_text()
+    if not _sed_expr(text) or _sed_expr(text) != _sed_expr(install_sh):
+        problems.append("the torch rewrite of the lock differs from scripts/install.sh's")
+    if "install-no-deps" not in text or "--no-deps" not in text:
+        problems.append("torchrec is not installed with --no-deps from [tool.rayemb] install-no-deps")
+    if "ENTRYPOINT" in kinds:
+        problems.append("ENTRYPOINT is set: the launcher runs `IMAGE bash` and KubeRay sets the command")
+    workdir = dockerfile_workdir(text)
+    if workdir == "/":
+        problems.append("no WORKDIR: `python jobs/train.py` needs the repository as working directory")
+    last_workdir = max((n for n, (i, _) in enumerate(ins) if i == "WORKDIR"), default=-1)
+    copies_repo = any(i == "COPY" and a.split()[-2:] in (["."] * 2, [".", "./"], [".", workdir], [".", workdir + "/"])
+                      for n, (i, a) in enumerate(ins) if n > last_workdir)
+    if not copies_repo:
+        problems.append("the repository is not copied into the WORKDIR (COPY . .) after it is set")
+    return problems
+
+
+def dockerignore_patterns() -> List[str]:
+    path = ROOT / ".dockerignore"
+    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_dockerfile_installs_from_the_lock_and_reaches_train_py():
+    text = DOCKERFILE.read_text()
+    assert dockerfile_problems(text) == []
+    assert (ROOT / "jobs" / "train.py").is_file()
+    patterns = dockerignore_patterns()
+    for kept in ("jobs/train.py", "jobs/configs/synth_small.yaml", "requirements/lock-cpu.txt", "pyproject.toml",
+                 "rayemb/config.py", "scripts/install.sh"):
+        assert not any(fnmatch.fnmatch(kept, p) or kept.split("/")[0] == p.rstrip("/") for p in patterns), kept
+    for left_out in (".venv", "data", "runs", "bench-results"):
+        assert left_out in patterns
+
+
+def test_launcher_head_setup_uses_the_lock_inside_the_image():
+    # `~` is /home/ray in the rayproject images (the cluster launcher's container user)
+    workdir = dockerfile_workdir(DOCKERFILE.read_text())
+    for name in LAUNCHER_CONFIGS:
+        for cmd in load_launcher(name)["head_setup_commands"]:
+            for ref in re.findall(r"-c (\S+)", cmd):
+                assert ref.replace("~/", "/home/ray/") == f"{workdir}/requirements/lock-cpu.txt", (name, ref)
+
+
+DOCKERFILE_BREAKAGES = {
+    "missing lock": (lambda t: t.replace("requirements/lock-cpu.txt", "requirements/lock-gpu.txt"), "does not exist"),
+    "entrypoint": (lambda t: t + '\nENTRYPOINT ["python", "jobs/train.py"]\n', "ENTRYPOINT"),
+    "no workdir": (lambda t: re.sub(r"^WORKDIR .*$", "", t, flags=re.M), "no WORKDIR"),
+    "repo not copied": (lambda t: t.replace("COPY --chown=ray:users . .", ""), "not copied"),
+    "other torch rewrite": (lambda t: t.replace(r"torch==\1,!=\1+cpu", r"torch==\1"), "torch rewrite"),
+    "torchrec with deps": (lambda t: t.replace("$install --no-deps $nodeps", "$install $nodeps")
+                           .replace("--no-deps", ""), "--no-deps"),
+    "other Ray": (lambda t: t.replace("rayproject/ray:2.60.0-py311-gpu", "rayproject/ray:2.9.0-py311-gpu"),
+                  "BASE_IMAGE"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(DOCKERFILE_BREAKAGES))
+def test_dockerfile_checks_catch_a_broken_dockerfile(breakage):
+    mutate, expected = DOCKERFILE_BREAKAGES[breakage]
+    broken = mutate(DOCKERFILE.read_text())
+    assert broken != DOCKERFILE.read_text()
+    problems = dockerfile_problems(broken)
+    assert any(expected in p for p in problems), problems
+
+
+def test_install_no_deps_is_what_the_dockerfile_reads():
+    # the Dockerfile reads [tool.rayemb] install-no-deps the way scripts/install.sh does
+    d = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert d["tool"]["rayemb"]["install-no-deps"]
+    assert '["tool"]["rayemb"]["install-no-deps"]' in DOCKERFILE.read_text()
