@@ -266,9 +266,8 @@ def read_unsharded(directory: str, keys: Optional[List[str]] = None) -> Dict[str
     return out
 
 
-def checkpoints_newest_first(directory: str) -> List[str]:
-    """Complete-looking logical checkpoints in ``directory``'s parent (siblings incl. itself), newest step first."""
-    parent = os.path.dirname(os.path.abspath(directory))
+def checkpoints_newest_first(parent: str) -> List[str]:
+    """Complete-looking logical checkpoints directly under ``parent`` (those with a meta.json), newest step first."""
     found = []
     for name in os.listdir(parent) if os.path.isdir(parent) else []:
         path = os.path.join(parent, name)

@@ -239,7 +239,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
 
     tables = {t.name: (int(t.num_embeddings), int(t.embedding_dim))
               for t in table_configs(schema, cfg.model.embedding_dim)}
-    position = restore(model, optimizer, remapper, tables, cfg.data.batch_size, loop_config.get("resume_from"))
+    position = restore(model, optimizer, remapper, tables, cfg.data.batch_size, loop_config.get("resume_from"),
+                       loop_config.get("checkpoint_root"))
     step = position.step
     best = EarlyStopping(cfg.train.early_stopping_patience, position.bookkeeping)
     fault = loop_config.get("fault_injection")

@@ -48,29 +48,40 @@ def position_from_meta(meta: Mapping[str, Any], world_size: int, batch_size: int
     return Position(step, epoch, samples // (world_size * batch_size), bookkeeping)
 
 
-def _candidates(resume_from: Optional[str]) -> Tuple[List[str], bool]:
-    """Checkpoints to try, newest first, and whether falling back past the first is allowed."""
+def _candidates(resume_from: Optional[str], checkpoint_root: Optional[str]) -> Tuple[List[str], bool]:
+    """Checkpoints to try, newest first, and whether falling back past the first is allowed.
+
+    Ray registers a reported checkpoint when its controller next polls the workers: a worker killed
+    right after reporting leaves a complete (meta.json written last, hashes listed) but unregistered
+    checkpoint, and a group restarted after losing a node was seen to get no checkpoint at all. So
+    the job's own checkpoint folder (``checkpoint_root``: this job's, no other job writes there) is
+    scanned too; the newest intact one by step wins.
+    """
     import ray.train
 
     from rayemb.checkpoint.store import checkpoints_newest_first
 
     checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None and getattr(checkpoint.filesystem, "type_name", "local") != "local":
+        return [checkpoint.to_directory()], False  # cloud storage: download the registered latest
+    found: List[str] = []
+    for parent in ([os.path.dirname(checkpoint.path)] if checkpoint is not None else []) + [checkpoint_root]:
+        if parent:
+            found += [p for p in checkpoints_newest_first(parent) if p not in found]
+    if found:
+        from rayemb.checkpoint.store import read_meta
+
+        found.sort(key=lambda p: (int((read_meta(p) or {}).get("step", -1)), os.path.basename(p)), reverse=True)
+        return found, True
     if checkpoint is not None:
-        if getattr(checkpoint.filesystem, "type_name", "local") != "local":  # cloud storage: download the latest
-            return [checkpoint.to_directory()], False
-        # Ray registers a reported checkpoint when its controller next polls the workers: a worker killed
-        # right after reporting leaves a complete (meta.json written last, hashes listed) but unregistered
-        # checkpoint beside the registered ones. The newest intact one by step wins.
-        latest = checkpoint.path  # a directory on storage every node reaches (shared or local)
-        siblings = checkpoints_newest_first(latest)
-        return siblings or [latest], True
+        return [checkpoint.path], True
     if resume_from:
         return [resume_from], False
     return [], False
 
 
 def restore(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tuple[int, int]],
-            batch_size: int, resume_from: Optional[str] = None) -> Position:
+            batch_size: int, resume_from: Optional[str] = None, checkpoint_root: Optional[str] = None) -> Position:
     """Loads the newest intact checkpoint (Ray Train's, else ``resume_from``) into this plan; a collective.
 
     Rank 0 picks the checkpoint (size and SHA-256 of every file checked) and
@@ -84,7 +95,7 @@ def restore(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tupl
     rank, world = dist.get_rank(), dist.get_world_size()
     choice: List[Any] = [None, None]
     if rank == 0:
-        candidates, fallback = _candidates(resume_from)
+        candidates, fallback = _candidates(resume_from, checkpoint_root)
         for i, path in enumerate(candidates):
             try:
                 choice = [path, verify(path, hashes=True)]

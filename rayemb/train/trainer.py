@@ -373,7 +373,12 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
                    if planned.resume else 0)
     print(f"rayemb: training epochs {first_epoch + 1}..{cfg.train.epochs} ({steps} steps each)"
           + (f", resuming from {planned.resume[0]}" if planned.resume else ""), flush=True)
-    queue = Queue(actor_options={"num_cpus": 0})
+    # On the driver's node: a queue on a worker node would die with it, and every report after that with it
+    # (seen when an elastic job lost a node: it finished with no epoch report).
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
     progress = ProgressPrinter(cfg.train.epochs, steps, cfg.data.batch_size * world)
     drainer = QueueDrainer(queue, run_logger, progress=progress).start()
     status, reason, best_checkpoint, last_checkpoint = "FAILED", None, None, None
@@ -448,6 +453,7 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
         train_loop_config={
             "job": cfg, "schema": inputs.schema, "plan": planned.job_plan, "plans": planned.plans_by_world,
             "train_rows": inputs.train_rows,
+            "checkpoint_root": os.path.join(inputs.out_dir, "ray_results", tracking.job_id),
             "metrics_queue": queue, "fault_injection": _fault_injection(), "plan_fingerprint": planned.fingerprint,
             "resume_from": planned.resume[0] if planned.resume else None,
             "in_memory": resources.in_memory, "cpus_per_worker": resources.cpus_per_worker,

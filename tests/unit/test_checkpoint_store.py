@@ -60,7 +60,7 @@ def test_fallback_order_is_newest_step_first_and_skips_non_checkpoints(tmp_path)
     _checkpoint(tmp_path / "checkpoint_a", step=30)
     _checkpoint(tmp_path / "checkpoint_c", step=10)
     (tmp_path / "checkpoint_partial").mkdir()  # a crash before meta.json: not a checkpoint
-    names = [p.rsplit("/", 1)[-1] for p in checkpoints_newest_first(str(tmp_path / "checkpoint_b"))]
+    names = [p.rsplit("/", 1)[-1] for p in checkpoints_newest_first(str(tmp_path))]
     assert names == ["checkpoint_a", "checkpoint_b", "checkpoint_c"]
 
 
