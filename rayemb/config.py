@@ -140,6 +140,12 @@ class ScalingConfig:
     num_workers: Any = 2
     min_workers: Optional[int] = None
     use_gpu: bool = False
+    #: the GPU nodes' shape the plan assumes while none is up (autoscaling from zero); live GPU nodes win
+    gpus_per_node: Optional[int] = None
+    #: HBM per GPU the plan assumes (None: from the accelerator type, else 80)
+    gpu_memory_gib: Optional[float] = None
+    #: host memory per rank the plan assumes (None: the live nodes' memory / ranks)
+    memory_per_worker_gib: Optional[float] = None
     #: CPUs per worker; None picks a share that leaves CPUs for Ray Data's read tasks
     cpus_per_worker: Optional[float] = None
     #: restarts of the worker group after a failure (Ray's default is 0)

@@ -34,7 +34,7 @@ def plan_main(args: argparse.Namespace) -> int:
     from rayemb.data.schema import DatasetSchema
     from rayemb.planner.report import plot_plan, save_plan_json, summary_table
     from rayemb.planner.tables import tables_from_schema
-    from rayemb.planner.topology import described_topology, topology_from_ray
+    from rayemb.planner.topology import described_topology
 
     cfg = load_config(args.config, args.overrides)
     schema = DatasetSchema.load(resolve_path(cfg.data.path))
@@ -48,7 +48,9 @@ def plan_main(args: argparse.Namespace) -> int:
         from rayemb._ray import init_ray
 
         init_ray()
-        topo = topology_from_ray(num_workers=cfg.scaling.num_workers)
+        from rayemb.train.trainer import job_topology
+
+        topo = job_topology(cfg)  # the shape the config asks for (use_gpu, GPUs per node), on the live nodes
         if args.hbm_gib:
             topo = topo.with_overrides(hbm_bytes=int(args.hbm_gib * GiB))
         global_batch = cfg.data.batch_size * topo.world_size

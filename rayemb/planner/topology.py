@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -131,6 +132,57 @@ def topology_from_nodes(
         intra_node_bw=intra_node_bw or DEFAULT_CPU_INTRA_NODE_BW,
         inter_node_bw=inter_node_bw or DEFAULT_CPU_INTER_NODE_BW, reserved_fraction=reserved_fraction,
     )
+
+
+def job_topology_from_nodes(
+    nodes: Sequence[Mapping[str, Any]],
+    num_workers: int,
+    use_gpu: bool,
+    gpus_per_node: Optional[int] = None,
+    hbm_gib: Optional[float] = None,
+    memory_per_worker_gib: Optional[float] = None,
+) -> ClusterTopology:
+    """The topology a job of ``num_workers`` ranks plans for: the shape it asks for, not whatever node is up.
+
+    * ``use_gpu`` with GPU nodes alive: their GPUs per node and HBM (``hbm_gib`` overrides);
+    * ``use_gpu`` with none alive (an autoscaling cluster whose GPU workers start from zero, a CPU head
+      up): the requested shape — ``gpus_per_node`` (default: up to 8, dividing the world), ``hbm_gib``
+      (default 80) — never the CPU head's cores and memory;
+    * CPU jobs: CPU ranks on the alive nodes, even where nodes also have GPUs.
+
+    ``memory_per_worker_gib`` sets the host memory per rank. Then cut to ``num_workers`` ranks.
+    """
+    alive = [n for n in nodes if n.get("Alive", True) and n.get("Resources")]
+    gpu_alive = [n for n in alive if float(n["Resources"].get("GPU", 0)) >= 1]
+    if use_gpu and not gpu_alive:
+        per_node = gpus_per_node or max(d for d in range(1, min(num_workers, 8) + 1) if num_workers % d == 0)
+        if num_workers % per_node:
+            raise PlanError(f"scaling.num_workers={num_workers} is not a multiple of scaling.gpus_per_node="
+                            f"{per_node}. Use a world size the GPU nodes divide.", INVALID_TOPOLOGY)
+        topo = described_topology(num_workers, per_node, hbm_gib=hbm_gib, ddr_gib=memory_per_worker_gib,
+                                  compute_device="cuda")
+        logger.info("no GPU node is alive yet: planning for the requested %d x %d GPUs", topo.num_nodes, per_node)
+        return topo
+    if use_gpu:
+        topo = topology_from_nodes(gpu_alive, num_workers=num_workers,
+                                   hbm_bytes=int(hbm_gib * GiB) if hbm_gib else None)
+    else:
+        cpu_view = [{**n, "Resources": {k: v for k, v in n["Resources"].items() if k != "GPU"}} for n in alive]
+        topo = topology_from_nodes(cpu_view, num_workers=num_workers)
+    topo = resize_topology(topo, num_workers)
+    if memory_per_worker_gib:
+        topo = dataclasses.replace(topo, ddr_bytes=int(memory_per_worker_gib * GiB))
+    return topo
+
+
+def resize_topology(topo: ClusterTopology, world: int) -> ClusterTopology:
+    """``topo`` cut (or grown) to ``world`` ranks, keeping ranks per node where they divide it."""
+    if topo.world_size != world:  # a GPU cluster larger (or smaller, before it scales up) than the job
+        per_node = min(topo.devices_per_node, world)
+        if world % per_node:
+            per_node = world
+        topo = dataclasses.replace(topo, num_nodes=world // per_node, devices_per_node=per_node)
+    return topo
 
 
 def _hbm_from_labels(nodes: Sequence[Mapping[str, Any]]) -> Optional[int]:

@@ -17,7 +17,6 @@ same errors and mark the MLflow run FAILED with the reason.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import os
@@ -147,20 +146,22 @@ def _steps(rows: int, cfg: JobConfig, split: str, data_dir: str) -> int:
 
 
 def job_topology(cfg: JobConfig) -> Any:
-    """The live Ray cluster's topology, cut to the job's ``scaling.num_workers`` ranks."""
-    from rayemb.planner import topology_from_ray
+    """The topology of the shape the job asks for (``scaling``), on the live Ray cluster's nodes where they match.
 
-    world = cfg.scaling.num_workers
-    return resize_topology(topology_from_ray(num_workers=world), world)
+    A GPU job on an autoscaling cluster whose GPU workers are not up yet plans for the GPUs it asked for
+    (:func:`rayemb.planner.topology.job_topology_from_nodes`), not for the CPU head it found.
+    """
+    import ray
 
+    from rayemb.planner.topology import job_topology_from_nodes
 
-def resize_topology(topo: Any, world: int) -> Any:
-    """``topo`` cut (or grown) to ``world`` ranks, keeping ranks per node where they divide it."""
-    if topo.world_size != world:  # a GPU cluster larger (or smaller, before it scales up) than the job
-        per_node = min(topo.devices_per_node, world)
-        if world % per_node:
-            per_node = world
-        topo = dataclasses.replace(topo, num_nodes=world // per_node, devices_per_node=per_node)
+    s = cfg.scaling
+    topo = job_topology_from_nodes(ray.nodes(), s.num_workers, s.use_gpu, gpus_per_node=s.gpus_per_node,
+                                   hbm_gib=s.gpu_memory_gib, memory_per_worker_gib=s.memory_per_worker_gib)
+    if s.use_gpu and not any(float(n.get("Resources", {}).get("GPU", 0)) >= 1 for n in ray.nodes() if n.get("Alive")):
+        print(f"rayemb: no GPU node is up yet; planning for the requested {topo.num_nodes} node(s) x "
+              f"{topo.devices_per_node} GPU(s) of {topo.hbm_bytes / 2**30:.0f} GiB (the autoscaler brings them)",
+              flush=True)
     return topo
 
 
@@ -222,6 +223,8 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
           + f"; predicted {1e3 * summary['predicted_step_time_s']:.1f} ms/step ({summary['objective']} objective)",
           flush=True)
     from rayemb.planner.tables import split_rule
+
+    from rayemb.planner.topology import resize_topology
 
     plans = {inputs.world_size: job_plan}
     for world in elastic_worlds(cfg):  # an elastic job restarts on fewer ranks: a plan (and hot set) for each

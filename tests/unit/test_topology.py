@@ -67,3 +67,33 @@ def test_topology_from_live_ray():
     assert isinstance(t, ClusterTopology)
     assert (t.compute_device, t.world_size, t.num_nodes) == ("cpu", 2, 1)
     assert t.ddr_bytes > 0
+
+
+# ---- the shape a job asks for (issue 13): never a CPU head that happens to be up ----
+
+from rayemb.planner.topology import job_topology_from_nodes  # noqa: E402
+
+_CPU_HEAD = {"Alive": True, "Resources": {"CPU": 16.0, "memory": 64 * 2**30}}
+_GPU_NODE = {"Alive": True, "Resources": {"CPU": 48.0, "GPU": 4.0, "memory": 180 * 2**30, "accelerator_type:A10G": 1}}
+
+
+def test_gpu_job_on_a_cpu_head_plans_for_the_gpus_it_asks_for():
+    topo = job_topology_from_nodes([_CPU_HEAD], num_workers=16, use_gpu=True, gpus_per_node=4, hbm_gib=24)
+    assert (topo.compute_device, topo.num_nodes, topo.devices_per_node) == ("cuda", 4, 4)
+    assert topo.hbm_bytes == 24 * 2**30
+    default = job_topology_from_nodes([_CPU_HEAD], num_workers=16, use_gpu=True)
+    assert (default.compute_device, default.devices_per_node, default.hbm_bytes) == ("cuda", 8, 80 * 2**30)
+    # not the CPU head's 16 CPU ranks of 4 GiB
+    assert job_topology_from_nodes([_CPU_HEAD], num_workers=16, use_gpu=False).compute_device == "cpu"
+
+
+def test_gpu_job_with_gpu_nodes_up_takes_their_shape_and_cpu_job_ignores_gpus():
+    topo = job_topology_from_nodes([_CPU_HEAD, _GPU_NODE, _GPU_NODE], num_workers=8, use_gpu=True)
+    assert (topo.compute_device, topo.num_nodes, topo.devices_per_node, topo.hbm_bytes) == ("cuda", 2, 4, 24 * 2**30)
+    cpu = job_topology_from_nodes([_CPU_HEAD, _GPU_NODE], num_workers=2, use_gpu=False, memory_per_worker_gib=3)
+    assert (cpu.compute_device, cpu.world_size, cpu.ddr_bytes) == ("cpu", 2, 3 * 2**30)
+
+
+def test_requested_gpus_per_node_must_divide_the_world():
+    with pytest.raises(PlanError, match="scaling.gpus_per_node"):
+        job_topology_from_nodes([_CPU_HEAD], num_workers=6, use_gpu=True, gpus_per_node=4)
