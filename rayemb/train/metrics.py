@@ -1,6 +1,8 @@
-"""Evaluation metrics computed in numpy on gathered predictions."""
+"""Evaluation metrics computed in numpy on gathered predictions, and what a finished job's reports add up to."""
 
 from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -31,3 +33,30 @@ def logloss(labels: np.ndarray, logits: np.ndarray) -> float:
     y = np.asarray(labels, dtype=np.float64).ravel()
     z = np.asarray(logits, dtype=np.float64).ravel()
     return float(np.mean(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
+
+
+def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float]) -> Dict[str, float]:
+    """Measured step time (median over log windows, each epoch's first window left out as warm-up) vs predicted."""
+    import statistics
+
+    windows, seen_epochs = [], set()
+    for r in reports:
+        if "step_time_s" not in r or r.get("epoch_end"):
+            continue
+        if r.get("epoch") not in seen_epochs:
+            seen_epochs.add(r.get("epoch"))
+            continue
+        windows.append(float(r["step_time_s"]))
+    if not windows or not predicted:
+        return {}
+    measured = statistics.median(windows)
+    return {"step_time_measured_s": measured, "step_time_predicted_s": float(predicted),
+            "step_time_predicted_over_measured": float(predicted) / measured}
+
+
+def best_and_last_checkpoint(result: Any) -> Tuple[Optional[str], Optional[str]]:
+    """(retained epoch-end checkpoint with the best valid_auc, newest checkpoint) of a Ray Train result."""
+    last = result.checkpoint.path if result.checkpoint is not None else None
+    scored = [(float(m["valid_auc"]), c.path) for c, m in (result.best_checkpoints or []) if "valid_auc" in m]
+    best = max(scored)[1] if scored else last
+    return best, last

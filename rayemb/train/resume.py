@@ -135,6 +135,59 @@ def save_and_report(model: Any, optimizer: Any, remapper: Any, tables: Mapping[s
         ray.train.report(dict(report), checkpoint=ray.train.Checkpoint.from_directory(directory))
 
 
+# ---- DRIVER SIDE ---- #
+
+
+def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """(directory, meta) of ``train.resume_from`` after checking it fits this job; None when not resuming.
+
+    Any world size and plan load (logical checkpoints); the files must be intact (sizes, SHA-256) and hold
+    the schema's tables with this job's rows and dim.
+    """
+    if not cfg.train.resume_from:
+        return None
+    from rayemb.checkpoint.store import verify
+    from rayemb.config import resolve_path
+    from rayemb.errors import DataError
+    from rayemb.model.dlrm import table_configs
+
+    directory = resolve_path(cfg.train.resume_from)
+    try:
+        meta = verify(directory)
+    except DataError as e:
+        raise DataError(f"{e.message.rstrip('.')} (train.resume_from / --resume-from).",
+                        category="bad_checkpoint") from None
+    saved = meta.get("tables", {})
+    for t in table_configs(schema, cfg.model.embedding_dim):
+        got = saved.get(t.name)
+        if got is None or (int(got["num_embeddings"]), int(got["dim"])) != (int(t.num_embeddings), int(t.embedding_dim)):
+            raise DataError(
+                f"Checkpoint {directory!r} (train.resume_from) has table {t.name!r} as {got}; this job has "
+                f"{t.num_embeddings} rows x {t.embedding_dim} dims. Resume with the same dataset schema and "
+                "model.embedding_dim, or start fresh.", category="bad_checkpoint")
+    if meta.get("epoch_complete", True) and int(meta.get("epoch", -1)) + 1 >= cfg.train.epochs:
+        raise DataError(
+            f"Checkpoint {directory!r} (train.resume_from) already holds epoch {int(meta['epoch']) + 1} of "
+            f"train.epochs={cfg.train.epochs}: nothing is left to train. Raise train.epochs (e.g. "
+            f"--set train.epochs={int(meta['epoch']) + 2}).", category="bad_checkpoint")
+    return directory, meta
+
+
+def fault_injection() -> Optional[Dict[str, Any]]:
+    """``$RAYEMB_FAULT_INJECTION=STEP:MARKER_FILE[:kill]``: a worker fails once at STEP (tests of recovery).
+
+    ``kill``: the worker process SIGKILLs itself instead of raising.
+    """
+    from rayemb.constants import FAULT_INJECTION_ENV_VAR
+
+    spec = os.environ.get(FAULT_INJECTION_ENV_VAR)
+    if not spec:
+        return None
+    step, rest = spec.split(":", 1)
+    kill = rest.endswith(":kill")
+    return {"step": int(step), "marker": rest[:-len(":kill")] if kill else rest, "mode": "kill" if kill else "raise"}
+
+
 class CheckpointSchedule:
     """When to write a checkpoint besides epoch ends: every N steps and/or every S seconds.
 
@@ -166,4 +219,4 @@ class CheckpointSchedule:
         self._last = time.monotonic()
 
 
-__all__ = ["CheckpointSchedule", "Position", "position_from_meta", "restore", "save_and_report"]
+__all__ = ["CheckpointSchedule", "Position", "check_resume_from", "fault_injection", "position_from_meta", "restore", "save_and_report"]

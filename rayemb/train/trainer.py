@@ -26,13 +26,15 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from rayemb._ray import init_ray
 from rayemb.config import JobConfig, resolve_path
-from rayemb.constants import FAULT_INJECTION_ENV_VAR, TRAIN_SPLIT, VALID_SPLIT
+from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, count_rows, load_checked, parquet_files
 from rayemb.errors import DataError, TrainingError, find_user_error
 from rayemb.logs import redact_uri
 from rayemb.planner.types import parse_pins
 from rayemb.train.artifacts import log_charts, log_plan, log_stats_and_split, to_json
+from rayemb.train.metrics import best_and_last_checkpoint, step_time_check
 from rayemb.train.resources import WorkerResources, worker_resources
+from rayemb.train.resume import check_resume_from, fault_injection
 from rayemb.train.sharding import pins_of
 
 logger = logging.getLogger(__name__)
@@ -234,7 +236,7 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
                                                                            topo, calibration))
         print(f"rayemb: elastic plan for {world} ranks: " + ", ".join(
             f"{p} x{n}" for p, n in _placement_counts(plans[world].summary).items()), flush=True)
-    return PlannedJob(topology, stats, split, job_plan, fingerprint, resources, _check_resume(inputs),
+    return PlannedJob(topology, stats, split, job_plan, fingerprint, resources, check_resume_from(inputs.cfg, inputs.schema),
                       plans_by_world=plans)
 
 
@@ -280,40 +282,6 @@ def calibrate(inputs: JobInputs, topology: Any, resources: WorkerResources) -> A
           f"{cal.all_to_all.bandwidth_mb_s:,.0f} MB/s, dense step {1e3 * cal.dense_step_s:.1f} ms, "
           f"lookup {1e9 * cal.lookup_s:.0f} ns/id", flush=True)
     return cal
-
-
-def _check_resume(inputs: JobInputs) -> Optional[Tuple[str, Dict[str, Any]]]:
-    """(directory, meta) of ``train.resume_from`` after checking it fits this job; None when not resuming.
-
-    Any world size and plan load (logical checkpoints); the files must be intact (sizes, SHA-256) and hold
-    the schema's tables with this job's rows and dim.
-    """
-    cfg = inputs.cfg
-    if not cfg.train.resume_from:
-        return None
-    from rayemb.checkpoint.store import verify
-    from rayemb.model.dlrm import table_configs
-
-    directory = resolve_path(cfg.train.resume_from)
-    try:
-        meta = verify(directory)
-    except DataError as e:
-        raise DataError(f"{e.message.rstrip('.')} (train.resume_from / --resume-from).",
-                        category="bad_checkpoint") from None
-    saved = meta.get("tables", {})
-    for t in table_configs(inputs.schema, cfg.model.embedding_dim):
-        got = saved.get(t.name)
-        if got is None or (int(got["num_embeddings"]), int(got["dim"])) != (int(t.num_embeddings), int(t.embedding_dim)):
-            raise DataError(
-                f"Checkpoint {directory!r} (train.resume_from) has table {t.name!r} as {got}; this job has "
-                f"{t.num_embeddings} rows x {t.embedding_dim} dims. Resume with the same dataset schema and "
-                "model.embedding_dim, or start fresh.", category="bad_checkpoint")
-    if meta.get("epoch_complete", True) and int(meta.get("epoch", -1)) + 1 >= cfg.train.epochs:
-        raise DataError(
-            f"Checkpoint {directory!r} (train.resume_from) already holds epoch {int(meta['epoch']) + 1} of "
-            f"train.epochs={cfg.train.epochs}: nothing is left to train. Raise train.epochs (e.g. "
-            f"--set train.epochs={int(meta['epoch']) + 2}).", category="bad_checkpoint")
-    return directory, meta
 
 
 # ---- STAGE 4: TRACKING ---- #
@@ -388,7 +356,7 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
     try:
         result = _ray_trainer(inputs, planned, tracking, queue, resources).fit()
         status = "FINISHED"
-        best_checkpoint, last_checkpoint = _best_and_last(result)
+        best_checkpoint, last_checkpoint = best_and_last_checkpoint(result)
     except KeyboardInterrupt:
         reason = "interrupted (KeyboardInterrupt)"
         raise
@@ -430,14 +398,6 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
                        last_checkpoint=last_checkpoint)
 
 
-def _best_and_last(result: Any) -> Tuple[Optional[str], Optional[str]]:
-    """(retained epoch-end checkpoint with the best valid_auc, newest checkpoint) of a Ray Train result."""
-    last = result.checkpoint.path if result.checkpoint is not None else None
-    scored = [(float(m["valid_auc"]), c.path) for c, m in (result.best_checkpoints or []) if "valid_auc" in m]
-    best = max(scored)[1] if scored else last
-    return best, last
-
-
 def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, queue: Any,
                  resources: WorkerResources) -> Any:
     import ray
@@ -457,7 +417,7 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
             "job": cfg, "schema": inputs.schema, "plan": planned.job_plan, "plans": planned.plans_by_world,
             "train_rows": inputs.train_rows,
             "checkpoint_root": os.path.join(inputs.out_dir, "ray_results", tracking.job_id),
-            "metrics_queue": queue, "fault_injection": _fault_injection(), "plan_fingerprint": planned.fingerprint,
+            "metrics_queue": queue, "fault_injection": fault_injection(), "plan_fingerprint": planned.fingerprint,
             "resume_from": planned.resume[0] if planned.resume else None,
             "in_memory": resources.in_memory, "cpus_per_worker": resources.cpus_per_worker,
         },
@@ -478,38 +438,6 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
         datasets={"train": ray.data.read_parquet(parquet_files(data_dir, TRAIN_SPLIT)),
                   "valid": ray.data.read_parquet(parquet_files(data_dir, VALID_SPLIT))},
     )
-
-
-def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float]) -> Dict[str, float]:
-    """Measured step time (median over log windows, each epoch's first window left out as warm-up) vs predicted."""
-    import statistics
-
-    windows, seen_epochs = [], set()
-    for r in reports:
-        if "step_time_s" not in r or r.get("epoch_end"):
-            continue
-        if r.get("epoch") not in seen_epochs:
-            seen_epochs.add(r.get("epoch"))
-            continue
-        windows.append(float(r["step_time_s"]))
-    if not windows or not predicted:
-        return {}
-    measured = statistics.median(windows)
-    return {"step_time_measured_s": measured, "step_time_predicted_s": float(predicted),
-            "step_time_predicted_over_measured": float(predicted) / measured}
-
-
-def _fault_injection() -> Optional[Dict[str, Any]]:
-    """``$RAYEMB_FAULT_INJECTION=STEP:MARKER_FILE[:kill]``: a worker fails once at STEP (tests of recovery).
-
-    ``kill``: the worker process SIGKILLs itself instead of raising.
-    """
-    spec = os.environ.get(FAULT_INJECTION_ENV_VAR)
-    if not spec:
-        return None
-    step, rest = spec.split(":", 1)
-    kill = rest.endswith(":kill")
-    return {"step": int(step), "marker": rest[:-len(":kill")] if kill else rest, "mode": "kill" if kill else "raise"}
 
 
 __all__ = ["run_training", "check_inputs", "compute_statistics", "plan_job", "start_tracking", "train",
