@@ -164,10 +164,25 @@ def test_any_plan_any_world_size_round_trips_bit_for_bit(tmp_path):
     eb = torch.load(tmp_path / "r3.pt", weights_only=True)
     _assert_same(ea["tables"], eb["tables"])
     _assert_same(ea["dense"], eb["dense"])
-    # and 3 -> 2
-    r2 = str(tmp_path / "r2")
-    reshard_checkpoint(r3, 2, r2)
-    _assert_same(unsharded_state(r2)["tables"], ref["tables"])
+    # and 3 -> 2, through the CLI a user runs
+    import subprocess
+    import sys
+
+    r2, out = str(tmp_path / "r2"), str(tmp_path / "r2.pt")
+    for argv in (["reshard", "--checkpoint", r3, "--world-size", "2", "--out", r2],
+                 ["export", "--checkpoint", r2, "--out", out], ["show", "--checkpoint", r2]):
+        p = subprocess.run([sys.executable, "-m", "rayemb", "checkpoint", *argv], capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, (argv, p.stdout[-2000:], p.stderr[-3000:])
+    assert '"world_size": 2' in p.stdout
+    exported = torch.load(out, weights_only=True)
+    _assert_same(exported["tables"], ea["tables"])
+    _assert_same(exported["dense_optim"], ea["dense_optim"])
+    assert tuple(exported["tables"]["a"]["weight"].shape) == TABLES["a"]
+    # resharding into an existing directory is refused, nothing written
+    p = subprocess.run([sys.executable, "-m", "rayemb", "checkpoint", "reshard", "--checkpoint", c,
+                        "--world-size", "3", "--out", r2], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "exists" in p.stderr, p.stderr[-2000:]
 
 
 def test_resumed_training_continues_the_loss_on_another_plan_and_world(tmp_path):
