@@ -130,8 +130,17 @@ def save_and_report(model: Any, optimizer: Any, remapper: Any, tables: Mapping[s
 
     from rayemb.checkpoint.store import save_logical
 
+    import time
+
     with tempfile.TemporaryDirectory(prefix="rayemb-ckpt-") as directory:
-        save_logical(directory, model, optimizer, remapper, tables, meta)
+        t0 = time.perf_counter()
+        doc = save_logical(directory, model, optimizer, remapper, tables, meta)
+        seconds = time.perf_counter() - t0
+        if doc:  # rank 0: what the checkpoint cost, in the log and the run's metrics
+            size = sum(f["bytes"] for f in doc["files"].values())
+            logger.info("checkpoint at step %d: %.1f MiB written in %.2f s", int(meta.get("step", 0)), size / 2**20,
+                        seconds)
+            report = {**report, "checkpoint_s": seconds, "checkpoint_bytes": float(size)}
         ray.train.report(dict(report), checkpoint=ray.train.Checkpoint.from_directory(directory))
 
 

@@ -91,3 +91,25 @@ def test_elastic_num_workers_and_its_errors():
             load_config("jobs/configs/synth_small.yaml", [f"scaling.num_workers={bad}"])
     with pytest.raises(ConfigError, match="train.keep_checkpoints"):
         load_config("jobs/configs/synth_small.yaml", ["train.keep_checkpoints=1"])
+
+
+def test_checkpoint_schedule_by_steps_and_by_time(monkeypatch):
+    import time as time_module
+
+    from rayemb.train.resume import CheckpointSchedule
+
+    by_steps = CheckpointSchedule(every_n_steps=20, every_s=None, rank=0)
+    assert [s for s in range(1, 61) if by_steps.due(s)] == [20, 40, 60]
+    assert by_steps.due_flag() == 0.0
+    clock = [1000.0]
+    monkeypatch.setattr(time_module, "monotonic", lambda: clock[0])
+    by_time = CheckpointSchedule(every_n_steps=None, every_s=30.0, rank=0)
+    other_rank = CheckpointSchedule(every_n_steps=None, every_s=30.0, rank=1)
+    clock[0] += 29.0
+    assert by_time.due_flag() == 0.0
+    clock[0] += 2.0
+    # rank 0 decides; the flag is summed over ranks by the loop's all-reduce, so every rank agrees
+    flag = by_time.due_flag() + other_rank.due_flag()
+    assert flag == 1.0 and by_time.due(7, flag) and other_rank.due(7, flag)
+    by_time.saved()
+    assert by_time.due_flag() == 0.0
