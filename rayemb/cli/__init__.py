@@ -3,7 +3,8 @@
 Each command is a thin layer over library functions, in a module of its own:
 ``gen-data`` and ``train`` (:mod:`rayemb.cli.train`, also ``jobs/train.py``),
 ``stats`` (:mod:`rayemb.cli.stats`), ``plan`` (:mod:`rayemb.cli.plan`) and
-``compare`` (:mod:`rayemb.cli.compare`). Every command has ``--help`` with an
+``compare`` (:mod:`rayemb.cli.compare`), ``convert`` (:mod:`rayemb.cli.convert`),
+``export`` (:mod:`rayemb.cli.export`) and ``predict`` (:mod:`rayemb.cli.predict`). Every command has ``--help`` with an
 example. User errors exit with code 2 and one paragraph naming the input and the
 fix (no traceback; ``RAYEMB_DEBUG=1`` shows it), credentials in URIs redacted.
 """
@@ -37,6 +38,15 @@ COMMANDS = {
     "checkpoint": ("rayemb.cli.checkpoint", "add_checkpoint_arguments", "checkpoint_main",
                    "Export a checkpoint to one unsharded file, reshard it for another world size, or show it.",
                    "rayemb checkpoint export --checkpoint runs/.../checkpoint_2026-... --out model.pt"),
+    "convert": ("rayemb.cli.convert", "add_convert_arguments", "convert_main",
+                "Convert Criteo, Avazu or MovieLens files into a dataset rayemb trains on (parquet + schema.yaml).",
+                "rayemb convert criteo --input day_0 day_1 --out data/criteo --hash-buckets 1000000"),
+    "export": ("rayemb.cli.export", "add_export_arguments", "export_main",
+               "Export a trained job as an unsharded inference model, logged to MLflow (optionally registered).",
+               "rayemb export --run-id 0123abcd --out models/criteo --register criteo-dlrm"),
+    "predict": ("rayemb.cli.predict", "add_predict_arguments", "predict_main",
+                "Score a parquet dataset with an exported model (Ray Data batch inference).",
+                "rayemb predict --model models/criteo --data data/criteo/valid --out preds/"),
     "compare": ("rayemb.cli.compare", "add_compare_arguments", "compare_main",
                 "Compare MLflow runs: table + PNG charts.",
                 "rayemb compare --experiment rayemb-synth-small --metric valid_auc --out compare/"),
