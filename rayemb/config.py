@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
+from rayemb import storage
 from rayemb.constants import DEFAULT_LOG_EVERY_N_STEPS, WORKSPACE_ENV_VAR
 from rayemb.errors import ConfigError
 from rayemb.units import flatten
@@ -36,9 +37,18 @@ def _require(ok: bool, where: str, problem: str, fix: str) -> None:
         raise ConfigError(f"Invalid config value {where}: {problem}. {fix}")
 
 
+def _require_openable(path: Optional[str], where: str) -> None:
+    """A path setting is a plain path or a URI of a scheme :mod:`rayemb.storage` opens (s3://, gs://, hdfs://...)."""
+    s = storage.scheme(path) if path else ""
+    _require(not s or s == "file" or s in storage.REMOTE_SCHEMES, where, f"the scheme {s}:// is not supported",
+             "Use a local path or a URI of " + ", ".join(f"{x}://" for x in ("file",) + storage.REMOTE_SCHEMES)
+             + " (credentials come from the environment, see docs/storage.md).")
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    #: dataset directory with schema.yaml, train/ and valid/ (relative paths: see ``resolve_path``)
+    #: dataset directory with schema.yaml, train/ and valid/ (relative paths: see ``resolve_path``; or a URI
+    #: such as s3://bucket/data, see docs/storage.md)
     path: str
     #: rows per rank per step; the global batch is ``batch_size * num_workers``
     batch_size: int = 1024
@@ -54,6 +64,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.path), "data.path", "it is empty", "Set it to a dataset directory from `rayemb gen-data`.")
+        _require_openable(self.path, "data.path")
+        _require_openable(self.stats_path, "data.stats_path")
         _require(self.batch_size >= 1, "data.batch_size", f"{self.batch_size} < 1", "Use a positive batch size.")
         _require(
             self.id_policy in ID_POLICIES, "data.id_policy", f"{self.id_policy!r} is unknown", f"Use one of {ID_POLICIES}."
@@ -127,6 +139,7 @@ class TrainConfig:
                  f"{self.checkpoint_every_s} is not positive", "Use a positive number of seconds, or null.")
         _require(self.keep_checkpoints >= 2, "train.keep_checkpoints", f"{self.keep_checkpoints} < 2",
                  "Keep at least 2 checkpoints (the newest and one to fall back to).")
+        _require_openable(self.resume_from, "train.resume_from")
         _require(self.early_stopping_patience is None or self.early_stopping_patience >= 1,
                  "train.early_stopping_patience", f"{self.early_stopping_patience} < 1",
                  "Use a positive number of epochs, or null to run every epoch.")
@@ -211,7 +224,8 @@ class PlannerConfig:
 @dataclass(frozen=True)
 class TrackingConfig:
     experiment: str = "rayemb"
-    #: job outputs (MLflow sqlite store, Ray Train storage); relative paths: see ``resolve_path``
+    #: job outputs (MLflow sqlite store, Ray Train storage); relative paths: see ``resolve_path``. A URI
+    #: (s3://bucket/runs) holds job files and checkpoints; MLflow then stays local (rayemb.train.outputs)
     output_dir: str = "runs"
     #: MLflow tracking URI; None means $MLFLOW_TRACKING_URI, else sqlite under output_dir
     tracking_uri: Optional[str] = None
@@ -219,6 +233,7 @@ class TrackingConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.experiment), "tracking.experiment", "it is empty", "Name the MLflow experiment.")
+        _require_openable(self.output_dir, "tracking.output_dir")
 
 
 @dataclass(frozen=True)

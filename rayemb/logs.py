@@ -15,13 +15,17 @@ the chatty library loggers to WARNING. Call it in every process that builds or
 plans models: the CLI, the planning task and every training worker.
 
 :func:`redact_uri` hides credentials in URIs (``http://user:pw@host`` ->
-``http://user:***@host``, and secret query parameters) wherever rayemb logs or
-prints one.
+``http://user:***@host``; all the userinfo of storage URIs, whose "user" is an
+access key id: ``s3://KEY:SECRET@bucket`` -> ``s3://***@bucket``; secret query
+parameters) wherever rayemb logs or prints one. Both it and :func:`redact_text`
+also replace the value of any secret environment variable (``SECRET_ENV_VARS``,
+e.g. ``AWS_SECRET_ACCESS_KEY``) wherever it appears.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 from typing import Any, Mapping
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -32,6 +36,13 @@ _CHATTY_LOGGERS = ("torchrec", "fbgemm_gpu", "alembic", "mlflow.store.db")
 _SECRET_QUERY_KEYS = re.compile(r"(pass|secret|token|key|credential|signature|auth)", re.IGNORECASE)
 REDACTED = "***"
 _URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+#: storage schemes whose userinfo is an access key pair rather than a user name: all of it is hidden
+_KEY_PAIR_SCHEMES = ("s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "wasb", "wasbs")
+#: environment variables whose values are secrets: never shown, wherever they turn up
+SECRET_ENV_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_ACCOUNT_KEY",
+                   "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "RAY_AUTH_TOKEN")
+#: shorter values are not scrubbed from text (they would match ordinary words)
+_MIN_SECRET_CHARS = 8
 
 
 #: (message prefix, highest level dropped) of records that say nothing a user can act on
@@ -78,30 +89,45 @@ def quiet_third_party_logs() -> None:
             lg.setLevel(logging.WARNING)
 
 
+def _scrub_secrets(text: str) -> str:
+    """``text`` with the value of every set secret environment variable replaced by ``***``."""
+    for name in SECRET_ENV_VARS:
+        value = os.environ.get(name)
+        if value and len(value) >= _MIN_SECRET_CHARS and value in text:
+            text = text.replace(value, REDACTED)
+    return text
+
+
 def redact_uri(uri: Any) -> Any:
     """``uri`` with any password and secret-looking query values replaced by ``***``; other values unchanged.
 
     >>> redact_uri("http://alice:s3cret@mlflow.internal:5000/?token=abc&x=1")
     'http://alice:***@mlflow.internal:5000/?token=%2A%2A%2A&x=1'
+    >>> redact_uri("s3://AKIAEXAMPLE:s3cret@bucket/data")
+    's3://***@bucket/data'
     """
-    if not isinstance(uri, str) or "://" not in uri:
+    if not isinstance(uri, str):
         return uri
+    if "://" not in uri:
+        return _scrub_secrets(uri)
     try:
         parts = urlsplit(uri)
     except ValueError:
-        return uri
+        return _scrub_secrets(uri)
     netloc, query = parts.netloc, parts.query
     if "@" in netloc:
         userinfo, host = netloc.rsplit("@", 1)
         user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:{REDACTED}@{host}" if ":" in userinfo else f"{REDACTED}@{host}"
+        keep_user = ":" in userinfo and parts.scheme.lower() not in _KEY_PAIR_SCHEMES
+        netloc = f"{user}:{REDACTED}@{host}" if keep_user else f"{REDACTED}@{host}"
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
         if any(_SECRET_QUERY_KEYS.search(k) for k, _ in pairs):
             query = urlencode([(k, REDACTED if _SECRET_QUERY_KEYS.search(k) else v) for k, v in pairs])
     if (netloc, query) == (parts.netloc, parts.query):
-        return uri  # nothing secret: keep it byte for byte (urlunsplit would turn sqlite://// into sqlite://)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        # nothing secret: keep it byte for byte (urlunsplit would turn sqlite://// into sqlite://)
+        return _scrub_secrets(uri)
+    return _scrub_secrets(urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment)))
 
 
 def redact_mapping(values: Mapping[str, Any]) -> dict:
@@ -110,5 +136,5 @@ def redact_mapping(values: Mapping[str, Any]) -> dict:
 
 
 def redact_text(text: str) -> str:
-    """Redacts every URI inside free text (error messages, YAML) as :func:`redact_uri` does."""
-    return _URI_IN_TEXT.sub(lambda m: redact_uri(m.group(0)), text)
+    """Redacts every URI inside free text (error messages, YAML) as :func:`redact_uri` does, and secret env values."""
+    return _scrub_secrets(_URI_IN_TEXT.sub(lambda m: redact_uri(m.group(0)), text))

@@ -1,4 +1,5 @@
-"""Real servers for tests: free localhost ports and an `mlflow server` stopped by its process group."""
+"""Real servers for tests: free localhost ports, an `mlflow server` stopped by its process group, and
+moto's S3-compatible server (a thread of the test process) stopped by its handle."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Dict
 
 
 def free_port() -> int:
@@ -58,3 +60,57 @@ class MlflowServer:
             os.killpg(self.proc.pid, signal.SIGKILL)  # the group we created: server + its uvicorn worker
             self.proc.wait(timeout=30)
         self.proc = None
+
+
+#: fake credentials of the test S3 server; the secret is distinctive so tests can search logs for it
+FAKE_ACCESS_KEY_ID = "AKIARAYEMBTESTKEY000"
+FAKE_SECRET_ACCESS_KEY = "rayemb-fake-secret-Zq8wX3vN5tL1pK7d"
+
+
+class MotoS3Server:
+    """moto's S3 server on 127.0.0.1, on a free port, in a thread of this process; ``stop()`` ends it.
+
+    ``env`` is what a process needs to reach it with pyarrow or boto3: fake credentials,
+    a region and ``AWS_ENDPOINT_URL``. Nothing leaves 127.0.0.1.
+    """
+
+    def __init__(self) -> None:
+        self._server = None
+        self.endpoint = ""
+
+    def start(self) -> "MotoS3Server":
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        return self
+
+    @property
+    def env(self) -> Dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_ACCESS_KEY,
+                "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.endpoint,
+                "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id=FAKE_ACCESS_KEY_ID, aws_secret_access_key=FAKE_SECRET_ACCESS_KEY)
+
+    def create_bucket(self, name: str) -> str:
+        self.client().create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+    def keys(self, bucket: str, prefix: str = "") -> list:
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None

@@ -11,6 +11,13 @@
 checkpoint in the canonical layout of ``world_size`` ranks (real gloo ranks
 on 127.0.0.1, each reading exactly its rows, as a job of that size would).
 ``export(reshard(C, W))`` equals ``export(C)`` bit for bit.
+
+Checkpoints and outputs may be URIs (``s3://bucket/runs/ray_results/<job>/checkpoint_...``,
+:mod:`rayemb.storage`): a remote checkpoint is downloaded to a temporary
+directory for the duration of the call, a remote output written locally and
+uploaded when complete::
+
+    >>> export_checkpoint("s3://bucket/runs/ray_results/job/checkpoint_000001", "model.pt")
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from rayemb import storage
 from rayemb.checkpoint.store import META_FILE, read_unsharded, verify
 from rayemb.errors import DataError
+from rayemb.logs import redact_uri
 
 #: meta.json entries that describe the writing job, copied into an export
 _EXPORT_META = ("format", "epoch", "step", "epoch_step", "world_size", "plan_fingerprint", "placements", "tables",
@@ -32,6 +41,10 @@ _EXPORT_META = ("format", "epoch", "step", "epoch_step", "world_size", "plan_fin
 
 def unsharded_state(directory: str) -> Dict[str, Any]:
     """The checkpoint as nested plain tensors (see the module doc); checks sizes and hashes first."""
+    if storage.is_remote(directory):
+        verify(directory, hashes=False)  # a missing checkpoint is named by its URI, before any download
+        with storage.local_copy(directory, prefix="rayemb-export-") as local:
+            return unsharded_state(local)
     meta = verify(directory)
     flat = read_unsharded(directory)
     out: Dict[str, Any] = {"tables": {}, "dense": {}, "dense_optim": {},
@@ -48,7 +61,7 @@ def unsharded_state(directory: str) -> Dict[str, Any]:
             out["dense_optim"].setdefault(param, {})[state] = value
     missing = sorted(set(meta["tables"]) - set(out["tables"]))
     if missing:
-        raise DataError(f"Checkpoint {directory!r} lists tables {missing[:5]} that its files do not hold.",
+        raise DataError(f"Checkpoint {redact_uri(directory)!r} lists tables {missing[:5]} that its files do not hold.",
                         category="bad_checkpoint")
     return out
 
@@ -56,6 +69,12 @@ def unsharded_state(directory: str) -> Dict[str, Any]:
 def export_checkpoint(directory: str, out_file: str) -> Dict[str, Any]:
     """Writes :func:`unsharded_state` of ``directory`` to ``out_file`` atomically; returns a summary."""
     state = unsharded_state(directory)
+    if storage.is_remote(out_file):
+        with storage.local_output(out_file) as local:
+            torch.save(state, local)
+            size = os.path.getsize(local)
+        return {"out": redact_uri(out_file), "tables": len(state["tables"]), "dense_tensors": len(state["dense"]),
+                "bytes": size, "step": state["meta"].get("step")}
     os.makedirs(os.path.dirname(os.path.abspath(out_file)) or ".", exist_ok=True)
     tmp = out_file + ".tmp"
     torch.save(state, tmp)
@@ -109,6 +128,8 @@ def reshard_checkpoint(directory: str, world_size: int, out: str, plan_file: Opt
     """
     from rayemb.multiprocess import run_multiprocess
 
+    if storage.is_remote(directory) or storage.is_remote(out):
+        return _reshard_remote(directory, world_size, out, plan_file)
     if world_size < 1:
         raise DataError(f"--world-size {world_size} < 1. Use at least one rank.", category="bad_config")
     if os.path.exists(out):
@@ -135,6 +156,29 @@ def reshard_checkpoint(directory: str, world_size: int, out: str, plan_file: Opt
     finally:
         shutil.rmtree(tmp_out, ignore_errors=True)
     return docs[0]
+
+
+def _reshard_remote(directory: str, world_size: int, out: str, plan_file: Optional[str]) -> Dict[str, Any]:
+    """:func:`reshard_checkpoint` with a remote source and/or output: through local copies, uploaded when done."""
+    import tempfile
+
+    if storage.exists(out):
+        raise DataError(f"Output {redact_uri(out)!r} exists. Choose a new directory (reshard never overwrites).",
+                        category="bad_config")
+    verify(directory, hashes=False)
+    with storage.local_copy(directory, prefix="rayemb-reshard-src-") as src, \
+            tempfile.TemporaryDirectory(prefix="rayemb-reshard-out-") as tmp:
+        local_out = os.path.join(tmp, "checkpoint") if storage.is_remote(out) else out
+        doc = reshard_checkpoint(src, world_size, local_out, plan_file)
+        if storage.is_remote(directory):  # record where it came from, not the temporary download
+            doc["resharded_from"]["path"] = redact_uri(directory)
+            tmp_meta = os.path.join(local_out, META_FILE + ".tmp")
+            with open(tmp_meta, "w") as f:
+                json.dump(doc, f, indent=1, sort_keys=True)
+            os.replace(tmp_meta, os.path.join(local_out, META_FILE))
+        if storage.is_remote(out):
+            storage.upload_dir(local_out, out)
+    return doc
 
 
 __all__ = ["export_checkpoint", "reshard_checkpoint", "unsharded_state"]

@@ -17,6 +17,11 @@ Loading (:func:`load_logical`) reads the canonical rows of the *loading*
 world (DCP reshards: any world size) and scatters them into the live model's
 slots (:mod:`rayemb.checkpoint.layout`: any plan, hybrid or not). Nothing is
 unpickled: DCP reads tensors by their recorded byte ranges, ``meta.json`` is JSON.
+
+Checkpoints may live on remote storage (``s3://bucket/runs/ray_results/<job>/checkpoint_...``,
+where Ray Train uploads them): :func:`read_meta`, :func:`verify` and
+:func:`checkpoints_newest_first` read them there (hashes streamed, nothing
+downloaded); loading needs a local copy (:func:`rayemb.storage.local_copy`).
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from rayemb import storage
 from rayemb.checkpoint.exchange import gather_canonical, row_range, scatter_canonical
 from rayemb.checkpoint.layout import MOMENTUM, WEIGHT, dense_entries, model_slots, set_step_counters
 from rayemb.errors import DataError
+from rayemb.logs import redact_uri
 
 logger = logging.getLogger(__name__)
 
@@ -133,41 +140,48 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
 
 
 def read_meta(directory: str) -> Optional[Dict[str, Any]]:
-    path = os.path.join(directory, META_FILE)
+    path = storage.join(directory, META_FILE)
     try:
-        with open(path) as f:
-            meta = json.load(f)
-    except (OSError, json.JSONDecodeError):
+        if storage.is_remote(path):
+            meta = json.loads(storage.read_text(path))
+        else:
+            with open(path) as f:
+                meta = json.load(f)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, DataError):
         return None
     return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
 
 
-def verify(directory: str, hashes: bool = True) -> Dict[str, Any]:
+def verify(directory: str, hashes: bool = True, shown: Optional[str] = None) -> Dict[str, Any]:
     """``meta.json`` of a complete, intact checkpoint; :class:`DataError` (``bad_checkpoint``) naming what is wrong.
 
     Checks every file ``meta.json`` lists exists with its size and (``hashes``) its SHA-256.
+    ``directory`` may be a URI: sizes from the store, hashes streamed. ``shown``: the
+    name messages use (e.g. the URI a local download came from).
     """
     fix = ("Use another checkpoint_* directory (an earlier one of the same job), or start fresh without "
            "--resume-from / train.resume_from.")
-    if not os.path.isdir(directory):
-        raise DataError(f"Checkpoint {directory!r} does not exist. {fix}", category="bad_checkpoint")
+    shown = redact_uri(shown or directory)
+    if not storage.isdir(directory):
+        raise DataError(f"Checkpoint {shown!r} does not exist. {fix}", category="bad_checkpoint")
     meta = read_meta(directory)
     if meta is None:
-        raise DataError(f"Checkpoint {directory!r} has no readable {META_FILE} of format {FORMAT} (an incomplete "
+        raise DataError(f"Checkpoint {shown!r} has no readable {META_FILE} of format {FORMAT} (an incomplete "
                         f"write, or not a rayemb checkpoint). {fix}", category="bad_checkpoint")
     problems = []
     for name, info in sorted(meta.get("files", {}).items()):
-        path = os.path.join(directory, name)
-        if not os.path.isfile(path):
+        path = storage.join(directory, name)
+        size = storage.size_and_mtime_ns(path)[0] if storage.isfile(path) else None
+        if size is None:
             problems.append(f"{name} is missing")
-        elif os.path.getsize(path) != info["bytes"]:
-            problems.append(f"{name} has {os.path.getsize(path)} bytes, {info['bytes']} were written")
-        elif hashes and _sha256(path) != info["sha256"]:
+        elif size != info["bytes"]:
+            problems.append(f"{name} has {size} bytes, {info['bytes']} were written")
+        elif hashes and storage.sha256(path) != info["sha256"]:
             problems.append(f"{name} is corrupt (SHA-256 differs from the one written)")
     if DCP_METADATA not in meta.get("files", {}):
         problems.append(f"{DCP_METADATA} is not listed")
     if problems:
-        raise DataError(f"Checkpoint {directory!r}: {'; '.join(problems)}. {fix}", category="bad_checkpoint")
+        raise DataError(f"Checkpoint {shown!r}: {'; '.join(problems)}. {fix}", category="bad_checkpoint")
     return meta
 
 
@@ -267,8 +281,18 @@ def read_unsharded(directory: str, keys: Optional[List[str]] = None) -> Dict[str
 
 
 def checkpoints_newest_first(parent: str) -> List[str]:
-    """Complete-looking logical checkpoints directly under ``parent`` (those with a meta.json), newest step first."""
+    """Complete-looking logical checkpoints directly under ``parent`` (those with a meta.json), newest step first.
+
+    ``parent`` may be a URI; the checkpoints are then URIs too.
+    """
     found = []
+    if storage.is_remote(parent):
+        for name in storage.listdir(parent):
+            path = storage.join(parent, name)
+            meta = read_meta(path)
+            if meta is not None:
+                found.append((int(meta.get("step", -1)), name, path))
+        return [p for _, _, p in sorted(found, reverse=True)]
     for name in os.listdir(parent) if os.path.isdir(parent) else []:
         path = os.path.join(parent, name)
         meta = read_meta(path) if os.path.isdir(path) else None

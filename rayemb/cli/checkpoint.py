@@ -1,4 +1,11 @@
-"""``rayemb checkpoint export|reshard|show``: what a user does with a job's logical checkpoint."""
+"""``rayemb checkpoint export|reshard|show``: what a user does with a job's logical checkpoint.
+
+``--checkpoint`` and ``--out`` take local paths or URIs (a job whose ``tracking.output_dir``
+is ``s3://bucket/runs`` prints its checkpoints as ``s3://...``)::
+
+    rayemb checkpoint show --checkpoint s3://bucket/runs/ray_results/<job>/checkpoint_2026-01-01_00-00-00.000000
+    rayemb checkpoint export --checkpoint s3://bucket/runs/ray_results/<job>/checkpoint_... --out model.pt
+"""
 
 from __future__ import annotations
 
@@ -10,8 +17,9 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     e = sub.add_parser("export", help="one unsharded file: a [num_embeddings, dim] tensor per table, optimizer "
                                       "state, dense weights (torch.load(..., weights_only=True))")
-    e.add_argument("--checkpoint", required=True, help="a checkpoint directory (rayemb train prints its last)")
-    e.add_argument("--out", required=True, help="output file, e.g. model.pt")
+    e.add_argument("--checkpoint", required=True,
+                   help="a checkpoint directory or URI, e.g. s3://bucket/... (rayemb train prints its last)")
+    e.add_argument("--out", required=True, help="output file (a path or a URI), e.g. model.pt")
     r = sub.add_parser("reshard", help="rewrite a checkpoint for another world size (any plan loads either)")
     r.add_argument("--checkpoint", required=True)
     r.add_argument("--world-size", required=True, type=int)
@@ -22,6 +30,8 @@ def add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def checkpoint_main(args: argparse.Namespace) -> int:
+    from rayemb.logs import redact_uri
+
     if args.action == "export":
         from rayemb.checkpoint.export import export_checkpoint
 
@@ -33,8 +43,8 @@ def checkpoint_main(args: argparse.Namespace) -> int:
         from rayemb.checkpoint.export import reshard_checkpoint
 
         meta = reshard_checkpoint(args.checkpoint, args.world_size, args.out, args.plan)
-        print(f"checkpoint reshard: {args.checkpoint} ({meta['resharded_from']['world_size']} ranks) -> {args.out} "
-              f"({meta['world_size']} ranks, {len(meta['tables'])} tables)")
+        print(f"checkpoint reshard: {redact_uri(args.checkpoint)} ({meta['resharded_from']['world_size']} ranks) -> "
+              f"{redact_uri(args.out)} ({meta['world_size']} ranks, {len(meta['tables'])} tables)")
         return 0
     from rayemb.checkpoint.store import verify
 

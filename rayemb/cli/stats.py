@@ -1,4 +1,9 @@
-"""``rayemb stats``: compute a dataset's statistics, write stats.json, print a summary."""
+"""``rayemb stats``: compute a dataset's statistics, write stats.json, print a summary.
+
+``--data`` and ``--out`` take local paths or URIs (``s3://bucket/data``, see docs/storage.md)::
+
+    rayemb stats --data s3://bucket/criteo --out s3://bucket/criteo/stats.json
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,14 @@ from rayemb.data.sketches import DEFAULT_NUM_HEAVY_HITTERS
 from rayemb.data.stats import compute_stats
 from rayemb.data.stats_io import write_stats_json
 from rayemb.data.stats_report import format_stats_table, plot_frequencies
+from rayemb.logs import redact_uri
 
 
 def add_stats_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``rayemb stats`` (then :func:`stats_main`)."""
-    parser.add_argument("--data", required=True, help="dataset directory (schema.yaml, train/, valid/)")
-    parser.add_argument("--out", required=True, help="stats.json to write")
+    parser.add_argument("--data", required=True, help="dataset directory (schema.yaml, train/, valid/); a path or a URI "
+                                                         "(s3://bucket/data)")
+    parser.add_argument("--out", required=True, help="stats.json to write (a path or a URI)")
     parser.add_argument("--exact", action="store_true", help="exact counts of every id (small data, slower)")
     parser.add_argument("--split", default=TRAIN_SPLIT, help="which split to scan (default: %(default)s)")
     parser.add_argument(
@@ -44,7 +51,7 @@ def stats_main(args: argparse.Namespace) -> int:
     if getattr(args, "plot", None):
         plot_frequencies(stats, args.plot)
         print(f"wrote {args.plot}")
-    print(f"wrote {args.out} ({stats.rows:,} rows, {stats.elapsed_s:.1f} s)")
+    print(f"wrote {redact_uri(args.out)} ({stats.rows:,} rows, {stats.elapsed_s:.1f} s)")
     return 0
 
 

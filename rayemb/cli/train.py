@@ -52,8 +52,9 @@ def train_main(args: argparse.Namespace) -> int:
         return 0
 
     from rayemb.config import resolve_path
-    from rayemb.tracking import default_tracking_uri, ensure_store
+    from rayemb.tracking import ensure_store
     from rayemb.tracking.sweep import run_sweep
+    from rayemb.train.outputs import tracking_uri
 
     def run_one(overrides: List[str], parent_run_id: str) -> int:
         try:
@@ -64,7 +65,7 @@ def train_main(args: argparse.Namespace) -> int:
         print_result(result)
         return 0 if result.status == "FINISHED" else 1
 
-    uri = cfg.tracking.tracking_uri or default_tracking_uri(resolve_path(cfg.tracking.output_dir))
+    uri = tracking_uri(cfg.tracking.tracking_uri, resolve_path(cfg.tracking.output_dir))  # local for a remote one
     ensure_store(uri)
     return run_sweep(args.set or [], args.sweep, run_one, uri, cfg.tracking.experiment)
 
@@ -74,8 +75,8 @@ def write_result_json(result, path: str) -> None:
     import json
 
     doc = {"run_id": result.run_id, "status": result.status, "wall_time_s": result.wall_time_s,
-           "tracking_uri": redact_uri(result.tracking_uri), "best_checkpoint": result.best_checkpoint,
-           "last_checkpoint": result.last_checkpoint,
+           "tracking_uri": redact_uri(result.tracking_uri), "best_checkpoint": redact_uri(result.best_checkpoint),
+           "last_checkpoint": redact_uri(result.last_checkpoint),
            "metrics": result.metrics,
            "placements": {t: v["placement"] for t, v in result.plan.get("tables", {}).items()},
            "predicted_step_time_s": result.plan.get("predicted_step_time_s")}
@@ -95,10 +96,10 @@ def print_result(result) -> None:
         f"valid_logloss={m.get('valid_logloss', nan):.4f}"
     )
     if result.best_checkpoint:
-        print(f"rayemb: best checkpoint: {result.best_checkpoint}")
+        print(f"rayemb: best checkpoint: {redact_uri(result.best_checkpoint)}")
     if result.last_checkpoint:
-        print(f"rayemb: last checkpoint: {result.last_checkpoint}  (continue with --resume-from, export with "
-              "`rayemb checkpoint export`)")
+        print(f"rayemb: last checkpoint: {redact_uri(result.last_checkpoint)}  (continue with --resume-from, export "
+              "with `rayemb checkpoint export`)")
     uri = redact_uri(result.tracking_uri)
     print(f"rayemb: MLflow store: {uri}")
     print(f"rayemb: browse it with:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
@@ -110,7 +111,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...",
                    help="run one job per value as child runs of one parent MLflow run")
     p.add_argument("--resume-from", metavar="CHECKPOINT",
-                   help="continue from a checkpoint of an earlier job (any world size; same as train.resume_from)")
+                   help="continue from a checkpoint of an earlier job: a path or a URI such as s3://bucket/... "
+                        "(any world size; same as train.resume_from)")
     p.add_argument("--result-json", metavar="PATH",
                    help="also write the job's outcome (run id, status, final metrics, placements) as JSON")
 

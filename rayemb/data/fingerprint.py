@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import os
 
+from rayemb import storage
 from rayemb.constants import SCHEMA_FILE, TRAIN_SPLIT
 from rayemb.data.schema import parquet_files
 
@@ -17,14 +17,13 @@ def dataset_fingerprint(data_dir: str, split: str = TRAIN_SPLIT) -> str:
     matches instead of recomputing it.
     """
     h = hashlib.sha256()
-    schema_path = os.path.join(data_dir, SCHEMA_FILE)
-    if os.path.isfile(schema_path):
-        with open(schema_path, "rb") as f:
-            h.update(f.read())
+    schema_path = storage.join(data_dir, SCHEMA_FILE)  # local paths and URIs (rayemb.storage) alike
+    if storage.isfile(schema_path):
+        h.update(storage.read_bytes(schema_path))
     h.update(split.encode())
-    for path in parquet_files(data_dir, split):
-        st = os.stat(path)
-        h.update(f"\0{os.path.basename(path)}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    files = parquet_files(data_dir, split)
+    for path, (size, mtime_ns) in zip(files, storage.sizes_and_mtimes_ns(files)):
+        h.update(f"\0{storage.basename(path)}\0{size}\0{mtime_ns}".encode())
     return "sha256:" + h.hexdigest()[:32]
 
 

@@ -15,20 +15,22 @@ A dataset directory looks like::
       - {name: C1, num_embeddings: 45834, multi_hot: false}
 
 Each sparse feature is looked up in its own embedding table of ``num_embeddings``
-rows; ids must lie in ``[0, num_embeddings)``.
+rows; ids must lie in ``[0, num_embeddings)``. ``DIR`` may be a local path or a
+URI (``s3://bucket/data``; :mod:`rayemb.storage`): the same checks, the same errors.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
+from rayemb import storage
 from rayemb.constants import SCHEMA_FILE, TRAIN_SPLIT, VALID_SPLIT
 from rayemb.errors import DataError
+from rayemb.logs import redact_uri
 
 SCHEMA_VERSION = 1
 
@@ -100,65 +102,98 @@ class DatasetSchema:
             ) from None
 
     def save(self, directory: str) -> str:
-        path = os.path.join(directory, SCHEMA_FILE)
-        with open(path, "w") as f:
-            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
-        return path
+        path = storage.join(directory, SCHEMA_FILE)
+        if not storage.is_remote(path):
+            with open(path, "w") as f:
+                yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+            return path
+        return storage.write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     @classmethod
     def load(cls, directory: str) -> "DatasetSchema":
-        path = os.path.join(directory, SCHEMA_FILE)
-        if not os.path.isfile(path):
+        path = storage.join(directory, SCHEMA_FILE)
+        if not storage.isfile(path):
             raise DataError(
-                f"No {SCHEMA_FILE} in data directory {directory!r}. Point data.path at a directory made by "
+                f"No {SCHEMA_FILE} in data directory {redact_uri(directory)!r}. Point data.path at a directory made by "
                 f"`rayemb gen-data --out DIR` (or write {SCHEMA_FILE} next to your parquet files)."
             )
+        shown = redact_uri(path)
         try:
-            with open(path) as f:
-                d = yaml.safe_load(f) or {}
+            d = yaml.safe_load(storage.read_text(path)) or {}
         except yaml.YAMLError as e:
             where = getattr(e, "problem_mark", None)
             at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
             raise DataError(
-                f"{path} is not valid YAML{at} ({getattr(e, 'problem', None) or type(e).__name__}). Fix the syntax, "
+                f"{shown} is not valid YAML{at} ({getattr(e, 'problem', None) or type(e).__name__}). Fix the syntax, "
                 "or regenerate the dataset with `rayemb gen-data`.", category="invalid_schema",
             ) from None
         if not isinstance(d, dict):
-            raise DataError(f"{path} must hold a mapping with keys label, dense and sparse; it holds "
+            raise DataError(f"{shown} must hold a mapping with keys label, dense and sparse; it holds "
                             f"{type(d).__name__}. Fix it, or regenerate the dataset with `rayemb gen-data`.",
                             category="invalid_schema")
-        return cls.from_dict(d, source=path)
+        return cls.from_dict(d, source=shown)
 
 
 def split_dir(data_dir: str, split: str) -> str:
-    return os.path.join(data_dir, split)
+    return storage.join(data_dir, split)
 
 
 def parquet_files(data_dir: str, split: str = TRAIN_SPLIT) -> List[str]:
-    """Sorted parquet files of one split; raises DataError when there are none."""
-    d = split_dir(data_dir, split)
-    files = sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".parquet")) if os.path.isdir(d) else []
+    """Sorted parquet files (URIs for a URI) of one split; raises DataError when there are none."""
+    files = storage.list_files(split_dir(data_dir, split), ".parquet")
     if not files:
+        shown = redact_uri(data_dir)
         raise DataError(
-            f"Data directory {data_dir!r} has no parquet files under {split}/. Generate data with "
-            f"`rayemb gen-data --out {data_dir} --rows N` or set data.path to a directory with "
+            f"Data directory {shown!r} has no parquet files under {split}/. Generate data with "
+            f"`rayemb gen-data --out {shown} --rows N` or set data.path to a directory with "
             f"{TRAIN_SPLIT}/ and {VALID_SPLIT}/ parquet splits."
         )
     return files
+
+
+def _corrupt(path: str, e: BaseException) -> DataError:
+    return DataError(
+        f"Parquet file {redact_uri(path)!r} cannot be read ({type(e).__name__}: {str(e).strip()[:200]}). It is "
+        "corrupt or truncated: rewrite it (e.g. rerun the conversion that made it) or remove it from the dataset.",
+        category="corrupt_file",
+    )
+
+
+def _read_footer(path: str) -> Any:
+    """The parquet footer (``FileMetaData``) of a local or remote file; corrupt files raise DataError."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    where, fs = storage.parquet_source(path)
+    try:
+        return pq.read_metadata(where, filesystem=fs)
+    except (pa.ArrowException, OSError) as e:
+        raise _corrupt(path, e) from None
 
 
 def _read_footer_schema(path: str) -> Any:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if storage.is_remote(path):
+        try:
+            return _read_footer(path).schema.to_arrow_schema()
+        except pa.ArrowException as e:
+            raise _corrupt(path, e) from None
     try:
         return pq.read_schema(path)
     except (pa.ArrowException, OSError) as e:
-        raise DataError(
-            f"Parquet file {path!r} cannot be read ({type(e).__name__}: {str(e).strip()[:200]}). It is corrupt or "
-            "truncated: rewrite it (e.g. rerun the conversion that made it) or remove it from the dataset.",
-            category="corrupt_file",
-        ) from None
+        raise _corrupt(path, e) from None
+
+
+def _footers(paths: List[str], read: Any) -> List[Any]:
+    """``read`` of every path: in order, and concurrently for remote files (one round trip each)."""
+    if not paths or not storage.is_remote(paths[0]):
+        return [read(p) for p in paths]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
+        return list(pool.map(read, paths))
 
 
 def check_parquet_columns(schema: DatasetSchema, data_dir: str, split: str) -> None:
@@ -167,15 +202,20 @@ def check_parquet_columns(schema: DatasetSchema, data_dir: str, split: str) -> N
     Reads only the file footers (a truncated file fails here, named), so it is
     cheap on any data size and runs before any work starts.
     """
-    for path in parquet_files(data_dir, split):
-        _check_file_columns(schema, _read_footer_schema(path), f"{split_dir(data_dir, split)}/{os.path.basename(path)}")
+    files = parquet_files(data_dir, split)
+    where = redact_uri(split_dir(data_dir, split))
+    for path, actual in zip(files, _footers(files, _read_footer_schema)):
+        _check_file_columns(schema, actual, f"{where}/{storage.basename(path)}")
 
 
 def count_rows(data_dir: str, split: str) -> int:
     """Rows of a split from the parquet footers (no data pages are read)."""
     import pyarrow.parquet as pq
 
-    return sum(pq.ParquetFile(p).metadata.num_rows for p in parquet_files(data_dir, split))
+    files = parquet_files(data_dir, split)
+    if not storage.is_remote(data_dir):
+        return sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+    return sum(md.num_rows for md in _footers(files, _read_footer))
 
 
 def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
@@ -208,10 +248,12 @@ def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
 
 
 def load_checked(data_dir: str, splits: Optional[List[str]] = None) -> DatasetSchema:
-    """Loads ``DIR/schema.yaml`` and checks every split's parquet columns against it."""
-    if not os.path.isdir(data_dir):
+    """Loads ``DIR/schema.yaml`` and checks every split's parquet columns against it (``DIR`` may be a URI)."""
+    storage.check_supported(data_dir, "Data path")
+    if not storage.isdir(data_dir):
+        shown = redact_uri(data_dir)
         raise DataError(
-            f"Data path {data_dir!r} does not exist. Generate it with `rayemb gen-data --out {data_dir} "
+            f"Data path {shown!r} does not exist. Generate it with `rayemb gen-data --out {shown} "
             "--rows N`, or set data.path (e.g. `--set data.path=/abs/dir`) to an existing dataset."
         )
     schema = DatasetSchema.load(data_dir)

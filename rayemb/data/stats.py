@@ -25,7 +25,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import sys
 import time
@@ -36,14 +35,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rayemb import storage
 from rayemb._ray import init_ray
 from rayemb.constants import TRAIN_SPLIT
 from rayemb.data.checks import ValueSummary
 from rayemb.data.fingerprint import dataset_fingerprint
-from rayemb.data.schema import DatasetSchema, check_parquet_columns, parquet_files
+from rayemb.data.schema import DatasetSchema, check_parquet_columns, count_rows, parquet_files
 from rayemb.data.sketches import DEFAULT_NUM_HEAVY_HITTERS, TableSummary, merge_summaries
 from rayemb.data.stats_types import DatasetStats
 from rayemb.errors import DataError, find_user_error
+from rayemb.logs import redact_uri
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,8 @@ def _summarize_files(
         merger = _TreeMerger()
         values = ValueSummary()
         try:
-            pf = pq.ParquetFile(path)
+            where, fs = storage.parquet_source(path)  # a local path, or a URI opened through pyarrow.fs
+            pf = pq.ParquetFile(where, filesystem=fs)
             for rb in pf.iter_batches(batch_size=rows_per_read, columns=columns, use_threads=False):
                 table = pa.Table.from_batches([rb])
                 if features:
@@ -125,8 +127,9 @@ def _summarize_files(
         except (pa.ArrowException, OSError, ValueError) as e:
             # Returned, not raised: Ray Data would wrap a raised error in its own exception and traceback.
             blobs.append(pickle.dumps(DataError(
-                f"Parquet file {path!r} cannot be read ({type(e).__name__}: {str(e).strip()[:200]}). It is corrupt "
-                "or truncated: rewrite it (e.g. rerun the conversion that made it) or remove it from the dataset.",
+                f"Parquet file {redact_uri(path)!r} cannot be read ({type(e).__name__}: "
+                f"{str(e).strip()[:200]}). It is corrupt or truncated: rewrite it (e.g. rerun the conversion that "
+                "made it) or remove it from the dataset.",
                 category="corrupt_file",
             ), protocol=pickle.HIGHEST_PROTOCOL))
             continue
@@ -191,7 +194,9 @@ def compute_stats(
     ``exact=True`` keeps the full histogram of every table (heavy_hitters lists
     every id, error_bound 0): memory O(distinct ids), for small data and tests.
     Otherwise each table keeps a Misra–Gries summary of ``num_heavy_hitters``
-    counters. Starts Ray (:func:`rayemb._ray.init_ray`) only when it is not running. Checks
+    counters. ``data_dir`` may be a URI (``s3://bucket/data``; the Ray tasks read
+    through :mod:`rayemb.storage` with the credentials of their environment).
+    Starts Ray (:func:`rayemb._ray.init_ray`) only when it is not running. Checks
     the columns first (missing column / wrong type: :class:`DataError` naming it).
     Out-of-range ids are counted, not fatal: apply
     :func:`rayemb.data.checks.check_ids` with the job's ``data.id_policy``.
@@ -207,7 +212,7 @@ def compute_stats(
     features = [(f.name, int(f.num_embeddings), bool(f.multi_hot)) for f in schema.sparse] if tables else []
     total_rows = 0
     if progress:
-        total_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+        total_rows = count_rows(data_dir, split)  # footers only (concurrently for remote files)
     init_ray()
     ctx = ray.data.DataContext.get_current()
     old_bars = ctx.enable_progress_bars
@@ -266,11 +271,11 @@ def compute_stats(
         }
     if progress:
         _print_progress(rows, total_rows or rows, values, t0)
-    logger.info("stats of %s/%s: %d rows, %d blocks, %.1f s", data_dir, split, rows, blocks, elapsed)
+    logger.info("stats of %s/%s: %d rows, %d blocks, %.1f s", redact_uri(data_dir), split, rows, blocks, elapsed)
     return DatasetStats(
         rows=int(rows),
         fingerprint=fingerprint,
-        data_dir=os.path.abspath(data_dir),
+        data_dir=redact_uri(storage.abspath(data_dir)),  # stats.json is logged: no credentials in it
         split=split,
         exact=bool(exact),
         num_heavy_hitters=None if exact else int(num_heavy_hitters),

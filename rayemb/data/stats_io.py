@@ -1,9 +1,13 @@
 """``stats.json`` on disk: write it atomically, read it back, reuse it while the data is unchanged.
 
+Paths may be URIs (``s3://bucket/stats.json``, :mod:`rayemb.storage`): an
+object store shows a new object only once it is completely uploaded.
+
 Example::
 
     >>> stats = load_or_compute_stats("/data/synth", "stats.json")   # reused when the fingerprint matches
     >>> write_stats_json(stats, "runs/job/stats.json")
+    >>> write_stats_json(stats, "s3://bucket/stats/synth.json")
 """
 
 from __future__ import annotations
@@ -13,18 +17,22 @@ import logging
 import os
 from typing import Optional
 
+from rayemb import storage
 from rayemb.constants import TRAIN_SPLIT
 from rayemb.data.fingerprint import dataset_fingerprint
 from rayemb.data.sketches import DEFAULT_NUM_HEAVY_HITTERS
 from rayemb.data.stats import compute_stats
 from rayemb.data.stats_types import STATS_SCHEMA_VERSION, DatasetStats
 from rayemb.errors import DataError
+from rayemb.logs import redact_uri
 
 logger = logging.getLogger(__name__)
 
 
 def write_stats_json(stats: DatasetStats, path: str) -> str:
-    """Writes ``stats`` atomically (temp file + rename), so readers never see half a file."""
+    """Writes ``stats`` atomically (temp file + rename, or one upload), so readers never see half a file."""
+    if storage.is_remote(path):
+        return storage.write_text(path, json.dumps(stats.to_dict(), indent=1))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
@@ -34,16 +42,21 @@ def write_stats_json(stats: DatasetStats, path: str) -> str:
 
 
 def load_stats_json(path: str) -> DatasetStats:
+    shown = redact_uri(path)
     try:
-        with open(path) as f:
-            stats = json.load(f)
+        if storage.is_remote(path):
+            stats = json.loads(storage.read_text(path))
+        else:
+            with open(path) as f:
+                stats = json.load(f)
     except FileNotFoundError:
-        raise DataError(f"Stats file {path!r} does not exist. Create it with `rayemb stats --data DIR --out {path}`.") from None
+        raise DataError(f"Stats file {shown!r} does not exist. Create it with "
+                        f"`rayemb stats --data DIR --out {shown}`.") from None
     except json.JSONDecodeError as e:
-        raise DataError(f"Stats file {path!r} is not valid JSON ({e}). Recompute it with `rayemb stats`.") from None
+        raise DataError(f"Stats file {shown!r} is not valid JSON ({e}). Recompute it with `rayemb stats`.") from None
     if not isinstance(stats, dict) or stats.get("schema_version") != STATS_SCHEMA_VERSION or "tables" not in stats:
         raise DataError(
-            f"Stats file {path!r} is not a stats.json of schema_version {STATS_SCHEMA_VERSION}. "
+            f"Stats file {shown!r} is not a stats.json of schema_version {STATS_SCHEMA_VERSION}. "
             "Recompute it with `rayemb stats --data DIR --out stats.json`."
         )
     return DatasetStats.from_dict(stats)
@@ -62,14 +75,14 @@ def load_or_compute_stats(
 
     A stale file (the data changed) is logged and recomputed, never silently used.
     """
-    if stats_path and os.path.isfile(stats_path):
+    if stats_path and storage.isfile(stats_path):
         stats = load_stats_json(stats_path)
         if (stats.fingerprint == dataset_fingerprint(data_dir, split) and stats.split in (None, split)
                 and stats.values is not None):
-            logger.info("reusing %s (fingerprint matches %s)", stats_path, data_dir)
+            logger.info("reusing %s (fingerprint matches %s)", redact_uri(stats_path), redact_uri(data_dir))
             return stats
         logger.warning("%s was computed for other data than %s/%s (or by an older rayemb); recomputing",
-                       stats_path, data_dir, split)
+                       redact_uri(stats_path), redact_uri(data_dir), split)
     return compute_stats(data_dir, exact=exact, split=split, num_heavy_hitters=num_heavy_hitters, progress=progress)
 
 

@@ -14,6 +14,12 @@ or a resize (``scaling.num_workers: [min, max]``), or a new job with
 A checkpoint that fails its size/SHA-256 check is skipped with a warning for
 the previous one (Ray Train keeps ``train.keep_checkpoints``); an explicit
 ``--resume-from`` that fails is an error (the driver checks it first).
+
+Checkpoints on remote storage (``tracking.output_dir: s3://...``, where Ray
+Train uploads them, or ``--resume-from s3://...``) are found by listing the
+store; rank 0 downloads the chosen one and checks it, then one rank per node
+downloads it for the ranks of its node (a lock file in the node's temp
+directory), and the copies are removed after loading.
 """
 
 from __future__ import annotations
@@ -48,6 +54,18 @@ def position_from_meta(meta: Mapping[str, Any], world_size: int, batch_size: int
     return Position(step, epoch, samples // (world_size * batch_size), bookkeeping)
 
 
+def _checkpoint_uri(checkpoint: Any, checkpoint_root: Optional[str]) -> Optional[str]:
+    """The URI of a Ray checkpoint on remote storage (Ray holds a path on its pyarrow filesystem)."""
+    from rayemb import storage
+
+    if checkpoint_root and storage.is_remote(checkpoint_root):
+        root = storage.filesystem(checkpoint_root)[1].rstrip("/")
+        if checkpoint.path.startswith(root + "/"):
+            return storage.join(checkpoint_root, checkpoint.path[len(root) + 1:])
+    scheme = {"s3": "s3", "gcs": "gs"}.get(getattr(checkpoint.filesystem, "type_name", ""))
+    return f"{scheme}://{checkpoint.path.lstrip('/')}" if scheme else None
+
+
 def _candidates(resume_from: Optional[str], checkpoint_root: Optional[str]) -> Tuple[List[str], bool]:
     """Checkpoints to try, newest first, and whether falling back past the first is allowed.
 
@@ -55,29 +73,65 @@ def _candidates(resume_from: Optional[str], checkpoint_root: Optional[str]) -> T
     right after reporting leaves a complete (meta.json written last, hashes listed) but unregistered
     checkpoint, and a group restarted after losing a node was seen to get no checkpoint at all. So
     the job's own checkpoint folder (``checkpoint_root``: this job's, no other job writes there) is
-    scanned too; the newest intact one by step wins.
+    scanned too; the newest intact one by step wins. On remote storage the candidates are URIs.
     """
     import ray.train
 
-    from rayemb.checkpoint.store import checkpoints_newest_first
+    from rayemb import storage
+    from rayemb.checkpoint.store import checkpoints_newest_first, read_meta
 
     checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None and getattr(checkpoint.filesystem, "type_name", "local") != "local":
-        return [checkpoint.to_directory()], False  # cloud storage: download the registered latest
+    registered = None
+    if checkpoint is not None:
+        if getattr(checkpoint.filesystem, "type_name", "local") == "local":
+            registered = checkpoint.path
+        else:
+            registered = _checkpoint_uri(checkpoint, checkpoint_root)
+            if registered is None:  # a store rayemb cannot name: download Ray's registered latest
+                return [checkpoint.to_directory()], False
     found: List[str] = []
-    for parent in ([os.path.dirname(checkpoint.path)] if checkpoint is not None else []) + [checkpoint_root]:
+    for parent in ([storage.dirname(registered)] if registered else []) + [checkpoint_root]:
         if parent:
             found += [p for p in checkpoints_newest_first(parent) if p not in found]
     if found:
-        from rayemb.checkpoint.store import read_meta
-
-        found.sort(key=lambda p: (int((read_meta(p) or {}).get("step", -1)), os.path.basename(p)), reverse=True)
+        found.sort(key=lambda p: (int((read_meta(p) or {}).get("step", -1)), storage.basename(p)), reverse=True)
         return found, True
-    if checkpoint is not None:
-        return [checkpoint.path], True
+    if registered is not None:
+        return [registered], True
     if resume_from:
         return [resume_from], False
     return [], False
+
+
+def _node_copy(path: str, nonce: str) -> str:
+    """A local directory holding checkpoint ``path``: itself when local, else one download per node and nonce."""
+    import fcntl
+    import shutil
+
+    from rayemb import storage
+
+    if not storage.is_remote(path):
+        return path
+    local = os.path.join(tempfile.gettempdir(), f"rayemb-restore-{nonce}")
+    with open(local + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first rank of a node downloads, the others wait for it
+        if not os.path.exists(local + ".complete"):
+            shutil.rmtree(local, ignore_errors=True)
+            storage.download_dir(path, local)
+            open(local + ".complete", "w").close()
+    return local
+
+
+def _remove_node_copy(path: str, local: str) -> None:
+    import shutil
+
+    if local != path:
+        shutil.rmtree(local, ignore_errors=True)
+        for suffix in (".complete", ".lock"):
+            try:
+                os.remove(local + suffix)
+            except OSError:
+                pass
 
 
 def restore(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tuple[int, int]],
@@ -87,40 +141,60 @@ def restore(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tupl
     Rank 0 picks the checkpoint (size and SHA-256 of every file checked) and
     tells the others, so all ranks load the same one.
     """
+    import uuid
+
     import torch.distributed as dist
 
     from rayemb.checkpoint.store import load_logical, verify
     from rayemb.errors import DataError
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    choice: List[Any] = [None, None]
+    choice: List[Any] = [None, None, None]
     if rank == 0:
         candidates, fallback = _candidates(resume_from, checkpoint_root)
+        run = uuid.uuid4().hex[:12]
         for i, path in enumerate(candidates):
+            nonce = f"{run}-{i}"
+            local = _node_copy(path, nonce)
             try:
-                choice = [path, verify(path, hashes=True)]
+                choice = [path, verify(local, hashes=True, shown=path), nonce]
                 if i:
-                    logger.warning("resuming from the older checkpoint %s", path)
+                    logger.warning("resuming from the older checkpoint %s", _shown(path))
                 break
             except DataError as e:
+                _remove_node_copy(path, local)
                 if not fallback:
                     raise
-                logger.warning("checkpoint %s is not usable (%s); falling back to the previous one", path, e)
+                logger.warning("checkpoint %s is not usable (%s); falling back to the previous one", _shown(path), e)
         else:
             if candidates:
                 logger.warning("no intact checkpoint among %d; starting from scratch", len(candidates))
     dist.broadcast_object_list(choice, src=0)
-    path, meta = choice
+    path, meta, nonce = choice
     if path is None:
         return Position()
-    load_logical(path, model, optimizer, remapper, tables, meta=meta)
+    local = _node_copy(path, nonce)
+    try:
+        load_logical(local, model, optimizer, remapper, tables, meta=meta)
+    except BaseException:  # the job fails: do not leave a download behind (no barrier: others may not get there)
+        _remove_node_copy(path, local)
+        raise
+    if local != path:
+        dist.barrier()  # every rank of the node has read the copy
+        _remove_node_copy(path, local)
     pos = position_from_meta(meta, world, batch_size)
     pos.source = path
     if rank == 0:
         logger.info("resumed from %s (written by %d ranks at epoch %d, step %d): continuing at epoch %d after %d "
-                    "step(s) of it", path, int(meta["world_size"]), int(meta["epoch"]), pos.step, pos.epoch,
+                    "step(s) of it", _shown(path), int(meta["world_size"]), int(meta["epoch"]), pos.step, pos.epoch,
                     pos.skip_steps)
     return pos
+
+
+def _shown(path: str) -> str:
+    from rayemb.logs import redact_uri
+
+    return redact_uri(path)
 
 
 def save_and_report(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tuple[int, int]],
@@ -160,7 +234,12 @@ def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, Dict[str, An
     from rayemb.errors import DataError
     from rayemb.model.dlrm import table_configs
 
+    from rayemb import storage
+    from rayemb.logs import redact_uri
+
     directory = resolve_path(cfg.train.resume_from)
+    storage.check_supported(directory, "train.resume_from / --resume-from")
+    shown = redact_uri(directory)
     try:
         meta = verify(directory)
     except DataError as e:
@@ -171,12 +250,12 @@ def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, Dict[str, An
         got = saved.get(t.name)
         if got is None or (int(got["num_embeddings"]), int(got["dim"])) != (int(t.num_embeddings), int(t.embedding_dim)):
             raise DataError(
-                f"Checkpoint {directory!r} (train.resume_from) has table {t.name!r} as {got}; this job has "
+                f"Checkpoint {shown!r} (train.resume_from) has table {t.name!r} as {got}; this job has "
                 f"{t.num_embeddings} rows x {t.embedding_dim} dims. Resume with the same dataset schema and "
                 "model.embedding_dim, or start fresh.", category="bad_checkpoint")
     if meta.get("epoch_complete", True) and int(meta.get("epoch", -1)) + 1 >= cfg.train.epochs:
         raise DataError(
-            f"Checkpoint {directory!r} (train.resume_from) already holds epoch {int(meta['epoch']) + 1} of "
+            f"Checkpoint {shown!r} (train.resume_from) already holds epoch {int(meta['epoch']) + 1} of "
             f"train.epochs={cfg.train.epochs}: nothing is left to train. Raise train.epochs (e.g. "
             f"--set train.epochs={int(meta['epoch']) + 2}).", category="bad_checkpoint")
     return directory, meta

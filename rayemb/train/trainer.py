@@ -33,6 +33,7 @@ from rayemb.logs import redact_uri
 from rayemb.planner.types import parse_pins
 from rayemb.train.artifacts import log_charts, log_plan, log_stats_and_split, to_json
 from rayemb.train.metrics import best_and_last_checkpoint, step_time_check
+from rayemb.train.outputs import JobOutputs, check_output_dir, read_splits, tracking_uri as job_tracking_uri
 from rayemb.train.resources import WorkerResources, worker_resources
 from rayemb.train.resume import check_resume_from, fault_injection
 from rayemb.train.sharding import pins_of
@@ -86,6 +87,8 @@ class Tracking:
     job_id: str
     #: this job's local copies of what it logs
     job_dir: str
+    #: where its files, checkpoints and local copies go (tracking.output_dir may be a URI)
+    outputs: Any = None
 
 
 @dataclass
@@ -122,8 +125,8 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
 
 def check_inputs(cfg: JobConfig) -> JobInputs:
     """The dataset's schema and every parquet footer, the pins, and enough rows for one global batch."""
-    data_dir = resolve_path(cfg.data.path)
-    out_dir = resolve_path(cfg.tracking.output_dir)
+    data_dir, out_dir = resolve_path(cfg.data.path), resolve_path(cfg.tracking.output_dir)  # paths or URIs
+    check_output_dir(out_dir)
     schema = load_checked(data_dir)
     parse_pins(pins_of(cfg, schema.sparse_names), schema.sparse_names)
     train_rows, valid_rows = count_rows(data_dir, TRAIN_SPLIT), count_rows(data_dir, VALID_SPLIT)  # footers only
@@ -131,8 +134,8 @@ def check_inputs(cfg: JobConfig) -> JobInputs:
     _steps(valid_rows, cfg, VALID_SPLIT, data_dir)
     if cfg.train.max_steps_per_epoch is not None:
         steps = min(steps, cfg.train.max_steps_per_epoch)
-    print(f"rayemb: data {data_dir} ({len(schema.sparse)} sparse tables, {train_rows:,} train / {valid_rows:,} valid "
-          f"rows), outputs {out_dir}", flush=True)
+    print(f"rayemb: data {redact_uri(data_dir)} ({len(schema.sparse)} sparse tables, {train_rows:,} train / "
+          f"{valid_rows:,} valid rows), outputs {redact_uri(out_dir)}", flush=True)
     return JobInputs(cfg, data_dir, out_dir, schema, train_rows, valid_rows, steps)
 
 
@@ -140,7 +143,7 @@ def _steps(rows: int, cfg: JobConfig, split: str, data_dir: str) -> int:
     steps = rows // cfg.scaling.num_workers // cfg.data.batch_size
     if steps < 1:
         raise DataError(
-            f"The {split} split of {data_dir!r} has {rows} rows, fewer than one global batch "
+            f"The {split} split of {redact_uri(data_dir)!r} has {rows} rows, fewer than one global batch "
             f"(data.batch_size={cfg.data.batch_size} x scaling.num_workers={cfg.scaling.num_workers}). "
             "Generate more rows or lower data.batch_size."
         )
@@ -184,7 +187,7 @@ def compute_statistics(inputs: JobInputs, topology: Any) -> Tuple[Any, Any]:
     cfg, data_dir, schema = inputs.cfg, inputs.data_dir, inputs.schema
     t0 = time.monotonic()
     stats_path = resolve_path(cfg.data.stats_path) if cfg.data.stats_path else None
-    print(f"rayemb: statistics pass over {data_dir}/{TRAIN_SPLIT} ...", flush=True)
+    print(f"rayemb: statistics pass over {redact_uri(data_dir)}/{TRAIN_SPLIT} ...", flush=True)
     stats = load_or_compute_stats(data_dir, stats_path, progress=True)
     check_values(stats.values, schema.label, f"{data_dir}/{TRAIN_SPLIT}")
     check_ids(stats, schema, cfg.data.id_policy)
@@ -289,13 +292,13 @@ def calibrate(inputs: JobInputs, topology: Any, resources: WorkerResources) -> A
 
 def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Optional[str] = None) -> Tracking:
     """Creates the job's output folder and MLflow run, and logs params, config, plan, stats and split."""
-    from rayemb.tracking import RunLogger, default_tracking_uri, ensure_store, standard_tags
+    from rayemb.tracking import RunLogger, ensure_store, standard_tags
 
     cfg, topology = inputs.cfg, planned.topology
-    job_id = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    job_dir = os.path.join(inputs.out_dir, "jobs", job_id)
+    outputs = JobOutputs.of(inputs.out_dir, f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    job_id, job_dir = outputs.job_id, outputs.job_dir
     os.makedirs(job_dir, exist_ok=True)
-    tracking_uri = cfg.tracking.tracking_uri or default_tracking_uri(inputs.out_dir)
+    tracking_uri = job_tracking_uri(cfg.tracking.tracking_uri, inputs.out_dir)
     ensure_store(tracking_uri)
     device = "cuda" if cfg.scaling.use_gpu else "cpu"
     tags = {
@@ -306,7 +309,7 @@ def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Option
     }
     run_logger = RunLogger(
         tracking_uri, cfg.tracking.experiment, run_name=cfg.tracking.run_name or cfg.name,
-        tags=tags, parent_run_id=parent_run_id, spill_dir=os.path.join(inputs.out_dir, "mlflow-spill"),
+        tags=tags, parent_run_id=parent_run_id, spill_dir=outputs.spill_dir,
     ).start()
     print(f"rayemb: MLflow run {run_logger.run_id or '(pending)'} in experiment {cfg.tracking.experiment!r} at "
           f"{redact_uri(tracking_uri)}", flush=True)
@@ -317,7 +320,8 @@ def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Option
     run_logger.log_text(cfg.to_yaml(), "config.yaml")
     log_plan(run_logger, planned.summary, job_dir)
     log_stats_and_split(run_logger, planned.stats, planned.split, job_dir)
-    return Tracking(run_logger, tracking_uri, job_id, job_dir)
+    outputs.publish()  # plan.json, stats.json, split.json, charts next to the checkpoints (remote output_dir)
+    return Tracking(run_logger, tracking_uri, job_id, job_dir, outputs)
 
 
 # ---- STAGE 5: TRAIN ---- #
@@ -343,7 +347,7 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
     first_epoch = (int(planned.resume[1]["epoch"]) + int(planned.resume[1].get("epoch_complete", True))
                    if planned.resume else 0)
     print(f"rayemb: training epochs {first_epoch + 1}..{cfg.train.epochs} ({steps} steps each)"
-          + (f", resuming from {planned.resume[0]}" if planned.resume else ""), flush=True)
+          + (f", resuming from {redact_uri(planned.resume[0])}" if planned.resume else ""), flush=True)
     # On the driver's node: a queue on a worker node would die with it, and every report after that with it
     # (seen when an elastic job lost a node: it finished with no epoch report).
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -356,7 +360,7 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
     try:
         result = _ray_trainer(inputs, planned, tracking, queue, resources).fit()
         status = "FINISHED"
-        best_checkpoint, last_checkpoint = best_and_last_checkpoint(result)
+        best_checkpoint, last_checkpoint = map(tracking.outputs.checkpoint_uri, best_and_last_checkpoint(result))
     except KeyboardInterrupt:
         reason = "interrupted (KeyboardInterrupt)"
         raise
@@ -388,6 +392,7 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
         if last_checkpoint:
             run_logger.set_tags({"rayemb.last_checkpoint": last_checkpoint})
         log_charts(run_logger, reports, tracking.job_dir)
+        tracking.outputs.publish(final=True)
         run_logger.finish(status=status, reason=reason)
         try:
             ray.kill(queue.actor)
@@ -416,7 +421,7 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
         train_loop_config={
             "job": cfg, "schema": inputs.schema, "plan": planned.job_plan, "plans": planned.plans_by_world,
             "train_rows": inputs.train_rows,
-            "checkpoint_root": os.path.join(inputs.out_dir, "ray_results", tracking.job_id),
+            "checkpoint_root": tracking.outputs.checkpoint_root,
             "metrics_queue": queue, "fault_injection": fault_injection(), "plan_fingerprint": planned.fingerprint,
             "resume_from": planned.resume[0] if planned.resume else None,
             "in_memory": resources.in_memory, "cpus_per_worker": resources.cpus_per_worker,
@@ -429,14 +434,13 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
                                      placement_strategy=cfg.scaling.placement_strategy),
         run_config=RunConfig(
             name=tracking.job_id,
-            storage_path=os.path.join(inputs.out_dir, "ray_results"),
+            **tracking.outputs.run_config_storage(),  # a local path, or a URI's pyarrow filesystem and path
             callbacks=[ReportForwarder(queue)],
             failure_config=FailureConfig(max_failures=cfg.scaling.max_failures),
             # the newest few: a corrupt newest one falls back to the one before (rayemb.train.resume)
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
         ),
-        datasets={"train": ray.data.read_parquet(parquet_files(data_dir, TRAIN_SPLIT)),
-                  "valid": ray.data.read_parquet(parquet_files(data_dir, VALID_SPLIT))},
+        datasets=read_splits(parquet_files(data_dir, TRAIN_SPLIT), parquet_files(data_dir, VALID_SPLIT)),
     )
 
 
