@@ -1,15 +1,106 @@
-"""``rayemb convert`` (being written; see issue 14)."""
+"""``rayemb convert criteo|avazu|movielens``: raw click logs -> a dataset ``rayemb train`` reads as is.
+
+Example::
+
+    rayemb convert criteo --input day_0 day_1 day_23 --out data/criteo --hash-buckets 10000000 --valid-days 23
+    rayemb train --config jobs/configs/synth_small.yaml --set data.path=data/criteo
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any, Dict
 
-from rayemb.errors import RayembError
+from rayemb.convert.common import (DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BAD_FRACTION, DEFAULT_PROGRESS_EVERY_S,
+                                   DEFAULT_ROWS_PER_FILE, DEFAULT_VALID_FRACTION)
 
 
 def add_convert_arguments(p: argparse.ArgumentParser) -> None:
-    pass
+    """Arguments of ``rayemb convert`` (then :func:`convert_main`)."""
+    from rayemb.convert import FORMATS
+
+    p.add_argument("format", choices=FORMATS, help="input format")
+    p.add_argument("--input", nargs="+", required=True, metavar="PATH",
+                   help="input files (.gz/.bz2 read as such): Criteo train.txt or day_N, Avazu train, "
+                        "MovieLens u.data / ratings.dat / ratings.csv")
+    p.add_argument("--out", required=True, help="dataset directory to create (schema.yaml, train/, valid/)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
+    ids = p.add_mutually_exclusive_group()
+    ids.add_argument("--hash-buckets", type=int, metavar="N",
+                     help="criteo/avazu: id = value mod N (Criteo: int(hex, 16) %% N), N rows per table")
+    ids.add_argument("--vocab-from-train", action="store_true",
+                     help="criteo/avazu: one extra pass counts the train rows' values; ids by descending "
+                          "frequency (0 = most frequent), one out-of-vocabulary id last")
+    p.add_argument("--min-count", type=int, default=1, metavar="K",
+                   help="vocabulary keeps values seen at least K times in train rows (default: %(default)s)")
+    split = p.add_mutually_exclusive_group()
+    split.add_argument("--valid-fraction", type=float, metavar="F",
+                       help=f"validation rows by a seeded hash of (input, line number) (default {DEFAULT_VALID_FRACTION}"
+                            " for criteo/avazu; movielens always splits leave-last-out)")
+    split.add_argument("--valid-days", type=int, nargs="+", metavar="D",
+                       help="criteo: inputs named day_D are validation (1TB: --valid-days 23); "
+                            "avazu: rows whose hour falls on day-of-month D")
+    split.add_argument("--valid-input", nargs="+", metavar="PATH", help="these files are the validation split")
+    p.add_argument("--seed", type=int, default=0, help="seed of the validation hash and the MovieLens shuffle")
+    p.add_argument("--rows-per-file", type=int, default=DEFAULT_ROWS_PER_FILE,
+                   help="rows per parquet part (default: %(default)s)")
+    p.add_argument("--max-bad-fraction", type=float, default=DEFAULT_MAX_BAD_FRACTION,
+                   help="fail when more than this fraction of lines is malformed (default: %(default)s)")
+    p.add_argument("--block-size-mib", type=float, default=DEFAULT_BLOCK_SIZE / 2**20,
+                   help="input text parsed at a time, the bound on memory (default: %(default)s)")
+    p.add_argument("--rating-threshold", type=float, default=4.0,
+                   help="movielens: label = rating >= this (default: %(default)s)")
+    p.add_argument("--history-length", type=int, default=20,
+                   help="movielens: items in a row's history list (default: %(default)s)")
+    p.add_argument("--progress-every", type=float, default=DEFAULT_PROGRESS_EVERY_S, metavar="SECONDS",
+                   help="seconds between progress lines on stderr (default: %(default)s)")
+
+
+def options_from_args(args: argparse.Namespace) -> Any:
+    from rayemb.convert import ConvertOptions
+
+    return ConvertOptions(
+        inputs=tuple(args.input), out=args.out, overwrite=args.overwrite, hash_buckets=args.hash_buckets,
+        vocab_from_train=args.vocab_from_train, min_count=args.min_count, valid_fraction=args.valid_fraction,
+        valid_days=tuple(args.valid_days or ()), valid_inputs=tuple(args.valid_input or ()), seed=args.seed,
+        rows_per_file=args.rows_per_file, max_bad_fraction=args.max_bad_fraction,
+        block_size=int(args.block_size_mib * 2**20), rating_threshold=args.rating_threshold,
+        history_length=args.history_length, progress_every_s=args.progress_every,
+    )
+
+
+def format_summary(s: Dict[str, Any]) -> str:
+    """The lines a user reads at the end of a conversion (the whole summary is in convert_summary.json)."""
+    bad = s["bad_lines"]
+    kinds = ", ".join(f"{k} {v:,}" for k, v in bad["by_kind"].items())
+    out = [f"convert {s['format']}: {s['lines_read']:,} lines -> train {s['rows']['train']:,} rows, valid "
+           f"{s['rows']['valid']:,} rows (label mean {s['label_mean']['train']:.3f} / {s['label_mean']['valid']:.3f})",
+           f"  split: {s['split']}",
+           f"  bad lines dropped: {bad['total']:,} ({100 * bad['fraction']:.3f}%){': ' + kinds if kinds else ''}"]
+    for ex in bad["examples"][:3]:
+        out.append(f"    {ex['file']} line {ex['line']}: {ex['why']}: {ex['text'][:80]!r}")
+    tables = []
+    for name, t in s["tables"].items():
+        extra = ""
+        if "oov_rows" in t:
+            extra = f" oov {sum(t['oov_rows'].values()):,}"
+        elif "distinct_ids_used" in t:
+            extra = f" used {t['distinct_ids_used']:,}"
+        tables.append(f"{name} {t['num_embeddings']:,}{extra}")
+    out.append("  tables (num_embeddings): " + "; ".join(tables))
+    out.append(f"  wrote {s['out']} in {s['wall_time_s']:.1f}s ({s['lines_per_s']:,.0f} lines/s); details in "
+               f"convert_summary.json")
+    out.append(f"  train it: rayemb train --config jobs/configs/synth_small.yaml --set data.path={s['out']}")
+    return "\n".join(out)
 
 
 def convert_main(args: argparse.Namespace) -> int:
-    raise RayembError("rayemb convert is not built yet.")
+    """``rayemb convert FORMAT --input PATH... --out DIR``: converts, prints the summary; user errors propagate."""
+    from rayemb.convert import convert
+
+    summary = convert(args.format, options_from_args(args))
+    print(format_summary(summary))
+    return 0
+
+
+__all__ = ["add_convert_arguments", "convert_main", "format_summary", "options_from_args"]

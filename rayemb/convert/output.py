@@ -1,0 +1,143 @@
+"""Writing a converted dataset atomically: a staging folder next to ``--out``, renamed at the end.
+
+:class:`StagedOutput` refuses an existing non-empty ``--out`` (unless
+``overwrite``) before any work starts, builds the dataset in
+``<out>.partial-XXXX`` next to it, and only :meth:`StagedOutput.commit` makes
+``<out>`` appear (one rename); on any error the staging folder is removed, so a
+failed conversion leaves nothing behind. :class:`PartWriter` streams one split into
+``part-00000.parquet, ...`` of at most ``rows_per_file`` rows, one row group per
+chunk it is given, so memory holds a chunk, not a part.
+
+Example::
+
+    >>> with StagedOutput("data/criteo", overwrite=False) as stage:
+    ...     w = PartWriter(stage.split_dir("train"), arrow_schema, rows_per_file=1_000_000)
+    ...     w.write(table); w.close()
+    ...     finish(stage.path, schema, summary)   # schema.yaml, convert_summary.json, load_checked
+    ...     stage.commit()
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Dict, List, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rayemb.data.schema import DatasetSchema, load_checked
+from rayemb.errors import ConfigError
+
+SUMMARY_FILE = "convert_summary.json"
+
+
+def arrow_schema(schema: DatasetSchema) -> pa.Schema:
+    """The parquet column types rayemb trains on: label and dense float32, sparse int64 or list<int64>."""
+    fields = [pa.field(schema.label, pa.float32()), *(pa.field(c, pa.float32()) for c in schema.dense)]
+    fields += [pa.field(f.name, pa.list_(pa.int64()) if f.multi_hot else pa.int64()) for f in schema.sparse]
+    return pa.schema(fields)
+
+
+class StagedOutput:
+    """A dataset folder that appears complete or not at all."""
+
+    def __init__(self, out: str, overwrite: bool = False) -> None:
+        self.out = os.path.abspath(out)
+        self.overwrite = overwrite
+        self.path: Optional[str] = None
+        if os.path.exists(self.out) and not os.path.isdir(self.out):
+            raise ConfigError(f"--out {out!r} is a file; give a directory path for the dataset.",
+                              category="out_exists")
+        if os.path.isdir(self.out) and os.listdir(self.out) and not overwrite:
+            raise ConfigError(f"--out {out!r} already exists and is not empty; pass --overwrite to replace it, or "
+                              "choose another directory.", category="out_exists")
+
+    def __enter__(self) -> "StagedOutput":
+        parent = os.path.dirname(self.out)
+        os.makedirs(parent, exist_ok=True)
+        self.path = tempfile.mkdtemp(prefix=os.path.basename(self.out) + ".partial-", dir=parent)
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(self.path, 0o777 & ~umask)  # mkdtemp makes it private; the dataset is an ordinary folder
+        return self
+
+    def split_dir(self, split: str) -> str:
+        d = os.path.join(self.path, split)
+        os.makedirs(d, exist_ok=True)
+        return d
+
+    def commit(self) -> None:
+        """Renames the staging folder to ``out`` (replacing an old one only now, when overwrite was asked)."""
+        old = None
+        if os.path.isdir(self.out):
+            if os.listdir(self.out):
+                old = tempfile.mkdtemp(prefix=os.path.basename(self.out) + ".old-", dir=os.path.dirname(self.out))
+                os.rename(self.out, os.path.join(old, "data"))
+            else:
+                os.rmdir(self.out)
+        os.rename(self.path, self.out)
+        self.path = None
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = None
+
+
+class PartWriter:
+    """``part-NNNNN.parquet`` files of at most ``rows_per_file`` rows, written chunk by chunk."""
+
+    def __init__(self, directory: str, schema: pa.Schema, rows_per_file: int) -> None:
+        self.directory, self.schema, self.rows_per_file = directory, schema, rows_per_file
+        self.rows = 0
+        self.files: List[str] = []
+        self._writer: Optional[pq.ParquetWriter] = None
+        self._in_part = 0
+
+    def write(self, table: pa.Table) -> None:
+        table = table.select(self.schema.names).cast(self.schema)
+        start = 0
+        while start < table.num_rows:
+            if self._writer is None:
+                path = os.path.join(self.directory, f"part-{len(self.files):05d}.parquet")
+                self._writer = pq.ParquetWriter(path, self.schema)
+                self.files.append(path)
+                self._in_part = 0
+            n = min(table.num_rows - start, self.rows_per_file - self._in_part)
+            self._writer.write_table(table.slice(start, n))
+            start += n
+            self._in_part += n
+            self.rows += n
+            if self._in_part >= self.rows_per_file:
+                self._close_part()
+
+    def _close_part(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def close(self) -> int:
+        self._close_part()
+        return self.rows
+
+
+def finish(path: str, schema: DatasetSchema, summary: Dict[str, Any]) -> None:
+    """Writes ``schema.yaml`` and ``convert_summary.json`` into the staging folder and checks the dataset
+    the way ``rayemb train`` will (:func:`rayemb.data.schema.load_checked`)."""
+    schema.save(path)
+    with open(os.path.join(path, SUMMARY_FILE), "w") as f:
+        json.dump(summary, f, indent=1, default=_jsonable)
+    load_checked(path)
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)
