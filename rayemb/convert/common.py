@@ -85,6 +85,11 @@ class ConvertOptions:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(f"Invalid rayemb convert option {msg}.", category="invalid_option")
+        uris = [p for p in (*self.inputs, *self.valid_inputs, self.out) if "://" in p]
+        if uris:
+            raise ConfigError(f"rayemb convert reads and writes local paths (or shared mounts), not {uris}. Download "
+                              "the inputs, convert locally, then upload --out and point data.path at its URI "
+                              "(docs/data.md).", category="invalid_option")
 
     def fraction(self) -> float:
         """The row-hash validation fraction (the default when no split option was given)."""
