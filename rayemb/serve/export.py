@@ -1,0 +1,276 @@
+"""``rayemb export``: from a finished job (its MLflow run, or a checkpoint and its config) to an inference model.
+
+Two ways to name what to export, both checked before anything is written:
+
+* :func:`source_from_run`: the run's ``rayemb.best_checkpoint`` or
+  ``rayemb.last_checkpoint`` tag, its ``config.yaml`` artifact, the dataset's
+  ``schema.yaml`` at the config's ``data.path``, and the run's metrics at the
+  checkpoint's step (a checkpoint written at an epoch end holds the weights
+  that scored that epoch's ``valid_auc``);
+* :func:`source_from_checkpoint`: a checkpoint directory and the job config
+  that trained it (logged to a new run of ``--experiment``).
+
+:func:`export_model` merges the logical checkpoint into the plain model,
+writes ``model.pt`` + ``model.json`` under a temporary name, logs the pyfunc
+model (input example: the first validation rows, signature) and optionally
+registers a version, then renames the directory into place. An error at any
+point leaves no ``--out``.
+
+Example::
+
+    >>> src = source_from_run("0123abcd", "sqlite:////abs/runs/mlflow.db", kind="best")
+    >>> export_model(src, "models/criteo", register="criteo-dlrm")
+    {'out': '/abs/models/criteo', 'model_uri': 'models:/m-...', 'version': '1', 'valid_auc': 0.79, ...}
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from rayemb.config import JobConfig, load_config, resolve_path
+from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
+from rayemb.data.schema import DatasetSchema, parquet_files
+from rayemb.errors import ConfigError, DataError, TrackingError
+from rayemb.logs import redact_uri
+
+logger = logging.getLogger(__name__)
+
+#: checkpoint kinds of a run: tag names rayemb.train.trainer sets when a job ends
+CHECKPOINT_TAGS = {"best": "rayemb.best_checkpoint", "last": "rayemb.last_checkpoint"}
+#: run metrics recorded with the model when logged at the checkpoint's step
+STEP_METRICS = ("valid_auc", "valid_logloss", "valid_rows")
+#: rows of the validation split logged as the MLflow input example
+INPUT_EXAMPLE_ROWS = 5
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    """A checked checkpoint with everything needed to rebuild its model and say where it came from."""
+
+    checkpoint: str
+    meta: Dict[str, Any]  # the checkpoint's verified meta.json
+    cfg: JobConfig
+    schema: DatasetSchema
+    data_dir: str
+    tracking_uri: str
+    experiment: str
+    run_id: Optional[str] = None  # the training run (None: a new run is created)
+    checkpoint_kind: Optional[str] = None
+    #: the run's metrics of this checkpoint (valid_auc, ... at its step) and best_valid_auc
+    metrics: Dict[str, float] = field(default_factory=dict)
+
+
+def _schema_of(cfg: JobConfig, where: str) -> tuple:
+    data_dir = resolve_path(cfg.data.path)
+    try:
+        return DatasetSchema.load(data_dir), data_dir
+    except DataError as e:
+        raise DataError(f"{e.message} (data.path of {where}: the model's columns come from the training dataset's "
+                        "schema.yaml; restore the dataset there, or export with --checkpoint and a --config whose "
+                        "data.path points at it).", category="missing_schema") from None
+
+
+def _verified(checkpoint: str, where: str) -> Dict[str, Any]:
+    from rayemb.checkpoint.store import verify
+
+    try:
+        return verify(checkpoint)
+    except DataError as e:
+        raise DataError(f"{e.message.rstrip('.')} ({where}).", category="bad_checkpoint") from None
+
+
+def _check_tables(meta: Dict[str, Any], schema: DatasetSchema, cfg: JobConfig, checkpoint: str) -> None:
+    saved = meta.get("tables", {})
+    for f in schema.sparse:
+        got = saved.get(f.name)
+        want = {"num_embeddings": int(f.num_embeddings), "dim": int(cfg.model.embedding_dim)}
+        if got is None or {k: int(got.get(k, -1)) for k in want} != want:
+            raise DataError(f"Checkpoint {checkpoint!r} holds table {f.name!r} as {got}; the config and schema make "
+                            f"it {want}. Export with the config and dataset the checkpoint was trained with.",
+                            category="bad_checkpoint")
+
+
+def source_from_run(run_id: str, tracking_uri: str, kind: str = "best") -> ExportSource:
+    """The ``kind`` (best|last) checkpoint of MLflow run ``run_id``, with its config, schema and metrics."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    if kind not in CHECKPOINT_TAGS:
+        raise ConfigError(f"--checkpoint-kind {kind!r}: use one of {sorted(CHECKPOINT_TAGS)}.")
+    client = MlflowClient(tracking_uri)
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise TrackingError(f"MLflow run {run_id!r} does not exist in the store {redact_uri(tracking_uri)}. Pass the "
+                            "run id `rayemb train` printed (\"MLflow run ...\") and the store it logged to "
+                            "(--tracking-uri).", category="not_found") from None
+    tag = CHECKPOINT_TAGS[kind]
+    checkpoint = run.data.tags.get(tag)
+    if not checkpoint:
+        other = [k for k, t in CHECKPOINT_TAGS.items() if k != kind and run.data.tags.get(t)]
+        hint = (f"It has {CHECKPOINT_TAGS[other[0]]}: pass --checkpoint-kind {other[0]}. " if other else
+                "The job ended before its first checkpoint (status "
+                f"{run.info.status}), or rayemb did not train it. ")
+        raise TrackingError(f"MLflow run {run_id!r} has no tag {tag!r} naming a checkpoint. {hint}Export a checkpoint "
+                            "directory instead with --checkpoint PATH --config job.yaml.", category="no_checkpoint")
+    with tempfile.TemporaryDirectory(prefix="rayemb-export-") as tmp:
+        try:
+            path = client.download_artifacts(run_id, "config.yaml", tmp)
+        except (MlflowException, OSError):
+            raise TrackingError(f"MLflow run {run_id!r} has no config.yaml artifact (the job config rayemb logs at "
+                                "start). Export with --checkpoint PATH --config job.yaml.",
+                                category="no_config") from None
+        cfg = load_config(path)
+    where = f"MLflow run {run_id!r}, tag {tag}"
+    meta = _verified(checkpoint, where)
+    schema, data_dir = _schema_of(cfg, f"run {run_id!r}'s config.yaml")
+    _check_tables(meta, schema, cfg, checkpoint)
+    step = int(meta.get("step", -1))
+    metrics: Dict[str, float] = {}
+    for key in STEP_METRICS:
+        at_step = [m.value for m in client.get_metric_history(run_id, key) if m.step == step]
+        if at_step:
+            metrics[key] = float(at_step[-1])
+    if "best_valid_auc" in run.data.metrics:
+        metrics["best_valid_auc"] = float(run.data.metrics["best_valid_auc"])
+    if "valid_auc" not in metrics:
+        logger.warning("run %s logged no valid_auc at the checkpoint's step %d (a mid-epoch checkpoint)", run_id, step)
+    experiment = client.get_experiment(run.info.experiment_id).name
+    return ExportSource(checkpoint, meta, cfg, schema, data_dir, tracking_uri, experiment, run_id, kind, metrics)
+
+
+def source_from_checkpoint(checkpoint: str, config_path: str, tracking_uri: Optional[str] = None,
+                           experiment: Optional[str] = None) -> ExportSource:
+    """A checkpoint directory and the job config that trained it; the store defaults to the config's."""
+    from rayemb.tracking.store import default_tracking_uri
+
+    cfg = load_config(config_path)
+    checkpoint = resolve_path(checkpoint)
+    meta = _verified(checkpoint, "--checkpoint")
+    schema, data_dir = _schema_of(cfg, f"--config {config_path!r}")
+    _check_tables(meta, schema, cfg, checkpoint)
+    uri = tracking_uri or cfg.tracking.tracking_uri or default_tracking_uri(resolve_path(cfg.tracking.output_dir))
+    metrics = {"best_valid_auc": float(meta["best_valid_auc"])} if meta.get("best_valid_auc") is not None else {}
+    return ExportSource(checkpoint, meta, cfg, schema, data_dir, uri, experiment or cfg.tracking.experiment,
+                        metrics=metrics)
+
+
+def input_example(data_dir: str, schema: DatasetSchema, rows: int = INPUT_EXAMPLE_ROWS) -> Any:
+    """The first ``rows`` rows of the validation split (else the train split), feature columns, as pandas."""
+    import pyarrow.parquet as pq
+
+    from rayemb.serve.model import feature_columns
+
+    for split in (VALID_SPLIT, TRAIN_SPLIT):
+        try:
+            files = parquet_files(data_dir, split)
+        except DataError:
+            continue
+        if files:
+            batch = next(pq.ParquetFile(files[0]).iter_batches(batch_size=rows, columns=feature_columns(schema)))
+            return batch.to_pandas()
+    raise DataError(f"Dataset {data_dir!r} has no parquet files in {VALID_SPLIT}/ or {TRAIN_SPLIT}/ for the model's "
+                    "input example. Restore the training dataset at the config's data.path.",
+                    category="missing_data")
+
+
+def check_out(out: str) -> str:
+    """Absolute ``out``; :class:`DataError` when it exists and is not an empty directory (never overwritten)."""
+    out = os.path.abspath(out)
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise DataError(f"--out {out!r} exists and is not empty. Choose a new directory (export never overwrites).",
+                        category="output_exists")
+    return out
+
+
+def _new_run(source: ExportSource) -> str:
+    """A run in ``source.experiment`` for a model exported from a bare checkpoint; holds its config.yaml."""
+    from mlflow import MlflowClient
+
+    from rayemb.tracking.store import artifact_location, ensure_store
+    from rayemb.tracking.tags import TAG_KIND, standard_tags
+
+    ensure_store(source.tracking_uri)
+    client = MlflowClient(source.tracking_uri)
+    exp = client.get_experiment_by_name(source.experiment)
+    exp_id = exp.experiment_id if exp is not None else client.create_experiment(
+        source.experiment, artifact_location=artifact_location(source.tracking_uri, source.experiment))
+    run = client.create_run(exp_id, run_name=f"export-{source.cfg.name}",
+                            tags={**standard_tags(), TAG_KIND: "export",
+                                  "rayemb.checkpoint": redact_uri(source.checkpoint)})
+    client.log_text(run.info.run_id, source.cfg.to_yaml(), "config.yaml")
+    return run.info.run_id
+
+
+def export_model(source: ExportSource, out: str, register: Optional[str] = None) -> Dict[str, Any]:
+    """Writes the inference model to ``out``, logs it to MLflow (and registers it); returns a summary."""
+    from mlflow import MlflowClient
+
+    from rayemb._version import __version__
+    from rayemb.checkpoint.export import unsharded_state
+    from rayemb.serve.mlflow_model import log_pyfunc
+    from rayemb.serve.mlflow_model import register as register_version
+    from rayemb.serve.model import InferenceModel, inference_state, model_config
+
+    t0 = time.monotonic()
+    out = check_out(out)
+    example = input_example(source.data_dir, source.schema)
+    mcfg = model_config(source.cfg)
+    meta = source.meta
+    info = {
+        "model": mcfg, "job_name": source.cfg.name, "rayemb_version": __version__,
+        "step": int(meta.get("step", 0)), "epoch": int(meta.get("epoch", 0)),
+        "epoch_complete": bool(meta.get("epoch_complete", True)), "metrics": dict(source.metrics),
+        "source": {"checkpoint": redact_uri(source.checkpoint), "checkpoint_kind": source.checkpoint_kind,
+                   "run_id": source.run_id, "tracking_uri": redact_uri(source.tracking_uri),
+                   "experiment": source.experiment,
+                   "data_path": source.data_dir, "plan_fingerprint": meta.get("plan_fingerprint"),
+                   "world_size": meta.get("world_size")},
+    }
+    tmp = f"{out.rstrip(os.sep)}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    created_run = None
+    try:
+        state = inference_state(unsharded_state(source.checkpoint), source.schema, mcfg,
+                                source=f"Checkpoint {source.checkpoint!r}")
+        model = InferenceModel.from_state(state, source.schema, mcfg, source.cfg.data.id_policy, info)
+        example_pred = model.predict(example)
+        model.save(tmp)
+        run_id = source.run_id or _new_run(source)
+        created_run = None if source.run_id else run_id
+        tags = {"rayemb.checkpoint": info["source"]["checkpoint"], "rayemb.step": str(info["step"])}
+        logged = log_pyfunc(tmp, source.schema, source.tracking_uri, run_id, example, step=info["step"], tags=tags)
+        client = MlflowClient(source.tracking_uri)
+        client.set_tag(run_id, "rayemb.model_uri", logged.model_uri)
+        version = None
+        if register:
+            vtags = {**tags, **{k: repr(v) for k, v in source.metrics.items()}, "rayemb.run_id": run_id}
+            auc = source.metrics.get("valid_auc")
+            desc = (f"rayemb export of {tags['rayemb.checkpoint']} (step {info['step']}"
+                    + (f", valid_auc {auc:.5f}" if auc is not None else "") + ")")
+            version = register_version(logged.model_uri, register, source.tracking_uri, vtags, desc)
+        if created_run:
+            client.set_terminated(created_run, "FINISHED")
+        os.replace(tmp, out)
+    except BaseException:
+        if created_run:  # the run made for this export says it failed; nothing is left under --out
+            MlflowClient(source.tracking_uri).set_terminated(created_run, "FAILED")
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    size = sum(os.path.getsize(os.path.join(out, n)) for n in os.listdir(out))
+    return {"out": out, "run_id": run_id, "model_uri": logged.model_uri, "runs_uri": f"runs:/{run_id}/model",
+            "registered": register, "version": getattr(version, "version", None), "step": info["step"],
+            "epoch": info["epoch"], "checkpoint": source.checkpoint, "metrics": dict(source.metrics),
+            "tables": len(source.schema.sparse), "bytes": size, "example_predictions": example_pred.tolist(),
+            "seconds": time.monotonic() - t0}
+
+
+__all__ = ["CHECKPOINT_TAGS", "ExportSource", "check_out", "export_model", "input_example", "source_from_checkpoint",
+           "source_from_run"]

@@ -1,0 +1,180 @@
+"""The exported model in MLflow: a pyfunc model logged to a run, registered by name, and found again by URI.
+
+:class:`RayembPyfuncModel` is a plain ``mlflow.pyfunc.PythonModel``: its
+artifact is the ``rayemb export`` directory (``model.pt`` + ``model.json``),
+``load_context`` rebuilds the :class:`~rayemb.serve.model.InferenceModel`
+from it, and ``predict`` takes a pandas DataFrame with the dataset's columns
+and returns a DataFrame with one column, ``prediction`` (probability). The
+class is pickled by reference, so loading needs ``rayemb`` importable (it is
+listed first in the model's pip requirements); the requirements are given
+explicitly (the installed versions), so logging never resolves packages over
+the network.
+
+Example::
+
+    >>> info = log_pyfunc("models/criteo", tracking_uri, run_id, example_df, step=1200)
+    >>> register(info.model_uri, "criteo-dlrm", tracking_uri, tags={"valid_auc": "0.79"})
+    >>> mlflow.pyfunc.load_model("models:/criteo-dlrm/1").predict(df)["prediction"]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import tempfile
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import mlflow
+import pandas
+
+from rayemb.errors import DataError, TrackingError
+from rayemb.serve.model import PREDICTION_COLUMN
+
+#: name of the export directory among the pyfunc model's artifacts
+ARTIFACT_KEY = "rayemb_model"
+#: the logged model's name (``runs:/<run id>/model``)
+MODEL_NAME = "model"
+#: distributions whose installed versions the model's requirements pin (rayemb first: it holds the class)
+_REQUIREMENTS = ("rayemb", "torch", "torchrec", "fbgemm-gpu-cpu", "fbgemm-gpu", "mlflow", "numpy", "pandas",
+                 "pyarrow", "pyyaml")
+
+
+class RayembPyfuncModel(mlflow.pyfunc.PythonModel):
+    """An exported rayemb model as an MLflow pyfunc (module docstring)."""
+
+    def load_context(self, context: Any) -> None:
+        from rayemb.serve.model import InferenceModel
+
+        self._model = InferenceModel.load(context.artifacts[ARTIFACT_KEY])
+
+    def predict(self, context: Any, model_input: pandas.DataFrame, params: Optional[Dict[str, Any]] = None
+                ) -> pandas.DataFrame:
+        return pandas.DataFrame({PREDICTION_COLUMN: self._model.predict(model_input)})
+
+
+def pip_requirements() -> List[str]:
+    """``name==version`` of the installed distributions the model needs (local metadata, no network)."""
+    out = []
+    for name in _REQUIREMENTS:
+        try:
+            out.append(f"{name}=={importlib.metadata.version(name).split('+')[0]}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def signature(schema: Any) -> Any:
+    """Input: the feature columns; output: ``prediction`` (double).
+
+    Dense columns are ``double`` (float32 and float64 pass; nulls read as 0),
+    multi-hot columns arrays of ``long``. One-hot id columns are ``Any``:
+    real data has missing categories (Criteo's empty fields), which pandas
+    holds as NaN in a float column, and MLflow's ``long`` refuses those while
+    its ``double`` refuses plain int64 columns; rayemb casts them to int64
+    itself (a null is an empty bag, as in training; a fractional id is an error).
+    """
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, DataType, Schema
+    from mlflow.types.schema import AnyType, Array
+
+    cols = [ColSpec(DataType.double, c) for c in schema.dense]
+    cols += [ColSpec(Array(DataType.long) if f.multi_hot else AnyType(), f.name) for f in schema.sparse]
+    return ModelSignature(inputs=Schema(cols), outputs=Schema([ColSpec(DataType.double, PREDICTION_COLUMN)]))
+
+
+@contextlib.contextmanager
+def tracking(uri: str) -> Iterator[None]:
+    """MLflow's process-wide tracking and registry URI set to ``uri`` for the block; after it the tracking
+    URI is restored and the registry follows it again (MLflow's default)."""
+    from rayemb.tracking.store import set_client_env_defaults
+
+    set_client_env_defaults()
+    old_tracking = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else ""
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(old_tracking)
+        mlflow.set_registry_uri("")
+
+
+def log_pyfunc(model_dir: str, schema: Any, tracking_uri: str, run_id: str, input_example: Any, step: int = 0,
+               tags: Optional[Dict[str, str]] = None) -> Any:
+    """Logs ``model_dir`` (an export) as pyfunc model ``model`` of run ``run_id``; returns MLflow's ``ModelInfo``.
+
+    The run is not resumed (its status and end time stay); ``step`` links the
+    run's metrics of that step (the checkpoint's ``valid_auc``) to the model.
+    """
+    from mlflow.entities import LoggedModelStatus
+    from mlflow.models import Model
+
+    with tracking(tracking_uri):
+        client = mlflow.MlflowClient(tracking_uri)
+        # made here, in the run's experiment: Model.log alone would file it under the active (default) experiment
+        logged = client.create_logged_model(client.get_run(run_id).info.experiment_id, name=MODEL_NAME,
+                                            source_run_id=run_id, tags=tags)
+        info = Model.log(
+            artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, flavor_name="pyfunc.CustomPythonModel",
+            run_id=run_id, model_id=logged.model_id, python_model=RayembPyfuncModel(),
+            artifacts={ARTIFACT_KEY: os.path.abspath(model_dir)}, signature=signature(schema),
+            input_example=input_example, pip_requirements=pip_requirements(), step=int(step),
+            await_registration_for=0,
+        )
+        if client.get_logged_model(logged.model_id).status != LoggedModelStatus.READY:
+            client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
+        return info
+
+
+def register(model_uri: str, name: str, tracking_uri: str, tags: Dict[str, str], description: str = "") -> Any:
+    """A new version of registered model ``name`` (created when absent) for ``model_uri``; returns it."""
+    with tracking(tracking_uri):
+        version = mlflow.register_model(model_uri, name, await_registration_for=0, tags=tags)
+        if description:
+            mlflow.MlflowClient(tracking_uri).update_model_version(name, version.version, description=description)
+    return version
+
+
+def is_mlflow_uri(value: str) -> bool:
+    return value.startswith(("models:/", "runs:/", "mlflow-artifacts:/"))
+
+
+def _artifact_dir(mlmodel_dir: str, where: str) -> str:
+    from mlflow.models import Model
+
+    flavor = Model.load(mlmodel_dir).flavors.get("python_function", {})
+    path = (flavor.get("artifacts") or {}).get(ARTIFACT_KEY, {}).get("path")
+    if not path:
+        raise DataError(f"{where} is an MLflow model but not one `rayemb export` logged (no {ARTIFACT_KEY!r} "
+                        "artifact). Pass a model rayemb exported.", category="not_a_model")
+    return os.path.join(mlmodel_dir, path)
+
+
+def local_model_dir(model: str, tracking_uri: Optional[str], scratch: Optional[str] = None) -> Tuple[str, str]:
+    """(local export directory, where it came from) of ``--model``: an export dir, a saved MLflow model dir,
+    or a ``models:/NAME/VERSION`` / ``runs:/ID/model`` URI (downloaded into ``scratch``)."""
+    if is_mlflow_uri(model):
+        from mlflow.exceptions import MlflowException
+
+        if not tracking_uri:
+            raise TrackingError(f"--model {model!r} is an MLflow URI but no tracking store is known. Pass "
+                                "--tracking-uri (the store `rayemb export` logged to).", category="no_store")
+        scratch = scratch or tempfile.mkdtemp(prefix="rayemb-model-")
+        try:
+            with tracking(tracking_uri):
+                local = mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=scratch,
+                                                            tracking_uri=tracking_uri)
+        except MlflowException as e:
+            raise TrackingError(f"MLflow model {model!r} cannot be found in the store {tracking_uri!r} "
+                                f"({e.message.splitlines()[0][:200]}). Check the name and version "
+                                "(`mlflow models` UI / `rayemb export --register`) and --tracking-uri.",
+                                category="not_found") from None
+        return _artifact_dir(local, f"--model {model!r}"), model
+    if os.path.isfile(os.path.join(model, "MLmodel")):
+        return _artifact_dir(model, f"--model {model!r}"), os.path.abspath(model)
+    return model, os.path.abspath(model)
+
+
+__all__ = ["ARTIFACT_KEY", "MODEL_NAME", "RayembPyfuncModel", "is_mlflow_uri",
+           "local_model_dir", "log_pyfunc", "pip_requirements", "register", "signature", "tracking"]

@@ -1,0 +1,286 @@
+"""The unsharded inference model: a plain DLRM over a plain ``EmbeddingBagCollection``, and how it scores rows.
+
+A trained job exists as a logical checkpoint (:mod:`rayemb.checkpoint`): every
+table in its logical row space, hot and cold rows of hybrid tables merged
+back. :func:`inference_state` maps such a checkpoint onto a plain model —
+one ``[num_embeddings, dim]`` table per sparse feature, ids as the dataset
+has them (no hot/cold remap), the MLPs as trained. :class:`InferenceModel`
+scores a pyarrow table or pandas DataFrame with the dataset's columns through
+exactly the training preprocessing (:class:`~rayemb.data.batching.BatchConverter`:
+``log1p(max(x, 0))`` dense, nulls as 0, one-/multi-hot bags, ``data.id_policy``)
+and returns probabilities, ``sigmoid(logit)``.
+
+On disk (``rayemb export --out DIR``)::
+
+    DIR/model.pt     the model's state dict, plain tensors (torch.load(..., weights_only=True))
+    DIR/model.json   format, schema, model config, id_policy, source run/checkpoint, step, valid_auc
+    DIR/model.torchscript.pt   torch.jit.script of the DLRM: (dense after log1p, KJT of logical ids) -> logits;
+                     load with torch.jit.load after ``import torchrec`` (its FBGEMM ops)
+
+``torch.export`` of the DLRM works too (non-strict), but specializes the batch
+size and the id count of the example batch, so it is not written.
+
+Example::
+
+    >>> m = InferenceModel.load("models/criteo")
+    >>> m.predict(pyarrow.parquet.read_table("data/criteo/valid/part-00000.parquet"))
+    array([0.031, 0.274, ...])
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from rayemb.data.schema import DatasetSchema
+from rayemb.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "rayemb-inference-v1"
+STATE_FILE = "model.pt"
+INFO_FILE = "model.json"
+TORCHSCRIPT_FILE = "model.torchscript.pt"
+#: the probability column of every prediction output (pyfunc DataFrame, rayemb predict parquet)
+PREDICTION_COLUMN = "prediction"
+#: rows converted and scored at once by :meth:`InferenceModel.predict`
+DEFAULT_BATCH_ROWS = 8192
+#: wrappers whose names DistributedModelParallel / DDP may leave in a training state-dict key
+_WRAPPER_PREFIXES = ("_dmp_wrapped_module.", "module.")
+
+
+def model_config(cfg: Any) -> Dict[str, Any]:
+    """The ``model`` section of a :class:`~rayemb.config.JobConfig` as plain JSON values."""
+    m = cfg.model
+    return {"embedding_dim": int(m.embedding_dim), "bottom_mlp": [int(x) for x in m.bottom_mlp],
+            "top_mlp": [int(x) for x in m.top_mlp]}
+
+
+def build_dlrm(schema: DatasetSchema, model_cfg: Mapping[str, Any], device: Any = None):
+    """A plain DLRM (one EBC table per sparse feature) of the job's shape, on ``device`` (``meta``: no memory)."""
+    import torch
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from rayemb.model.dlrm import DLRM, table_configs
+
+    device = torch.device(device or "cpu")
+    ebc = EmbeddingBagCollection(tables=table_configs(schema, int(model_cfg["embedding_dim"])), device=device)
+    return DLRM(ebc, feature_names=schema.sparse_names, dense_in_features=len(schema.dense),
+                bottom_mlp=list(model_cfg["bottom_mlp"]), top_mlp=list(model_cfg["top_mlp"]), dense_device=device)
+
+
+def _strip_wrappers(key: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for p in _WRAPPER_PREFIXES:
+            if key.startswith(p):
+                key, changed = key[len(p):], True
+    return key
+
+
+def inference_state(unsharded: Mapping[str, Any], schema: DatasetSchema, model_cfg: Mapping[str, Any],
+                    source: str = "checkpoint") -> Dict[str, Any]:
+    """The plain DLRM's state dict from :func:`rayemb.checkpoint.export.unsharded_state` (plain tensors, CPU).
+
+    Tables go to ``embedding.embedding_bags.<t>.weight``; every other model
+    tensor is the training model's dense tensor of the same name (wrapper
+    prefixes removed). Raises :class:`DataError` (``bad_checkpoint``) when a
+    table or MLP tensor is missing or of another shape: the checkpoint is
+    not of this schema and model config.
+    """
+    target = build_dlrm(schema, model_cfg, device="meta").state_dict()
+    dense = {_strip_wrappers(k): v for k, v in unsharded["dense"].items()}
+    fix = ("Export with the job config and dataset the checkpoint was trained with (the run's config.yaml and "
+           "its data.path).")
+    out: Dict[str, Any] = {}
+    for key, want in target.items():
+        if key.startswith("embedding.embedding_bags.") and key.endswith(".weight"):
+            table = key[len("embedding.embedding_bags."):-len(".weight")]
+            got = unsharded["tables"].get(table, {}).get("weight")
+            what = f"table {table!r}"
+        else:
+            got, what = dense.get(key), f"model tensor {key!r}"
+        if got is None:
+            raise DataError(f"{source} holds no {what}. {fix}", category="bad_checkpoint")
+        if tuple(got.shape) != tuple(want.shape):
+            raise DataError(f"{source} has {what} of shape {tuple(got.shape)}; this schema and model config make "
+                            f"it {tuple(want.shape)}. {fix}", category="bad_checkpoint")
+        out[key] = got.detach().to("cpu", want.dtype).contiguous().clone()
+    return out
+
+
+def _as_arrow(data: Any) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if hasattr(data, "columns") and hasattr(data, "dtypes"):  # a pandas DataFrame
+        return pa.Table.from_pandas(data, preserve_index=False)
+    raise DataError(f"Cannot score a {type(data).__name__}: pass a pyarrow Table or a pandas DataFrame with the "
+                    "dataset's columns.", category="invalid_input")
+
+
+def feature_columns(schema: DatasetSchema) -> List[str]:
+    """The columns a prediction needs: the dense and then the sparse features (the label is optional)."""
+    return [*schema.dense, *schema.sparse_names]
+
+
+def missing_columns_error(schema: DatasetSchema, missing: List[str], where: str) -> DataError:
+    return DataError(
+        f"{where} lacks column(s) {missing[:10]}{' ...' if len(missing) > 10 else ''} that the model needs "
+        f"({len(schema.dense)} dense, {len(schema.sparse)} sparse features as in the training dataset's "
+        "schema.yaml). Score data with the training dataset's columns (rayemb convert writes them).",
+        category="missing_columns")
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """``1 / (1 + exp(-z))`` in float64, without overflow for large ``|z|``."""
+    z = np.asarray(logits, dtype=np.float64)
+    e = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+class InferenceModel:
+    """A plain DLRM in eval mode with its schema and id policy; :meth:`predict` returns probabilities.
+
+    Args:
+        model: the DLRM (:func:`build_dlrm`) with its weights loaded.
+        schema: the training dataset's schema.
+        id_policy: ``data.id_policy`` of the job (``error``, ``hash`` or ``clip``).
+        info: ``model.json``: the model config (``model``: embedding_dim, bottom_mlp, top_mlp) and where it
+            came from.
+    """
+
+    def __init__(self, model: Any, schema: DatasetSchema, id_policy: str = "error",
+                 info: Optional[Dict[str, Any]] = None) -> None:
+        from rayemb.data.batching import BatchConverter
+
+        self.model = model.eval()
+        self.schema = schema
+        self.id_policy = id_policy
+        self.info = dict(info or {})
+        # ids are logical (one table per feature): no hybrid remap
+        self.converter = BatchConverter(schema, id_policy)
+
+    @property
+    def device(self) -> Any:
+        return next(self.model.parameters()).device
+
+    def to(self, device: Any) -> "InferenceModel":
+        self.model.to(device)
+        return self
+
+    # ---- building, saving and loading ---- #
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], schema: DatasetSchema, model_cfg: Mapping[str, Any],
+                   id_policy: str = "error", info: Optional[Dict[str, Any]] = None,
+                   device: Any = "cpu") -> "InferenceModel":
+        """Builds the model on the meta device and assigns ``state`` (no second copy of the tables)."""
+        import torch
+
+        model = build_dlrm(schema, model_cfg, device="meta")
+        model.load_state_dict(dict(state), strict=True, assign=True)
+        return cls(model.to(torch.device(device)), schema, id_policy, {**(info or {}), "model": dict(model_cfg)})
+
+    def save(self, directory: str, torchscript: bool = True) -> None:
+        """Writes ``model.pt``, ``model.json`` (and the TorchScript form) into ``directory`` (created; the caller
+        renames it into place)."""
+        import torch
+
+        os.makedirs(directory, exist_ok=True)
+        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        torch.save(state, os.path.join(directory, STATE_FILE))
+        scripted = None
+        if torchscript:
+            try:
+                torch.jit.script(self.model).save(os.path.join(directory, TORCHSCRIPT_FILE))
+                scripted = TORCHSCRIPT_FILE
+            except Exception as e:  # noqa: BLE001 - an optional form; the state dict is the model
+                logger.warning("no TorchScript form written (torch.jit.script failed: %s: %s)", type(e).__name__, e)
+        info = {**self.info, "format": FORMAT, "schema": self.schema.to_dict(), "id_policy": self.id_policy,
+                "torchscript": scripted}
+        with open(os.path.join(directory, INFO_FILE), "w") as f:
+            json.dump(info, f, indent=1, sort_keys=True)
+
+    @classmethod
+    def load(cls, directory: str, device: Any = "cpu") -> "InferenceModel":
+        """The model ``rayemb export`` wrote to ``directory``; :class:`DataError` when it is not one."""
+        import torch
+
+        info_path, state_path = os.path.join(directory, INFO_FILE), os.path.join(directory, STATE_FILE)
+        if not (os.path.isfile(info_path) and os.path.isfile(state_path)):
+            raise DataError(f"{directory!r} holds no exported model ({INFO_FILE} and {STATE_FILE}). Pass the --out "
+                            "directory of `rayemb export`, or an MLflow URI (models:/NAME/VERSION, runs:/ID/model).",
+                            category="not_a_model")
+        with open(info_path) as f:
+            info = json.load(f)
+        if info.get("format") != FORMAT:
+            raise DataError(f"{info_path} is of format {info.get('format')!r}, not {FORMAT}. Re-export the model "
+                            "with this rayemb version (`rayemb export`).", category="not_a_model")
+        schema = DatasetSchema.from_dict(info["schema"], source=info_path)
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        return cls.from_state(state, schema, info["model"], info.get("id_policy", "error"), info, device)
+
+    # ---- scoring ---- #
+
+    def check_columns(self, names: List[str], where: str) -> None:
+        """:class:`DataError` (``missing_columns``) when ``names`` lacks a feature column of the schema."""
+        have = set(names)
+        missing = [c for c in feature_columns(self.schema) if c not in have]
+        if missing:
+            raise missing_columns_error(self.schema, missing, where)
+
+    def _prepared(self, table: pa.Table) -> pa.Table:
+        """The feature columns in the training types, and a placeholder label when there is none."""
+        cols, names = [], []
+        for c in self.schema.dense:
+            cols.append(table.column(c))
+            names.append(c)
+        for feat in self.schema.sparse:
+            col = table.column(feat.name)
+            want = pa.list_(pa.int64()) if feat.multi_hot else pa.int64()
+            if not col.type.equals(want):
+                try:
+                    col = col.cast(want)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                    raise DataError(f"Sparse column {feat.name!r} is {col.type}, not convertible to {want} ({e}). "
+                                    "Give ids as integers (lists of integers for multi-hot features).",
+                                    category="invalid_input") from None
+            cols.append(col)
+            names.append(feat.name)
+        label = self.schema.label
+        cols.append(pa.array(np.zeros(table.num_rows, dtype=np.float32)))  # not used: scoring needs no label
+        names.append(label)
+        return pa.Table.from_arrays(cols, names=names)
+
+    def logits(self, data: Any, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
+        """float32 logits of every row of ``data`` (pyarrow Table / RecordBatch or pandas DataFrame)."""
+        import torch
+
+        table = _as_arrow(data)
+        self.check_columns(table.column_names, "The data to score")
+        if table.num_rows == 0:
+            return np.zeros(0, dtype=np.float32)
+        table = self._prepared(table)
+        device = self.device
+        out = []
+        with torch.no_grad():
+            for start in range(0, table.num_rows, batch_rows):
+                b = self.converter(table.slice(start, batch_rows))
+                out.append(self.model(b.dense.to(device), b.sparse.to(device)).float().cpu().numpy())
+        return np.concatenate(out)
+
+    def predict(self, data: Any, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
+        """Probabilities ``sigmoid(logit)`` as float64 (computed in float64: no ties the logits do not have)."""
+        return sigmoid(self.logits(data, batch_rows))
+
+
+__all__ = ["FORMAT", "INFO_FILE", "PREDICTION_COLUMN", "STATE_FILE", "TORCHSCRIPT_FILE", "InferenceModel", "build_dlrm",
+           "feature_columns", "inference_state", "missing_columns_error", "model_config", "sigmoid"]

@@ -1,0 +1,205 @@
+"""``rayemb predict``: batch scoring of parquet with an exported model, as Ray Data batch inference.
+
+``read_parquet`` → ``map_batches`` with a callable class (one model per actor,
+loaded once from the object store; CPU, or one GPU each with ``use_gpu``) →
+``write_parquet``. The output holds ``prediction`` (the probability), the
+label when the input has one, and any kept columns, in the input's row order.
+Inputs are checked from the parquet footers before Ray starts any work, and
+the output appears under its final name only when every file is written.
+
+Example::
+
+    >>> summary = predict("models/criteo", "data/criteo/valid", "preds/", num_workers=2)
+    >>> summary["rows"], summary["files"]
+    (4000, 1)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import shutil
+import time
+from typing import Any, Dict, Iterator, List, Sequence
+
+import pyarrow as pa
+
+from rayemb.constants import SCHEMA_FILE
+from rayemb.data.schema import DatasetSchema
+from rayemb.errors import DataError, find_user_error
+from rayemb.serve.model import PREDICTION_COLUMN
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 4096
+
+
+def input_files(data: str) -> List[str]:
+    """The parquet files of ``data`` (a file, or a directory searched recursively), sorted."""
+    if os.path.isfile(data):
+        return [os.path.abspath(data)]
+    if not os.path.isdir(data):
+        raise DataError(f"--data {data!r} does not exist. Pass a parquet file or a directory of parquet files "
+                        "(e.g. a dataset's valid/ split).", category="missing_data")
+    if os.path.isfile(os.path.join(data, SCHEMA_FILE)):
+        splits = sorted(d for d in os.listdir(data) if os.path.isdir(os.path.join(data, d)))
+        raise DataError(f"--data {data!r} is a dataset root (it has {SCHEMA_FILE} and the splits {splits}). Pass one "
+                        f"split's directory, e.g. {os.path.join(data, 'valid')}.", category="invalid_input")
+    files = sorted(glob.glob(os.path.join(os.path.abspath(data), "**", "*.parquet"), recursive=True))
+    if not files:
+        raise DataError(f"--data {data!r} holds no *.parquet files. Pass the directory that holds them.",
+                        category="missing_data")
+    return files
+
+
+def output_columns(files: Sequence[str], schema: DatasetSchema, keep: Sequence[str]) -> List[str]:
+    """Columns to read: the features, the label when every file has it, and ``keep``; checked in every footer."""
+    import pyarrow.parquet as pq
+
+    from rayemb.serve.model import feature_columns, missing_columns_error
+
+    features = feature_columns(schema)
+    has_label = True
+    for f in files:
+        try:
+            names = set(pq.read_schema(f).names)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise DataError(f"{f!r} is not a readable parquet file ({e}). Remove it from --data or rewrite it.",
+                            category="invalid_input") from None
+        missing = [c for c in features if c not in names]
+        if missing:
+            raise missing_columns_error(schema, missing, f"Input file {f!r}")
+        absent = [c for c in keep if c not in names]
+        if absent:
+            raise DataError(f"--keep-columns {absent} are not columns of {f!r}. Keep only columns every input file "
+                            f"has (it has {sorted(names)[:20]}).", category="missing_columns")
+        has_label = has_label and schema.label in names
+    return features + [c for c in passthrough_columns(schema, keep, has_label) if c not in features]
+
+
+def passthrough_columns(schema: DatasetSchema, keep: Sequence[str], has_label: bool) -> List[str]:
+    """Input columns copied to the output after ``prediction``: the label (when present), then ``keep``."""
+    return list(dict.fromkeys(([schema.label] if has_label else []) + list(keep)))
+
+
+class _Scorer:
+    """Ray Data callable class: the model built once per actor; a pyarrow batch in, its predictions out."""
+
+    def __init__(self, bundle: List[Any], use_gpu: bool, passthrough: List[str], threads: int) -> None:
+        import ray
+        import torch
+
+        from rayemb.logs import quiet_third_party_logs
+        from rayemb.serve.model import InferenceModel
+
+        quiet_third_party_logs()
+        torch.set_num_threads(max(1, threads))
+        loaded = ray.get(bundle[0])
+        info = loaded["info"]
+        schema = DatasetSchema.from_dict(info["schema"])
+        self.model = InferenceModel.from_state(loaded["state"], schema, info["model"], info.get("id_policy", "error"),
+                                               info, device="cuda" if use_gpu else "cpu")
+        self.passthrough = passthrough
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        cols = {PREDICTION_COLUMN: pa.array(self.model.predict(batch), type=pa.float64())}
+        for c in self.passthrough:
+            cols[c] = batch.column(c)
+        return pa.table(cols)
+
+
+@contextlib.contextmanager
+def _data_context() -> Iterator[None]:
+    """Ray Data settings of the scoring run, the caller's restored after: output rows in input order, and a
+    UDF's own exception (a :class:`RayembError` naming the bad input) instead of Ray Data's wrapper, whose
+    pickled form loses the cause."""
+    import ray
+
+    ctx = ray.data.DataContext.get_current()
+    saved = (ctx.execution_options.preserve_order, ctx.raise_original_map_exception)
+    ctx.execution_options.preserve_order, ctx.raise_original_map_exception = True, True
+    try:
+        yield
+    finally:
+        ctx.execution_options.preserve_order, ctx.raise_original_map_exception = saved
+
+
+def _bundle(model_dir: str) -> Dict[str, Any]:
+    import json
+
+    import torch
+
+    from rayemb.serve.model import INFO_FILE, STATE_FILE, InferenceModel
+
+    InferenceModel.load(model_dir)  # checks format, schema and every tensor's shape once, here
+    with open(os.path.join(model_dir, INFO_FILE)) as f:
+        info = json.load(f)
+    return {"info": info, "state": torch.load(os.path.join(model_dir, STATE_FILE), map_location="cpu",
+                                              weights_only=True)}
+
+
+def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: bool = False,
+            batch_size: int = DEFAULT_BATCH_SIZE, keep_columns: Sequence[str] = (), model_source: str = "",
+            cpus_per_worker: float = 1.0) -> Dict[str, Any]:
+    """Scores every row of ``data`` with the export in ``model_dir``; writes parquet to ``out``; returns a summary.
+
+    Joins the running Ray (else starts a local one and stops it after).
+    """
+    import pyarrow.parquet as pq
+    import ray
+
+    from rayemb._ray import init_ray
+    from rayemb.serve.export import check_out
+
+    t0 = time.monotonic()
+    if num_workers < 1 or batch_size < 1:
+        raise DataError(f"--num-workers {num_workers} and --batch-size {batch_size} must be at least 1.",
+                        category="invalid_arguments")
+    out = check_out(out)
+    bundle = _bundle(model_dir)
+    schema = DatasetSchema.from_dict(bundle["info"]["schema"])
+    files = input_files(data)
+    columns = output_columns(files, schema, list(keep_columns))
+    passthrough = passthrough_columns(schema, list(keep_columns), schema.label in columns)
+    rows_in = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    started = not ray.is_initialized()
+    init_ray()
+    tmp = f"{out.rstrip(os.sep)}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"rayemb predict: {rows_in:,} rows in {len(files)} file(s) with {model_source or model_dir}; "
+          f"{num_workers} {'GPU' if use_gpu else 'CPU'} worker(s), batches of {batch_size}", flush=True)
+    try:
+        ref = ray.put(bundle)
+        with _data_context():  # a Dataset keeps the context it was made in
+            ds = ray.data.read_parquet(files, columns=columns)
+            ds = ds.map_batches(_Scorer, fn_constructor_kwargs={"bundle": [ref], "use_gpu": use_gpu,
+                                                                "passthrough": passthrough,
+                                                                "threads": int(cpus_per_worker)},
+                                batch_size=batch_size, batch_format="pyarrow",
+                                compute=ray.data.ActorPoolStrategy(size=num_workers),
+                                num_cpus=cpus_per_worker, num_gpus=1 if use_gpu else 0)
+            ds.write_parquet(tmp)
+        written = sorted(glob.glob(os.path.join(tmp, "*.parquet")))
+        rows_out = sum(pq.ParquetFile(f).metadata.num_rows for f in written)
+        if rows_out != rows_in:
+            raise DataError(f"Wrote {rows_out} predictions for {rows_in} input rows; the input changed while it was "
+                            "scored. Run again on data that is not being written.", category="invalid_input")
+        os.replace(tmp, out)
+    except Exception as e:
+        user = find_user_error(e)  # a scoring actor's error arrives wrapped by Ray
+        if user is not None and user is not e:
+            raise user from None
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if started:
+            ray.shutdown()
+    files_out = sorted(os.path.join(out, os.path.basename(f)) for f in written)
+    seconds = time.monotonic() - t0
+    return {"out": out, "rows": rows_out, "files": len(files_out), "paths": files_out, "columns": [PREDICTION_COLUMN]
+            + passthrough, "seconds": seconds, "rows_per_s": rows_out / max(seconds, 1e-9)}
+
+
+__all__ = ["DEFAULT_BATCH_SIZE", "input_files", "output_columns", "passthrough_columns", "predict"]
