@@ -17,7 +17,8 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="job YAML of --checkpoint (model shape, data.path of the schema, id policy)")
     p.add_argument("--checkpoint-kind", choices=("best", "last"), default="best",
                    help="with --run-id: the retained checkpoint with the best valid_auc (default) or the newest")
-    p.add_argument("--out", required=True, help="new directory for model.pt + model.json (must not exist or be empty)")
+    p.add_argument("--out", required=True, help="new directory for model.pt + model.json (must not exist or be empty); "
+                                              "a local path or a URI (s3://, gs://, hdfs://)")
     p.add_argument("--register", metavar="NAME", help="also register the logged model as a new version of NAME")
     p.add_argument("--experiment", help="with --checkpoint: experiment of the run made for the export "
                                         "(default: the config's tracking.experiment)")
@@ -49,14 +50,15 @@ def export_main(args: argparse.Namespace) -> int:
 
             uri = uri if "://" in uri or uri.startswith("sqlite:") else sqlite_uri(uri)
         source = source_from_checkpoint(args.checkpoint, args.config, uri, args.experiment)
-    print(f"rayemb export: checkpoint {source.checkpoint} (step {source.meta.get('step')}, epoch "
+    print(f"rayemb export: checkpoint {redact_uri(source.checkpoint)} (step {source.meta.get('step')}, epoch "
           f"{source.meta.get('epoch')}, {len(source.schema.sparse)} tables)", flush=True)
     s = export_model(source, args.out, register=args.register)
     auc = s["metrics"].get("valid_auc")
-    print(f"rayemb export: {s['tables']} tables, {s['bytes'] / 2**20:,.1f} MiB -> {s['out']} in {s['seconds']:.1f}s"
+    print(f"rayemb export: {s['tables']} tables, {s['bytes'] / 2**20:,.1f} MiB -> {redact_uri(s['out'])} in "
+          f"{s['seconds']:.1f}s"
           + (f"; valid_auc {auc:.5f} at this checkpoint" if auc is not None else ""))
     print(f"rayemb export: MLflow model {s['model_uri']} ({s['runs_uri']}) at {redact_uri(source.tracking_uri)}")
     if s["version"] is not None:
         print(f"rayemb export: registered models:/{s['registered']}/{s['version']}")
-    print(f"score data with: rayemb predict --model {s['out']} --data DATA_DIR --out PREDICTIONS_DIR")
+    print(f"score data with: rayemb predict --model {redact_uri(s['out'])} --data DATA_DIR --out PREDICTIONS_DIR")
     return 0

@@ -14,8 +14,9 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True,
                    help="the --out directory of `rayemb export`, or an MLflow URI: models:/NAME/VERSION, "
                         "runs:/ID/model")
-    p.add_argument("--data", required=True, help="a parquet file or a directory of them (e.g. a dataset's valid/)")
-    p.add_argument("--out", required=True, help="new directory for the prediction parquet files")
+    p.add_argument("--data", required=True, help="a parquet file or a directory of them (e.g. a dataset's valid/); "
+                                                 "a local path or a URI (s3://, gs://, hdfs://)")
+    p.add_argument("--out", required=True, help="new directory for the prediction parquet files (path or URI)")
     p.add_argument("--num-workers", type=int, default=1, help="scoring actors, each holding the model once (default 1)")
     p.add_argument("--use-gpu", action="store_true", help="one GPU per scoring actor")
     p.add_argument("--batch-size", type=int, default=4096, help="rows per scored batch (default 4096)")
@@ -29,6 +30,7 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
 def predict_main(args: argparse.Namespace) -> int:
     import tempfile
 
+    from rayemb.logs import redact_uri
     from rayemb.serve.export import check_out
     from rayemb.serve.mlflow_model import is_mlflow_uri, local_model_dir
     from rayemb.serve.predict import input_files, predict
@@ -45,6 +47,7 @@ def predict_main(args: argparse.Namespace) -> int:
         model_dir, where = local_model_dir(args.model, uri, scratch)
         s = predict(model_dir, args.data, args.out, num_workers=args.num_workers, use_gpu=args.use_gpu,
                     batch_size=args.batch_size, keep_columns=keep, model_source=where)
-    print(f"rayemb predict: {s['rows']:,} rows -> {s['files']} file(s) in {s['out']} ({', '.join(s['columns'])}); "
+    print(f"rayemb predict: {s['rows']:,} rows -> {s['files']} file(s) in {redact_uri(s['out'])} "
+          f"({', '.join(s['columns'])}); "
           f"{s['seconds']:.1f}s, {s['rows_per_s']:,.0f} rows/s")
     return 0

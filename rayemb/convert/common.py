@@ -26,7 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rayemb import storage
 from rayemb.errors import ConfigError, DataError
+from rayemb.logs import redact_uri
 
 logger = logging.getLogger("rayemb.convert")
 
@@ -85,11 +87,8 @@ class ConvertOptions:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(f"Invalid rayemb convert option {msg}.", category="invalid_option")
-        uris = [p for p in (*self.inputs, *self.valid_inputs, self.out) if "://" in p]
-        if uris:
-            raise ConfigError(f"rayemb convert reads and writes local paths (or shared mounts), not {uris}. Download "
-                              "the inputs, convert locally, then upload --out and point data.path at its URI "
-                              "(docs/data.md).", category="invalid_option")
+        for p in (*self.inputs, *self.valid_inputs, self.out):
+            storage.check_supported(p, "rayemb convert path")
 
     def fraction(self) -> float:
         """The row-hash validation fraction (the default when no split option was given)."""
@@ -98,16 +97,30 @@ class ConvertOptions:
 
 def check_inputs_exist(paths: Sequence[str]) -> None:
     """DataError naming every missing input, before any work starts."""
-    missing = [p for p in paths if not os.path.isfile(p)]
+    missing = [redact_uri(p) for p in paths if not storage.isfile(p)]
     if missing:
         raise DataError(f"Input file(s) {missing} do not exist (or are not files). Check the --input / --valid-input "
                         "paths (a shell glob such as day_* must match files).", category="missing_input")
 
 
+#: compressed inputs by file extension
+_CODECS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4"}
+
+
+def open_input(path: str) -> Any:
+    """A pyarrow input stream of a local file or a URI (``s3://...``), decompressed by its extension."""
+    if not storage.is_remote(path):
+        return pa.input_stream(path, compression="detect")
+    fs, p = storage.filesystem(path)
+    codec = next((c for ext, c in _CODECS.items() if p.endswith(ext)), None)
+    raw = fs.open_input_stream(p)  # its own compression= is not applied on S3 (pyarrow 25): wrap it here
+    return pa.CompressedInputStream(raw, codec) if codec else raw
+
+
 def base_name(path: str) -> str:
     """File name without directories and compression suffix: ``/d/day_23.gz`` -> ``day_23``."""
-    name = os.path.basename(path)
-    for ext in (".gz", ".bz2", ".zst", ".lz4"):
+    name = storage.basename(path)
+    for ext in _CODECS:
         if name.endswith(ext):
             return name[: -len(ext)]
     return name
@@ -132,28 +145,30 @@ class LineReader:
         import pyarrow.csv as pcsv
 
         try:
-            reader = pcsv.open_csv(
-                self.path,
-                read_options=pcsv.ReadOptions(column_names=["line"], block_size=self.block_size, use_threads=False),
-                parse_options=pcsv.ParseOptions(delimiter=_LINE_DELIMITER, quote_char=False,
-                                                ignore_empty_lines=False, invalid_row_handler=self._on_invalid),
-                convert_options=pcsv.ConvertOptions(column_types={"line": pa.string()}, strings_can_be_null=False,
-                                                    quoted_strings_can_be_null=False),
-            )
-            good = 0
-            for batch in reader:
-                lines = batch.column(0)
-                n = len(lines)
-                ordinals = np.arange(good + 1, good + n + 1, dtype=np.int64)
-                good += n
-                # a good line's number = its ordinal among good lines + the skipped lines before it
-                skipped = np.sort(np.asarray([s[0] for s in self.skipped], dtype=np.int64))
-                shift = skipped - np.arange(len(skipped), dtype=np.int64)
-                numbers = ordinals + np.searchsorted(shift, ordinals, side="right")
-                nbytes = int(pc.sum(pc.binary_length(lines)).as_py() or 0) + n
-                yield lines, numbers, nbytes
+            with open_input(self.path) as source:
+                reader = pcsv.open_csv(
+                    source,
+                    read_options=pcsv.ReadOptions(column_names=["line"], block_size=self.block_size,
+                                                  use_threads=False),
+                    parse_options=pcsv.ParseOptions(delimiter=_LINE_DELIMITER, quote_char=False,
+                                                    ignore_empty_lines=False, invalid_row_handler=self._on_invalid),
+                    convert_options=pcsv.ConvertOptions(column_types={"line": pa.string()},
+                                                        strings_can_be_null=False, quoted_strings_can_be_null=False),
+                )
+                good = 0
+                for batch in reader:
+                    lines = batch.column(0)
+                    n = len(lines)
+                    ordinals = np.arange(good + 1, good + n + 1, dtype=np.int64)
+                    good += n
+                    # a good line's number = its ordinal among good lines + the skipped lines before it
+                    skipped = np.sort(np.asarray([s[0] for s in self.skipped], dtype=np.int64))
+                    shift = skipped - np.arange(len(skipped), dtype=np.int64)
+                    numbers = ordinals + np.searchsorted(shift, ordinals, side="right")
+                    nbytes = int(pc.sum(pc.binary_length(lines)).as_py() or 0) + n
+                    yield lines, numbers, nbytes
         except (pa.ArrowInvalid, OSError) as e:
-            raise DataError(f"Input {self.path!r} cannot be read as text ({type(e).__name__}: "
+            raise DataError(f"Input {redact_uri(self.path)!r} cannot be read as text ({type(e).__name__}: "
                             f"{str(e).strip()[:200]}). Check that it is an uncompressed or .gz/.bz2 text file of the "
                             "right format.", category="unreadable_input") from None
 
@@ -161,10 +176,10 @@ class LineReader:
 def head_lines(path: str, max_bytes: int = 65536) -> List[str]:
     """The first complete lines of a (possibly compressed) text file, for checks before the real pass."""
     try:
-        with pa.input_stream(path, compression="detect") as f:
+        with open_input(path) as f:
             raw = f.read(max_bytes)
     except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"Input {path!r} cannot be read ({type(e).__name__}: {str(e).strip()[:200]}).",
+        raise DataError(f"Input {redact_uri(path)!r} cannot be read ({type(e).__name__}: {str(e).strip()[:200]}).",
                         category="unreadable_input") from None
     text = raw.decode("utf-8", errors="replace")
     lines = text.split("\n")
@@ -335,8 +350,8 @@ class Progress:
         if now - self._last < self.every_s:
             return
         self._last = now
-        size = os.path.getsize(path)
-        where = f" ({100 * min(file_bytes / size, 1):.0f}% of it)" if size and base_name(path) == os.path.basename(
+        size = storage.size_and_mtime_ns(path)[0]
+        where = f" ({100 * min(file_bytes / size, 1):.0f}% of it)" if size and base_name(path) == storage.basename(
             path) else ""
         logger.info("convert %s: %s: %s lines, %s lines/s, at %s%s", self.fmt, stage, f"{self.lines:,}",
                     f"{self.lines / max(now - self.t0, 1e-9):,.0f}", os.path.basename(path), where)

@@ -28,8 +28,10 @@ from typing import Any, Dict, List, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rayemb import storage
 from rayemb.data.schema import DatasetSchema, load_checked
 from rayemb.errors import ConfigError
+from rayemb.logs import redact_uri
 
 SUMMARY_FILE = "convert_summary.json"
 
@@ -42,20 +44,29 @@ def arrow_schema(schema: DatasetSchema) -> pa.Schema:
 
 
 class StagedOutput:
-    """A dataset folder that appears complete or not at all."""
+    """A dataset folder that appears complete or not at all.
+
+    Built in a staging folder next to ``out`` and renamed into place; for a URI (``s3://...``) built in a
+    local temp folder and uploaded when complete (an old dataset there is deleted first with ``overwrite``).
+    """
 
     def __init__(self, out: str, overwrite: bool = False) -> None:
-        self.out = os.path.abspath(out)
+        self.remote = storage.is_remote(out)
+        self.out = storage.abspath(out)
         self.overwrite = overwrite
         self.path: Optional[str] = None
-        if os.path.exists(self.out) and not os.path.isdir(self.out):
-            raise ConfigError(f"--out {out!r} is a file; give a directory path for the dataset.",
+        shown = redact_uri(out)
+        if storage.isfile(self.out):
+            raise ConfigError(f"--out {shown!r} is a file; give a directory path for the dataset.",
                               category="out_exists")
-        if os.path.isdir(self.out) and os.listdir(self.out) and not overwrite:
-            raise ConfigError(f"--out {out!r} already exists and is not empty; pass --overwrite to replace it, or "
+        if storage.listdir(self.out) and not overwrite:
+            raise ConfigError(f"--out {shown!r} already exists and is not empty; pass --overwrite to replace it, or "
                               "choose another directory.", category="out_exists")
 
     def __enter__(self) -> "StagedOutput":
+        if self.remote:
+            self.path = tempfile.mkdtemp(prefix="rayemb-convert-")
+            return self
         parent = os.path.dirname(self.out)
         os.makedirs(parent, exist_ok=True)
         self.path = tempfile.mkdtemp(prefix=os.path.basename(self.out) + ".partial-", dir=parent)
@@ -71,6 +82,14 @@ class StagedOutput:
 
     def commit(self) -> None:
         """Renames the staging folder to ``out`` (replacing an old one only now, when overwrite was asked)."""
+        if self.remote:
+            if storage.listdir(self.out):  # --overwrite: the old dataset's files must not mix with the new
+                fs, p = storage.filesystem(self.out)
+                fs.delete_dir(p)
+            storage.upload_dir(self.path, self.out)
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = None
+            return
         old = None
         if os.path.isdir(self.out):
             if os.listdir(self.out):

@@ -13,8 +13,9 @@ Two ways to name what to export, both checked before anything is written:
 :func:`export_model` merges the logical checkpoint into the plain model,
 writes ``model.pt`` + ``model.json`` under a temporary name, logs the pyfunc
 model (input example: the first validation rows, signature) and optionally
-registers a version, then renames the directory into place. An error at any
-point leaves no ``--out``.
+registers a version, then renames the directory into place (or uploads it, when
+``--out`` is a URI such as ``s3://bucket/models/criteo``). An error at any
+point leaves no ``--out``. Checkpoints and datasets may be URIs too.
 
 Example::
 
@@ -33,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from rayemb import storage
 from rayemb.config import JobConfig, load_config, resolve_path
 from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, parquet_files
@@ -173,7 +175,9 @@ def input_example(data_dir: str, schema: DatasetSchema, rows: int = INPUT_EXAMPL
         except DataError:
             continue
         if files:
-            batch = next(pq.ParquetFile(files[0]).iter_batches(batch_size=rows, columns=feature_columns(schema)))
+            path, fs = storage.parquet_source(files[0])
+            batch = next(pq.ParquetFile(path, filesystem=fs).iter_batches(batch_size=rows,
+                                                                          columns=feature_columns(schema)))
             return batch.to_pandas()
     raise DataError(f"Dataset {data_dir!r} has no parquet files in {VALID_SPLIT}/ or {TRAIN_SPLIT}/ for the model's "
                     "input example. Restore the training dataset at the config's data.path.",
@@ -181,12 +185,31 @@ def input_example(data_dir: str, schema: DatasetSchema, rows: int = INPUT_EXAMPL
 
 
 def check_out(out: str) -> str:
-    """Absolute ``out``; :class:`DataError` when it exists and is not an empty directory (never overwritten)."""
-    out = os.path.abspath(out)
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        raise DataError(f"--out {out!r} exists and is not empty. Choose a new directory (export never overwrites).",
-                        category="output_exists")
+    """Absolute ``out`` (a URI as it is); :class:`DataError` when it exists and is not an empty directory."""
+    storage.check_supported(out, "--out")
+    out = storage.abspath(out)
+    if storage.isfile(out) or storage.listdir(out):
+        raise DataError(f"--out {redact_uri(out)!r} exists and is not empty. Choose a new directory (rayemb never "
+                        "overwrites a model or predictions).", category="output_exists")
     return out
+
+
+def staging_dir(out: str) -> str:
+    """A fresh local directory to build ``out`` in: next to it (renamed by :func:`publish`), else a temp dir."""
+    if storage.is_remote(out):
+        return tempfile.mkdtemp(prefix="rayemb-out-")
+    tmp = f"{out.rstrip(os.sep)}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    return tmp
+
+
+def publish(tmp: str, out: str) -> None:
+    """Puts the finished ``tmp`` at ``out``: one rename locally, an upload (then ``tmp`` removed) for a URI."""
+    if storage.is_remote(out):
+        storage.upload_dir(tmp, out)
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
 
 
 def _new_run(source: ExportSource) -> str:
@@ -233,8 +256,7 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
                    "data_path": source.data_dir, "plan_fingerprint": meta.get("plan_fingerprint"),
                    "world_size": meta.get("world_size")},
     }
-    tmp = f"{out.rstrip(os.sep)}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = staging_dir(out)
     created_run = None
     try:
         state = inference_state(unsharded_state(source.checkpoint), source.schema, mcfg,
@@ -257,14 +279,14 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
             version = register_version(logged.model_uri, register, source.tracking_uri, vtags, desc)
         if created_run:
             client.set_terminated(created_run, "FINISHED")
-        os.replace(tmp, out)
+        size = sum(os.path.getsize(os.path.join(tmp, n)) for n in os.listdir(tmp))
+        publish(tmp, out)
     except BaseException:
         if created_run:  # the run made for this export says it failed; nothing is left under --out
             MlflowClient(source.tracking_uri).set_terminated(created_run, "FAILED")
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    size = sum(os.path.getsize(os.path.join(out, n)) for n in os.listdir(out))
     return {"out": out, "run_id": run_id, "model_uri": logged.model_uri, "runs_uri": f"runs:/{run_id}/model",
             "registered": register, "version": getattr(version, "version", None), "step": info["step"],
             "epoch": info["epoch"], "checkpoint": source.checkpoint, "metrics": dict(source.metrics),
@@ -272,5 +294,5 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
             "seconds": time.monotonic() - t0}
 
 
-__all__ = ["CHECKPOINT_TAGS", "ExportSource", "check_out", "export_model", "input_example", "source_from_checkpoint",
-           "source_from_run"]
+__all__ = ["CHECKPOINT_TAGS", "ExportSource", "check_out", "export_model", "input_example", "publish",
+           "source_from_checkpoint", "source_from_run", "staging_dir"]

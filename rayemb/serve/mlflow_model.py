@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import mlflow
 import pandas
 
+from rayemb import storage
 from rayemb.errors import DataError, TrackingError
 from rayemb.serve.model import PREDICTION_COLUMN
 
@@ -171,6 +172,15 @@ def local_model_dir(model: str, tracking_uri: Optional[str], scratch: Optional[s
                                 "(`mlflow models` UI / `rayemb export --register`) and --tracking-uri.",
                                 category="not_found") from None
         return _artifact_dir(local, f"--model {model!r}"), model
+    if storage.is_remote(model):  # an export directory in a bucket: its few files, downloaded into scratch
+        from rayemb.logs import redact_uri
+
+        if not storage.listdir(model):
+            raise DataError(f"--model {redact_uri(model)!r} does not exist or is empty. Pass the --out of `rayemb "
+                            "export`, or an MLflow URI.", category="not_found")
+        local = storage.download_dir(model, os.path.join(scratch or tempfile.mkdtemp(prefix="rayemb-model-"),
+                                                         "model"))
+        return local_model_dir(local, tracking_uri)[0], model
     if os.path.isfile(os.path.join(model, "MLmodel")):
         return _artifact_dir(model, f"--model {model!r}"), os.path.abspath(model)
     return model, os.path.abspath(model)

@@ -2,7 +2,8 @@
 
 ``read_parquet`` → ``map_batches`` with a callable class (one model per actor,
 loaded once from the object store; CPU, or one GPU each with ``use_gpu``) →
-``write_parquet``. The output holds ``prediction`` (the probability), the
+``write_parquet``. ``data`` and ``out`` may be URIs (``s3://...``: read
+through pyarrow.fs, the output uploaded when complete). The output holds ``prediction`` (the probability), the
 label when the input has one, and any kept columns, in the input's row order.
 Inputs are checked from the parquet footers before Ray starts any work, and
 the output appears under its final name only when every file is written.
@@ -26,6 +27,7 @@ from typing import Any, Dict, Iterator, List, Sequence
 
 import pyarrow as pa
 
+from rayemb import storage
 from rayemb.constants import SCHEMA_FILE
 from rayemb.data.schema import DatasetSchema
 from rayemb.errors import DataError, find_user_error
@@ -37,7 +39,9 @@ DEFAULT_BATCH_SIZE = 4096
 
 
 def input_files(data: str) -> List[str]:
-    """The parquet files of ``data`` (a file, or a directory searched recursively), sorted."""
+    """The parquet files of ``data`` (a file, or a directory searched recursively; a URI's directly), sorted."""
+    if storage.is_remote(data):
+        return _remote_input_files(data)
     if os.path.isfile(data):
         return [os.path.abspath(data)]
     if not os.path.isdir(data):
@@ -54,6 +58,25 @@ def input_files(data: str) -> List[str]:
     return files
 
 
+def _remote_input_files(data: str) -> List[str]:
+    from rayemb.logs import redact_uri
+
+    if storage.isfile(data):
+        return [data]
+    names = storage.listdir(data)
+    if not names:
+        raise DataError(f"--data {redact_uri(data)!r} does not exist or is empty. Pass a parquet file or a directory "
+                        "of parquet files (e.g. a dataset's valid/ split).", category="missing_data")
+    if SCHEMA_FILE in names:
+        raise DataError(f"--data {redact_uri(data)!r} is a dataset root (it has {SCHEMA_FILE}). Pass one split's "
+                        f"directory, e.g. {redact_uri(storage.join(data, 'valid'))}.", category="invalid_input")
+    files = [storage.join(data, n) for n in names if n.endswith(".parquet")]
+    if not files:
+        raise DataError(f"--data {redact_uri(data)!r} holds no *.parquet files. Pass the directory that holds them.",
+                        category="missing_data")
+    return files
+
+
 def output_columns(files: Sequence[str], schema: DatasetSchema, keep: Sequence[str]) -> List[str]:
     """Columns to read: the features, the label when every file has it, and ``keep``; checked in every footer."""
     import pyarrow.parquet as pq
@@ -64,7 +87,8 @@ def output_columns(files: Sequence[str], schema: DatasetSchema, keep: Sequence[s
     has_label = True
     for f in files:
         try:
-            names = set(pq.read_schema(f).names)
+            path, fs = storage.parquet_source(f)
+            names = set(pq.read_schema(path, filesystem=fs).names)
         except (OSError, pa.ArrowInvalid) as e:
             raise DataError(f"{f!r} is not a readable parquet file ({e}). Remove it from --data or rewrite it.",
                             category="invalid_input") from None
@@ -151,7 +175,8 @@ def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: 
     import ray
 
     from rayemb._ray import init_ray
-    from rayemb.serve.export import check_out
+    from rayemb.logs import redact_uri
+    from rayemb.serve.export import check_out, publish, staging_dir
 
     t0 = time.monotonic()
     if num_workers < 1 or batch_size < 1:
@@ -163,17 +188,18 @@ def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: 
     files = input_files(data)
     columns = output_columns(files, schema, list(keep_columns))
     passthrough = passthrough_columns(schema, list(keep_columns), schema.label in columns)
-    rows_in = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    rows_in = sum(pq.ParquetFile(p, filesystem=fs).metadata.num_rows
+                  for p, fs in map(storage.parquet_source, files))
     started = not ray.is_initialized()
     init_ray()
-    tmp = f"{out.rstrip(os.sep)}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    print(f"rayemb predict: {rows_in:,} rows in {len(files)} file(s) with {model_source or model_dir}; "
+    tmp = staging_dir(out)
+    print(f"rayemb predict: {rows_in:,} rows in {len(files)} file(s) with {redact_uri(model_source or model_dir)}; "
           f"{num_workers} {'GPU' if use_gpu else 'CPU'} worker(s), batches of {batch_size}", flush=True)
     try:
         ref = ray.put(bundle)
         with _data_context():  # a Dataset keeps the context it was made in
-            ds = ray.data.read_parquet(files, columns=columns)
+            paths, fs = storage.for_ray_data(files)
+            ds = ray.data.read_parquet(paths, columns=columns, filesystem=fs)
             ds = ds.map_batches(_Scorer, fn_constructor_kwargs={"bundle": [ref], "use_gpu": use_gpu,
                                                                 "passthrough": passthrough,
                                                                 "threads": int(cpus_per_worker)},
@@ -186,7 +212,7 @@ def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: 
         if rows_out != rows_in:
             raise DataError(f"Wrote {rows_out} predictions for {rows_in} input rows; the input changed while it was "
                             "scored. Run again on data that is not being written.", category="invalid_input")
-        os.replace(tmp, out)
+        publish(tmp, out)
     except Exception as e:
         user = find_user_error(e)  # a scoring actor's error arrives wrapped by Ray
         if user is not None and user is not e:
@@ -196,7 +222,7 @@ def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: 
         shutil.rmtree(tmp, ignore_errors=True)
         if started:
             ray.shutdown()
-    files_out = sorted(os.path.join(out, os.path.basename(f)) for f in written)
+    files_out = sorted(storage.join(out, os.path.basename(f)) for f in written)
     seconds = time.monotonic() - t0
     return {"out": out, "rows": rows_out, "files": len(files_out), "paths": files_out, "columns": [PREDICTION_COLUMN]
             + passthrough, "seconds": seconds, "rows_per_s": rows_out / max(seconds, 1e-9)}

@@ -3,7 +3,7 @@
 The data is uploaded to the bucket, the job reads it there (schema, footers, the statistics
 pass, Ray Data), writes plan.json/stats.json and its checkpoints there (Ray Train uploads them),
 keeps MLflow in a local sqlite file, and a second job resumes from the first one's checkpoint by
-its s3:// URI. The fake secret key reaches the driver and the workers only through the
+its s3:// URI. Its model is exported to the bucket and scores the bucket's validation split into it. The fake secret key reaches the driver and the workers only through the
 environment, and appears in no output, Ray log or MLflow record.
 """
 
@@ -14,14 +14,18 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from _servers import FAKE_SECRET_ACCESS_KEY, MotoS3Server
 from mlflow.tracking import MlflowClient
+from sklearn.metrics import roc_auc_score
 
 from rayemb import storage
 from rayemb.cli import main as rayemb_main
 from rayemb.config import load_config
+from rayemb.serve.model import InferenceModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -136,6 +140,22 @@ def test_job_reads_writes_and_resumes_on_s3(s3_ray, tiny_data, tmp_path, capfd, 
     assert second.status == "FINISHED" and second.metrics["resumed_at_step"] == 40, second.metrics
     assert second.last_checkpoint.startswith(prefix) and second.last_checkpoint != last
     assert json.loads(storage.read_text(second.last_checkpoint + "/meta.json"))["step"] == 80
+
+    # the model goes to the bucket and scores data there: export by run id, predict from and to s3://
+    model_uri, preds = f"s3://{BUCKET}/models/synth", f"s3://{BUCKET}/preds"
+    assert rayemb_main(["export", "--run-id", second.run_id, "--tracking-uri", second.tracking_uri,
+                        "--checkpoint-kind", "last", "--out", model_uri]) == 0
+    assert {"model.json", "model.pt"} <= set(storage.listdir(model_uri))
+    assert rayemb_main(["predict", "--model", model_uri, "--data", f"s3://{BUCKET}/data/valid", "--out", preds]) == 0
+    with storage.local_copy(preds) as local:
+        scored = pq.read_table(local)
+    valid = pq.read_table(os.path.join(tiny_data, "valid"))
+    assert scored.num_rows == valid.num_rows and scored.column("label").equals(valid.column("label"))
+    with storage.local_copy(model_uri) as local:  # the same rows scored by the model read back from the bucket
+        expected = InferenceModel.load(local).predict(valid)
+    np.testing.assert_allclose(scored.column("prediction").to_numpy(), expected, rtol=0, atol=1e-6)
+    assert roc_auc_score(valid.column("label").to_numpy(), expected) > 0.6
+    assert not [k for k in server.keys(BUCKET) if "partial" in k]
 
     # the secret is nowhere: job output, the Ray session's logs, MLflow's records and artifacts
     take()

@@ -222,7 +222,7 @@ def test_criteo_valid_days_pick_day_files_and_read_gzip(tmp_path, capsys):
     (["criteo", "--input", "SRC"], "--hash-buckets N"),  # no way to make ids chosen
     (["movielens", "--input", "SRC", "--hash-buckets", "5"], "drop --hash-buckets"),
     (["criteo", "--input", "SRC", "--hash-buckets", "5", "--valid-fraction", "1.5"], "must lie in (0, 1)"),
-    (["criteo", "--input", "s3://bucket/day_0", "--hash-buckets", "5"], "reads and writes local paths"),
+    (["criteo", "--input", "ftp://host/day_0", "--hash-buckets", "5"], "which rayemb cannot open"),
 ])
 def test_user_errors_before_any_work(tmp_path, capsys, argv, message):
     src = write_tsv(tmp_path / "train.txt", criteo_rows()[:5])
