@@ -14,8 +14,9 @@ compared in every step (the second step runs after an optimizer step) and
 every row each rank holds, the projection and the head after the last step,
 to 1e-5, for SGD and row-wise Adagrad (fused FBGEMM in backward for sharded
 tables, TorchRec ``RowWiseAdagrad`` on DDP-averaged gradients for
-data-parallel ones, a few lines of torch for the reference), and once with
-per-id weights. Single-process tests check the unsharded module against the
+data-parallel ones, a few lines of torch for the reference), and with
+per-id weights under every placement (SGD). Data-parallel QR-mult tables are
+plain replicated rows (``ReplicatedRows``), the others TorchRec tables. Single-process tests check the unsharded module against the
 reference (forward and gradients: pooling before the block projection equals
 projecting each row then pooling) and that the data tells a wrong QR-mult
 pooling apart.
