@@ -53,7 +53,7 @@ def _features():
 
 
 def _cw_ranks(world_size: int) -> Dict[str, List[int]]:
-    """Column-shard ranks per table: several shards per rank, interleaved, reversed."""
+    """Column-shard ranks per table: several shards of a table per rank, interleaved and out of rank order."""
     if world_size == 2:
         return {"clicks": [0, 1, 0, 1], "cats": [1, 1, 0, 0], "queries": [1, 0, 0, 1]}
     return {"clicks": [2, 0, 1, 0], "cats": [1, 1, 2, 2], "queries": [0, 2, 2, 1]}
