@@ -20,8 +20,7 @@ no GPU, no Ray):
      knapsack proposer (:mod:`rayemb.planner.torchrec_plan`, imported only
      for this engine); the ``ShardingPlan`` is kept on ``PlanResult.sharding_plan``.
 
-   ``"auto"`` picks ``torchrec`` while ``world_size x tables <= 2048`` and no table is compressed or
-   cached (the job's TorchRec module does not build those yet; what-if plans place them with ``fast``).
+   ``"auto"`` picks ``torchrec`` while ``world_size x tables <= 2048``.
 
 Inputs come from :mod:`rayemb.planner.tables`, outputs (plan.json, text,
 PNG) from :mod:`rayemb.planner.report`; ``rayemb plan`` is :mod:`rayemb.cli.plan`.
@@ -41,8 +40,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 from rayemb.errors import PlanError
 from rayemb.planner.assigners import GreedyRankAssigner
-from rayemb.planner.compression import StoredCost, host_capacity_bytes
-from rayemb.planner.cost import BytesCostModel, storage_cost, table_bytes, table_memory
+from rayemb.planner.cost import BytesCostModel, table_bytes, table_memory
 from rayemb.planner.types import (
     INSUFFICIENT_STORAGE,
     INVALID_PIN,
@@ -83,10 +81,8 @@ def plan(
     """Plans ``tables`` on ``topology`` for ``global_batch`` samples per step.
 
     ``pins``: ``{table: {"sharding": "row_wise", "hybrid": False, "compute_kernel": "fused"}}``
-    (or :class:`TablePin` values; storage keys ``compression``, ``buckets``, ``combine``,
-    ``block_dim``, ``kernel``, ``cache_load_factor``: :mod:`rayemb.planner.compression`). A table
-    that fits no plain placement is cached or compressed (``TablePlan.storage`` says which and why).
-    ``proposer``: a TorchRec ``Proposer`` (or a list) for the ``torchrec`` engine (default
+    (or :class:`TablePin` values). ``proposer``: a TorchRec ``Proposer`` (or a
+    list) for the ``torchrec`` engine (default
     :class:`~rayemb.planner.proposers.MemoryBinnedKnapsackProposer`).
     Raises :class:`PlanError` (``insufficient_storage``, ``invalid_pin``).
     """
@@ -101,17 +97,8 @@ def plan(
         )
     pin_map = parse_pins(pins, [t.name for t in tables])
     choices = (chooser or BytesCostModel()).choose(tables, topology, global_batch, pin_map)
-    stored = {n: c for n, c in choices.items() if isinstance(c, StoredCost) and not c.option.is_plain}
     if engine == "auto":
-        small = topology.world_size * len(tables) <= TORCHREC_ENGINE_MAX_CELLS
-        engine = "torchrec" if small and not stored else "fast"
-    if engine == "torchrec" and stored:
-        name, c = next(iter(stored.items()))
-        raise PlanError(
-            f"Table {name!r} is planned {c.option.label} ({c.reason}), but the torchrec engine (the training job) "
-            "builds plain tables only so far. Plan it what-if with `rayemb plan --engine fast`, or make it fit "
-            "plainly: more ranks (scaling.num_workers) or a smaller model.embedding_dim.",
-            INSUFFICIENT_STORAGE if not c.reason.startswith("pinned") else INVALID_PIN)
+        engine = "torchrec" if topology.world_size * len(tables) <= TORCHREC_ENGINE_MAX_CELLS else "fast"
     w, l = topology.world_size, topology.devices_per_node
     sharding_plan = None
     if engine == "torchrec":
@@ -124,36 +111,19 @@ def plan(
         for t in tables:
             p = choices[t.name].placement
             kernel = "dense" if p == Placement.DATA_PARALLEL else ((pin_map.get(t.name) or TablePin()).compute_kernel or "fused")
-            if t.name in stored and stored[t.name].option.kernel == "cached" and topology.compute_device == "cuda":
-                kernel = "fused_uvm_caching"
             placed[t.name] = (Placement.ROW_WISE.value if p == Placement.HYBRID else p.value, ranks[t.name], kernel)
 
     out: Dict[str, TablePlan] = {}
-    host_load = [0.0] * w
     for t in tables:
         chosen = choices[t.name].placement
         sharding_type, ranks_t, kernel = placed[t.name]
         placement = chosen if chosen in (Placement.HYBRID, Placement.DATA_PARALLEL) else Placement(sharding_type)
-        nbytes, storage = table_bytes(t, placement, w, l, global_batch), None
-        memory = table_memory(t, placement, w, l).memory_bytes
-        if t.name in stored:  # compressed / cached: its own memory and bytes, the projection on every rank
-            sc = storage_cost(t, stored[t.name].option, placement, topology, global_batch, stored[t.name].reason)
-            nbytes, memory, storage = sc.bytes_per_step, sc.memory_bytes + w * sc.extra_bytes_per_rank, sc.to_json(w)
-            for r in range(w):
-                load[r] += sc.extra_bytes_per_rank
-            for r in ranks_t:
-                host_load[r] += sc.host_memory_bytes / max(1, len(ranks_t))
         out[t.name] = TablePlan(
             name=t.name, placement=placement, sharding_type=sharding_type, ranks=tuple(ranks_t),
-            hot_rows=t.hot_rows if placement == Placement.HYBRID else 0, predicted_bytes_per_step=nbytes,
-            memory_bytes=memory, compute_kernel=str(kernel), storage=storage,
+            hot_rows=t.hot_rows if placement == Placement.HYBRID else 0,
+            predicted_bytes_per_step=table_bytes(t, placement, w, l, global_batch),
+            memory_bytes=table_memory(t, placement, w, l).memory_bytes, compute_kernel=str(kernel),
         )
-    host_cap = host_capacity_bytes(topology)
-    if stored and max(host_load) > host_cap:
-        r = max(range(w), key=lambda i: host_load[i])
-        raise PlanError(
-            f"The cached tables do not fit host memory: rank {r} needs {host_load[r] / GiB:.2f} GiB of "
-            f"{host_cap / GiB:.2f} GiB. Possible solutions: {STORAGE_REMEDIES}.", INSUFFICIENT_STORAGE)
     usage = tuple(RankUsage(r, int(load[r]), topology.capacity_bytes) for r in range(w))
     result = PlanResult(world_size=w, global_batch=global_batch, tables=out, ranks=usage, topology=topology,
                         engine=engine, sharding_plan=sharding_plan)
