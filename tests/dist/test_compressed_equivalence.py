@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from _sparse import HeadModel, kjt_slice
 
 from rayemb.embedding.compression_math import CompressionSpec
 from rayemb.multiprocess import run_multiprocess
@@ -86,33 +87,6 @@ def _global_batches(world_size: int, weighted: bool, seed: int = 5):
     return out
 
 
-def _kjt(feats, lo: int, hi: int):
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    keys, vals, lens, ws = [], [], [], []
-    for k, (lengths, values, w) in feats.items():
-        offs = np.concatenate([[0], np.cumsum(lengths)])
-        keys.append(k)
-        lens.append(lengths[lo:hi])
-        vals.append(values[offs[lo]:offs[hi]])
-        if w is not None:
-            ws.append(w[offs[lo]:offs[hi]])
-    return KeyedJaggedTensor.from_lengths_sync(
-        keys=keys, values=torch.from_numpy(np.concatenate(vals)), lengths=torch.from_numpy(np.concatenate(lens)),
-        weights=torch.from_numpy(np.concatenate(ws)) if ws else None,
-    )
-
-
-class _Model(torch.nn.Module):
-    def __init__(self, sparse: torch.nn.Module, in_dim: int) -> None:
-        super().__init__()
-        self.sparse = sparse
-        self.head = torch.nn.Linear(in_dim, 1)
-
-    def forward(self, kjt) -> torch.Tensor:
-        return self.head(self.sparse(kjt).values()).squeeze(1)
-
-
 def _rowwise_adagrad_(params, state: Dict[int, torch.Tensor], blocks: Dict[int, list]) -> None:
     """FBGEMM EXACT_ROWWISE_ADAGRAD: ``G_r += mean_j g_rj²; w_r -= lr · g_r / (sqrt(G_r) + eps)``;
     a column-sharded table keeps one state per row and column shard (``blocks[id(p)]`` = [(c0, width)])."""
@@ -149,9 +123,9 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, weigh
              for c in configs}
     sparse, constraints = compressed_from_placements(configs, _specs(), types,
                                                      is_weighted=weighted, min_partition=2)
-    src = _Model(sparse, in_dim)
+    src = HeadModel(sparse, in_dim)
     init = {k: v.detach().clone() for k, v in src.state_dict().items()}
-    reference = _Model(CompressedReference(configs, _specs(), is_weighted=weighted), in_dim)
+    reference = HeadModel(CompressedReference(configs, _specs(), is_weighted=weighted), in_dim)
     reference.sparse.load_from({k[len("sparse."):]: v for k, v in init.items() if k.startswith("sparse.")})
     reference.head.load_state_dict(src.head.state_dict())
     ref_init = {k: v.detach().clone() for k, v in reference.state_dict().items()}
@@ -204,13 +178,13 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, weigh
     bce = torch.nn.BCEWithLogitsLoss()
     lo, hi = rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH
     for feats, labels in _global_batches(world_size, weighted):
-        logits = model(_kjt(feats, lo, hi))
+        logits = model(kjt_slice(feats, lo, hi))
         bce(logits, torch.from_numpy(labels[lo:hi])).backward()
         for o in opts:
             o.step()
             o.zero_grad()
 
-        ref_logits = reference(_kjt(feats, 0, LOCAL_BATCH * world_size))
+        ref_logits = reference(kjt_slice(feats, 0, LOCAL_BATCH * world_size))
         torch.testing.assert_close(logits.detach(), ref_logits[lo:hi].detach(), atol=ATOL, rtol=0)
         reference.zero_grad()
         bce(ref_logits, torch.from_numpy(labels)).backward()
@@ -292,7 +266,7 @@ def test_unsharded_module_matches_per_id_reference(weighted: bool, data_parallel
     module, reference = _module_and_reference(weighted, data_parallel)
     assert (module.replicated is not None) == bool(data_parallel)
     feats, _ = _global_batches(world_size=2, weighted=weighted)[0]
-    kjt = _kjt(feats, 0, 2 * LOCAL_BATCH)
+    kjt = kjt_slice(feats, 0, 2 * LOCAL_BATCH)
     out, ref = module(kjt), reference(kjt)
     assert out.keys() == ref.keys() == [f"f_{n}" for n, *_ in _TABLES]
     assert out.values().shape == (2 * LOCAL_BATCH, sum(d for _, _, d, _, _ in _TABLES))
@@ -330,8 +304,8 @@ def test_data_tells_pool_then_multiply_apart() -> None:
     ebc.embedding_bags["r"].weight.data.copy_(reference.tables["qmult__r"].weight.data)
     pooled = ebc(kjt).to_dict()
     wrong = pooled["q"] * pooled["r"]
-    right = reference(_kjt(feats, 0, 2 * LOCAL_BATCH))["f_qmult"]
-    torch.testing.assert_close(module(_kjt(feats, 0, 2 * LOCAL_BATCH))["f_qmult"], right, atol=ATOL, rtol=0)
+    right = reference(kjt_slice(feats, 0, 2 * LOCAL_BATCH))["f_qmult"]
+    torch.testing.assert_close(module(kjt_slice(feats, 0, 2 * LOCAL_BATCH))["f_qmult"], right, atol=ATOL, rtol=0)
     single = torch.from_numpy(lengths <= 1)
     torch.testing.assert_close(wrong[single], right[single], atol=ATOL, rtol=0)  # equal on 0/1-id bags only
     assert (wrong[~single] - right[~single]).abs().max() > 100 * ATOL
@@ -373,6 +347,6 @@ def test_user_errors() -> None:
     assert sorted(constraints) == sorted(n for c in _configs() for n in module.physical_table_names(c.name)
                                          if not n.startswith("qmult"))
     feats, _ = _global_batches(world_size=2, weighted=False)[0]
-    kjt = _kjt(dict(reversed(list(feats.items()))), 0, 2)
+    kjt = kjt_slice(dict(reversed(list(feats.items()))), 0, 2)
     with pytest.raises(DataError):
         module(kjt)

@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from _sparse import kjt_slice
 
 from rayemb.multiprocess import run_multiprocess
 from rayemb.planner.types import HYBRID_COLD_PLACEMENTS
@@ -96,23 +97,6 @@ def _global_batches(spec, world_size: int, weighted: bool, seed: int = 11):
         labels = rng.integers(0, 2, size=b).astype(np.float32)
         out.append((feats, labels))
     return out
-
-
-def _kjt(feats, lo: int, hi: int):
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    keys, vals, lens, ws = [], [], [], []
-    for k, (lengths, values, w) in feats.items():
-        offs = np.concatenate([[0], np.cumsum(lengths)])
-        keys.append(k)
-        lens.append(lengths[lo:hi])
-        vals.append(values[offs[lo]:offs[hi]])
-        if w is not None:
-            ws.append(w[offs[lo]:offs[hi]])
-    return KeyedJaggedTensor.from_lengths_sync(
-        keys=keys, values=torch.from_numpy(np.concatenate(vals)), lengths=torch.from_numpy(np.concatenate(lens)),
-        weights=torch.from_numpy(np.concatenate(ws)) if ws else None,
-    )
 
 
 def _bag_kinds(remapper, feats) -> set:
@@ -252,14 +236,14 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, spec,
     for feats, labels in _global_batches(spec, world_size, weighted):
         kinds |= _bag_kinds(remapper, feats)
         with CommCounter() as cc:
-            logits = model(remapper.remap(_kjt(feats, lo, hi)))
+            logits = model(remapper.remap(kjt_slice(feats, lo, hi)))
             bce(logits, torch.from_numpy(labels[lo:hi])).backward()
         bytes_seen += cc.total()
         for o in opts:
             o.step()
             o.zero_grad()
 
-        ref_logits = reference(_kjt(feats, 0, LOCAL_BATCH * world_size))
+        ref_logits = reference(kjt_slice(feats, 0, LOCAL_BATCH * world_size))
         torch.testing.assert_close(logits.detach(), ref_logits[lo:hi].detach(), atol=ATOL, rtol=0)
         reference.zero_grad()
         bce(ref_logits, torch.from_numpy(labels)).backward()

@@ -21,6 +21,7 @@ from typing import Dict, Tuple
 import numpy as np
 import pytest
 import torch
+from _sparse import HeadModel
 
 from rayemb.checkpoint.export import export_checkpoint, reshard_checkpoint, unsharded_state
 from rayemb.multiprocess import run_multiprocess
@@ -42,16 +43,6 @@ PLAN_B = {"a": ("column_wise", "column_wise", None), "b": ("hybrid", "row_wise",
           "g": ("row_wise", "row_wise", None)}
 
 
-class _Model(torch.nn.Module):
-    def __init__(self, sparse: torch.nn.Module, in_dim: int) -> None:
-        super().__init__()
-        self.sparse = sparse
-        self.head = torch.nn.Linear(in_dim, 1)
-
-    def forward(self, kjt) -> torch.Tensor:
-        return self.head(self.sparse(kjt).values()).squeeze(1)
-
-
 def _build(world_size: int, plan: Dict[str, tuple], seed: int):
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -70,7 +61,7 @@ def _build(world_size: int, plan: Dict[str, tuple], seed: int):
                for n, (v, d) in TABLES.items()]
     hot = {n: h for n, (p, _, h) in plan.items() if p == "hybrid"}
     sparse = HybridEmbeddingBagCollection(configs, hot, device=torch.device("meta"))
-    model = _Model(sparse, sum(d for _, d in TABLES.values()))
+    model = HeadModel(sparse, sum(d for _, d in TABLES.values()))
     apply_optimizer_in_backward(RowWiseAdagrad, sparse.parameters(), {"lr": LR})
     cons = sparse.parameter_constraints({n: t for n, (p, t, _) in plan.items() if p == "hybrid"},
                                         {n: [t] for n, (p, t, _) in plan.items() if p != "hybrid"}, min_partition=4)
