@@ -40,3 +40,22 @@ class HeadModel(torch.nn.Module):
 
     def forward(self, kjt) -> torch.Tensor:
         return self.head(self.sparse(kjt).values()).squeeze(1)
+
+
+def rowwise_adagrad_(p: torch.Tensor, state: dict, key, lr: float, eps: float, col_blocks=(), rows=None) -> None:
+    """Reference row-wise Adagrad step of one table (FBGEMM EXACT_ROWWISE_ADAGRAD), in place:
+    ``G_r += mean_j g_rj²;  w_r -= lr · g_r / (sqrt(G_r) + eps)``; ``state[key]`` holds ``G`` (broadcast to
+    ``p``'s shape). A column-wise sharded table keeps one ``G_r`` per column shard: ``col_blocks`` =
+    ``[(c0, width), ...]`` run the mean over each shard's columns, for the rows in mask ``rows`` (all rows
+    when None). No gradient: nothing to do."""
+    if p.grad is None:
+        return
+    with torch.no_grad():
+        g = p.grad
+        s = state.setdefault(key, torch.zeros_like(p))
+        inc = g.pow(2).mean(dim=1, keepdim=True).expand_as(g).clone()
+        sel = slice(None) if rows is None else rows
+        for c0, c in col_blocks:
+            inc[sel, c0:c0 + c] = g[sel, c0:c0 + c].pow(2).mean(dim=1, keepdim=True)
+        s += inc
+        p -= lr * g / (s.sqrt() + eps)

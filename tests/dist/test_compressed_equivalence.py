@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from _sparse import HeadModel, kjt_slice
+from _sparse import HeadModel, kjt_slice, rowwise_adagrad_
 
 from rayemb.embedding.compression_math import CompressionSpec
 from rayemb.multiprocess import run_multiprocess
@@ -85,22 +85,6 @@ def _global_batches(world_size: int, weighted: bool, seed: int = 5):
             feats[f"f_{n}"] = (lengths.astype(np.int64), rng.integers(0, v, size=nnz).astype(np.int64), w)
         out.append((feats, rng.integers(0, 2, size=b).astype(np.float32)))
     return out
-
-
-def _rowwise_adagrad_(params, state: Dict[int, torch.Tensor], blocks: Dict[int, list]) -> None:
-    """FBGEMM EXACT_ROWWISE_ADAGRAD: ``G_r += mean_j g_rj²; w_r -= lr · g_r / (sqrt(G_r) + eps)``;
-    a column-sharded table keeps one state per row and column shard (``blocks[id(p)]`` = [(c0, width)])."""
-    with torch.no_grad():
-        for p in params:
-            if p.grad is None:
-                continue
-            g = p.grad
-            s = state.setdefault(id(p), torch.zeros_like(p))
-            inc = g.pow(2).mean(dim=1, keepdim=True).expand_as(g).clone()
-            for c0, c in blocks.get(id(p), []):
-                inc[:, c0:c0 + c] = g[:, c0:c0 + c].pow(2).mean(dim=1, keepdim=True)
-            s += inc
-            p -= LR * g / (s.sqrt() + EPS)
 
 
 def _train_one(rank: int, world_size: int, placement: str, optimizer: str, weighted: bool) -> float:
@@ -192,7 +176,8 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, weigh
         if ref_table_opt is not None:
             ref_table_opt.step()
         else:
-            _rowwise_adagrad_(ref_tables, ada_state, ada_blocks)
+            for p in ref_tables:
+                rowwise_adagrad_(p, ada_state, id(p), LR, EPS, ada_blocks.get(id(p), ()))
 
     # every row each rank holds, the projection and the head equal the reference's
     ref_sd = reference.state_dict()

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from _sparse import kjt_slice
+from _sparse import kjt_slice, rowwise_adagrad_
 
 from rayemb.multiprocess import run_multiprocess
 from rayemb.planner.types import HYBRID_COLD_PLACEMENTS
@@ -116,30 +116,6 @@ def _bag_kinds(remapper, feats) -> set:
             if np.unique(bag).size < bag.size:
                 kinds.add("duplicate")
     return kinds
-
-
-def _rowwise_adagrad_(params, state: Dict[int, torch.Tensor], blocks: Dict[int, Tuple[torch.Tensor, list]]) -> None:
-    """Reference row-wise Adagrad (FBGEMM EXACT_ROWWISE_ADAGRAD):
-    ``G_r += mean_j g_rj²;  w_r -= lr · g_r / (sqrt(G_r) + eps)``.
-
-    Under column-wise sharding each column shard keeps its own row state (the
-    mean runs over the shard's columns only), so ``blocks[id(p)] = (rows,
-    [(c0, width), ...])`` gives, for the rows in mask ``rows``, the column
-    blocks that carry separate state; other rows use the full row.
-    """
-    with torch.no_grad():
-        for p in params:
-            if p.grad is None:
-                continue
-            g = p.grad
-            s = state.setdefault(id(p), torch.zeros_like(p))
-            inc = g.pow(2).mean(dim=1, keepdim=True).expand_as(g).clone()
-            if id(p) in blocks:
-                rows, cols = blocks[id(p)]
-                for c0, c in cols:
-                    inc[rows, c0:c0 + c] = g[rows, c0:c0 + c].pow(2).mean(dim=1, keepdim=True)
-            s += inc
-            p -= LR * g / (s.sqrt() + EPS)
 
 
 class _Head(torch.nn.Module):
@@ -251,7 +227,9 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, spec,
         if ref_sparse_opt is not None:
             ref_sparse_opt.step()
         else:
-            _rowwise_adagrad_(ref_sparse_params, ada_state, ada_blocks)
+            for p in ref_sparse_params:
+                rows, cols = ada_blocks.get(id(p), (None, ()))
+                rowwise_adagrad_(p, ada_state, id(p), LR, EPS, cols, rows)
 
     assert {"empty", "all_hot", "all_cold", "mixed", "duplicate"} <= kinds, kinds
     assert bytes_seen > 0

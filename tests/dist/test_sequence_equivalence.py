@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from _sparse import rowwise_adagrad_
 
 from rayemb.multiprocess import run_multiprocess
 
@@ -108,23 +109,6 @@ def _loss(out, feats, rows: slice, world_size: int) -> torch.Tensor:
     return total
 
 
-def _rowwise_adagrad_(weights: Dict[str, torch.nn.Parameter], state: Dict[str, torch.Tensor],
-                      col_blocks: Dict[str, List[Tuple[int, int]]]) -> None:
-    """FBGEMM EXACT_ROWWISE_ADAGRAD: ``G_r += mean_j g_rj²;  w_r -= lr · g_r / (sqrt(G_r) + eps)``;
-    a column-wise table keeps one ``G_r`` per column shard (the mean runs over the shard's columns)."""
-    with torch.no_grad():
-        for name, p in weights.items():
-            if p.grad is None:
-                continue
-            g = p.grad
-            s = state.setdefault(name, torch.zeros_like(p))
-            inc = torch.empty_like(g)
-            for c0, c in col_blocks.get(name, [(0, g.shape[1])]):
-                inc[:, c0:c0 + c] = g[:, c0:c0 + c].pow(2).mean(dim=1, keepdim=True)
-            s += inc
-            p -= LR * g / (s.sqrt() + EPS)
-
-
 def _compare_output(out, ref_out, lo: int, hi: int) -> None:
     assert set(out.keys()) == set(ref_out.keys()), (sorted(out.keys()), sorted(ref_out.keys()))
     for name in sorted(ref_out):
@@ -198,7 +182,8 @@ def _train_one(rank: int, world_size: int, case: str, optimizer: str) -> Dict[st
         if ref_opt is not None:
             ref_opt.step()
         else:
-            _rowwise_adagrad_(ref_weights, ada_state, col_blocks)
+            for name, p in ref_weights.items():
+                rowwise_adagrad_(p, ada_state, name, LR, EPS, col_blocks.get(name, ()))
     assert {"empty", "truncated", "duplicate"} <= kinds, kinds
 
     # every shard each rank holds equals the reference's rows and columns; the shards cover each table once
