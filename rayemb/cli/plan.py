@@ -20,7 +20,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--hbm-gib", type=float, help="GPU memory per device in GiB (default 80)")
     parser.add_argument("--ddr-gib", type=float, help="host memory per rank in GiB (default 128)")
     parser.add_argument("--cpu", action="store_true", help="described cluster without GPUs (tables in host memory)")
-    parser.add_argument("--pins", help="YAML/JSON file {TABLE: {sharding: row_wise, hybrid: false, compute_kernel: fused}}")
+    parser.add_argument("--pins", help="YAML/JSON file {TABLE: {sharding: row_wise, hybrid: false, compute_kernel: fused}}; "
+                        "compressed or cached: {compression: qr|block, kernel: cached, cache_load_factor: 0.1}")
     parser.add_argument("--engine", choices=ENGINES, default="auto", help="placement engine (default auto)")
     parser.add_argument("--out", required=True, help="plan.json to write (a PNG is written next to it)")
     return parser

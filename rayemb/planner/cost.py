@@ -24,17 +24,39 @@ table-row-wise on multi-node clusters when their per-rank piece stays under
 ``TWRW_MAX_CAPACITY_SHARE`` of a rank (the reduce-scatter stays inside a node:
 2·(L-1)·B·D·s instead of 2·(W-1)·B·D·s — TorchRec's choice for large tables
 at scale), else row-wise over all ranks.
+
+Compress or cache (:mod:`rayemb.planner.compression`): a table that fits no
+plain placement is tried cached (where a host tier exists), block-compressed,
+then QR-compressed; the first option with a placement that fits the device
+(and the host) wins, with its cheapest such placement (:func:`storage_cost`),
+and the :class:`~rayemb.planner.compression.StoredCost` says why. A pinned
+option is the only one tried.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Dict, List, Mapping, Optional, Sequence
+from dataclasses import replace
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rayemb.errors import PlanError
+from rayemb.planner.compression import (
+    StorageOption,
+    StoredCost,
+    allowed_placements,
+    auto_options,
+    cache_hit_rate,
+    cached_device_bytes,
+    has_host_tier,
+    host_capacity_bytes,
+    output_dim,
+    projection_elements,
+    sharded_spec,
+)
 from rayemb.planner.types import (
     INSUFFICIENT_STORAGE,
+    INVALID_PIN,
     STORAGE_REMEDIES,
     ClusterTopology,
     Cost,
@@ -111,8 +133,65 @@ def table_cost(
                 mem.memory_bytes, mem.max_shard_bytes)
 
 
+def _shards(rows: int, placement: Placement, w: int, l: int, dim: int) -> Tuple[int, int]:
+    """(rows of the largest shard, rows summed over shards) of a sharded table."""
+    if placement == Placement.ROW_WISE:
+        return math.ceil(rows / w), rows
+    if placement == Placement.TABLE_ROW_WISE:
+        return math.ceil(rows / max(1, min(l, w))), rows
+    if placement in (Placement.COLUMN_WISE, Placement.TABLE_COLUMN_WISE):
+        return rows, rows * column_shards(dim, w)
+    return rows, rows
+
+
+def storage_cost(
+    table: TableSpec, option: StorageOption, placement: Placement, topology: ClusterTopology, global_batch: int,
+    reason: str = "",
+) -> StoredCost:
+    """Memory (device and host) and bytes per step of ``table`` stored as ``option`` under ``placement``.
+
+    The rows placed are :func:`~rayemb.planner.compression.sharded_spec`'s (QR: ⌈V/m⌉+m rows; block:
+    E_b wide), priced by :func:`table_memory`; pooled bags cross the wire at
+    :func:`~rayemb.planner.compression.output_dim`; block adds its replicated E_b x E projection
+    (weights + dense Adagrad on every rank, gradient all-reduced: 2·(W-1)·E_b·E·s). A cached table
+    keeps every shard (weights + optimizer state) in host memory and ⌈λ·rows⌉ of its rows on the
+    device (:func:`~rayemb.planner.compression.cached_device_bytes`); each miss moves a row in and an
+    evicted row out: 2·(1-hit)·B·P·D·s host bytes per step. Without a host tier (CPU) the host
+    table is device memory too.
+    """
+    w, l = topology.world_size, topology.devices_per_node
+    opt = option.resolved(table)
+    spec = sharded_spec(table, opt)
+    mem = table_memory(spec, placement, w, l)
+    wire = spec if placement == Placement.DATA_PARALLEL else replace(spec, dim=output_dim(table, opt))
+    proj = projection_elements(table, opt)
+    net = table_bytes(wire, placement, w, l, global_batch) + (2.0 * (w - 1) * proj * table.bytes_per_element)
+    extra = proj * (table.bytes_per_element + OPTIMIZER_STATE_BYTES)
+    device_total, device_max = mem.memory_bytes, mem.max_shard_bytes
+    host_total, host_max, hit, host_bytes = 0, 0, 1.0, 0.0
+    if opt.kernel == "cached":
+        biggest_rows, all_rows = _shards(spec.rows, placement, w, l, spec.dim)
+        row_weights = (mem.max_shard_bytes - biggest_rows * OPTIMIZER_STATE_BYTES) / biggest_rows
+        cache_max = cached_device_bytes(biggest_rows, row_weights, opt.cache_load_factor)
+        cache_total = cached_device_bytes(all_rows, table.weight_bytes / all_rows, opt.cache_load_factor)
+        host_total, host_max = (mem.memory_bytes, mem.max_shard_bytes) if has_host_tier(topology) else (0, 0)
+        device_total = cache_total + (0 if host_total else mem.memory_bytes)
+        device_max = cache_max + (0 if host_max else mem.max_shard_bytes)
+        hit = cache_hit_rate(table, opt.cache_load_factor)
+        host_bytes = 2.0 * (1.0 - hit) * global_batch * table.pooling_factor * table.row_bytes
+    replicated = mem.max_shard_bytes if placement == Placement.DATA_PARALLEL else 0
+    return StoredCost(
+        placement, net, int(device_total), int(device_max), option=opt, host_memory_bytes=int(host_total),
+        max_host_shard_bytes=int(host_max), extra_bytes_per_rank=int(extra), replicated_bytes=int(replicated),
+        host_bytes_per_step=host_bytes, hit_rate=hit, lookups_per_id=2 if opt.compression == "qr" else 1,
+        projection_macs_per_sample=proj, reason=reason,
+    )
+
+
 def replicated_bytes_per_rank(cost: Cost, table: TableSpec) -> int:
     """Bytes that every rank holds for this placement (data-parallel tables, hybrid hot sets)."""
+    if isinstance(cost, StoredCost):
+        return cost.replicated_bytes
     dp_row = table.dim * (table.bytes_per_element + OPTIMIZER_STATE_BYTES)
     if cost.placement == Placement.DATA_PARALLEL:
         return table.rows * dp_row
@@ -162,6 +241,59 @@ class BytesCostModel(PlacementChooser):
         costs = [table_cost(table, p, w, l, global_batch) for p in options]
         return sorted(costs, key=lambda c: (c.bytes_per_step, c.max_shard_bytes))
 
+    def stored_candidates(
+        self, table: TableSpec, topology: ClusterTopology, global_batch: int, option: StorageOption,
+        pin: Optional[TablePin], reason: str = "",
+    ) -> List[StoredCost]:
+        """Costs of ``option``'s placements (those the pin allows) that fit device and host, cheapest first."""
+        allowed = allowed_placements(option, topology)
+        if pin is not None and pin.sharding is not None and pin.sharding not in allowed:
+            raise PlanError(
+                f"Pin for table {table.name!r}: {option.compression if option.compression != 'none' else 'a cached'} "
+                f"table cannot be {pin.sharding.value}; use one of {[p.value for p in allowed]} or drop the "
+                "sharding key.", INVALID_PIN)
+        costs = [storage_cost(table, option, p, topology, global_batch, reason) for p in allowed
+                 if pin is None or pin.allows(p)]
+        host_cap = host_capacity_bytes(topology)
+        fits = [c for c in costs if c.fits_in(topology.capacity_bytes) and c.fits_host(host_cap)]
+        return sorted(fits, key=lambda c: c.sort_key)
+
+    def compress_or_cache(
+        self, table: TableSpec, topology: ClusterTopology, global_batch: int, pin: Optional[TablePin],
+        smallest_plain: Cost,
+    ) -> List[StoredCost]:
+        """The first of cache, block, QR (:func:`~rayemb.planner.compression.auto_options`) that fits, with why.
+
+        Raises ``insufficient_storage`` (naming what was tried) when none fits.
+        """
+        cap = topology.capacity_bytes
+        why = (f"{table.name}: {_gib(smallest_plain.max_shard_bytes)} per rank even {smallest_plain.placement.value} "
+               f"> {_gib(cap)} table capacity")
+        # what did not fit, by kind (the last, i.e. smallest, attempt of each kind)
+        tried = {} if has_host_tier(topology) else {"cached": "cached: no host tier on a cpu cluster"}
+        for option in auto_options(table, topology):
+            cs = self.stored_candidates(table, topology, global_batch, option, pin)
+            if cs:
+                best = cs[0]
+                needs = f"{best.option.label} {best.placement.value} needs {_gib(best.device_per_rank)}"
+                if best.option.kernel == "cached":
+                    needs += (f" device + {_gib(best.max_host_shard_bytes)} host per rank, predicted hit rate "
+                              f"{best.hit_rate:.2f}")
+                else:
+                    needs += " per rank"
+                skipped = f" (tried first: {'; '.join(tried.values())})" if tried else ""
+                return [replace(c, reason=f"{why}; {needs}{skipped}") for c in cs]
+            kind = option.compression if option.compression != "none" else "cached"
+            least = min((storage_cost(table, option, p, topology, global_batch)
+                         for p in allowed_placements(option, topology)), key=lambda c: c.device_per_rank)
+            tried[kind] = f"{least.option.label} needs {_gib(least.device_per_rank)} device" + (
+                f", {_gib(least.max_host_shard_bytes)} host" if option.kernel == "cached" else "")
+        raise PlanError(
+            f"Table {table.name!r} ({table.rows} rows x dim {table.dim}) does not fit: {why}, and neither caching "
+            f"nor compression fits ({'; '.join(tried.values())}). Possible solutions: "
+            "plan for more devices (--world-size / more GPUs per node) or use a smaller embedding dim "
+            "(model.embedding_dim).", INSUFFICIENT_STORAGE)
+
     def choose(
         self,
         tables: Sequence[TableSpec],
@@ -178,21 +310,24 @@ class BytesCostModel(PlacementChooser):
         cands: Dict[str, List[Cost]] = {}
         for t in tables:
             pin = pins.get(t.name)
-            cs = [c for c in self.candidates(t, topology, global_batch, fair_share, pin) if c.fits_in(cap)]
-            if not cs:
-                if pin is not None and pin.sharding is not None:
-                    c = table_cost(t, pin.sharding, w, topology.devices_per_node, global_batch)
-                    raise PlanError(
-                        f"Table {t.name!r} ({t.rows} rows x dim {t.dim}) is pinned to {pin.sharding.value}, whose "
-                        f"largest shard needs {c.max_shard_bytes / 2**30:.2f} GiB but a rank holds "
-                        f"{cap / 2**30:.2f} GiB. Unpin it (let the planner row-wise shard it), or: {STORAGE_REMEDIES}.",
-                        INSUFFICIENT_STORAGE,
-                    )
-                raise PlanError(
-                    f"Table {t.name!r} ({t.rows} rows x dim {t.dim}) does not fit: even row-wise over "
-                    f"{w} ranks its shard exceeds a rank's {cap / 2**30:.2f} GiB table capacity. Possible "
-                    f"solutions: {STORAGE_REMEDIES}.", INSUFFICIENT_STORAGE,
-                )
+            pinned = StorageOption.from_pin(t.name, pin)
+            if pinned is not None and pinned.is_plain:  # compression: none: never compressed or cached
+                cs = [c for c in self.candidates(t, topology, global_batch, fair_share, pin) if c.fits_in(cap)]
+                if not cs:
+                    raise _storage_error(t, topology, global_batch, pin, "is pinned to compression: none")
+            elif pinned is not None:
+                label = pinned.resolved(t).label
+                cs = self.stored_candidates(t, topology, global_batch, pinned, pin, f"pinned {label}")
+                if not cs:
+                    raise _storage_error(t, topology, global_batch, pin, f"is pinned to {label}")
+            else:
+                plain = self.candidates(t, topology, global_batch, fair_share, pin)
+                cs = [c for c in plain if c.fits_in(cap)]
+                if not cs and pin is not None and pin.sharding is not None:
+                    raise _storage_error(t, topology, global_batch, pin, f"is pinned to {pin.sharding.value}")
+                if not cs:
+                    smallest = min(plain, key=lambda c: c.max_shard_bytes)
+                    cs = self.compress_or_cache(t, topology, global_batch, pin, smallest)
             cands[t.name] = cs
         # replicated placements compete for the per-rank budget: best saving per replicated byte first
         by_name = {t.name: t for t in tables}
@@ -225,7 +360,40 @@ class BytesCostModel(PlacementChooser):
         return {t.name: choice[t.name] for t in tables}
 
 
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _storage_error(
+    table: TableSpec, topology: ClusterTopology, global_batch: int, pin: TablePin, what: str,
+) -> PlanError:
+    """insufficient_storage for a pinned table, with a pin that fits under the same sharding when there is one."""
+    w, l, cap = topology.world_size, topology.devices_per_node, topology.capacity_bytes
+    stored = StorageOption.from_pin(table.name, pin)
+    placements = [pin.sharding] if pin.sharding else allowed_placements(stored, topology) if stored else [
+        Placement.ROW_WISE]
+    c = min((storage_cost(table, stored, p, topology, global_batch) if stored else table_cost(table, p, w, l, global_batch)
+             for p in placements), key=lambda x: x.max_shard_bytes)
+    advice = "Unpin it (the planner then shards, caches or compresses it as needed)"
+    for option in ([] if stored else auto_options(table, topology)):
+        if pin.sharding is None or pin.sharding in allowed_placements(option, topology):
+            fit = BytesCostModel().stored_candidates(table, topology, global_batch, option, pin)
+            if fit:
+                keys = {**({"sharding": pin.sharding.value} if pin.sharding else {}), **fit[0].option.to_json()}
+                keys = {k: v for k, v in keys.items() if not (k, v) in (("compression", "none"), ("kernel", "fused"))}
+                flow = ", ".join(f"{k}: {v}" for k, v in keys.items())
+                advice += (f", or keep the pin and pin `{table.name}: {{{flow}}}` (needs "
+                           f"{_gib(fit[0].device_per_rank)} per rank)")
+                break
+    host = f" and {_gib(c.max_host_shard_bytes)} host" if isinstance(c, StoredCost) and c.max_host_shard_bytes else ""
+    return PlanError(
+        f"Table {table.name!r} ({table.rows} rows x dim {table.dim}) {what}, whose largest shard needs "
+        f"{_gib(c.max_shard_bytes)} device{host} per rank but a rank holds {_gib(cap)} (host: "
+        f"{_gib(host_capacity_bytes(topology)) if has_host_tier(topology) else 'none, a cpu cluster'}). {advice}. "
+        f"Other solutions: {STORAGE_REMEDIES}.", INSUFFICIENT_STORAGE)
+
+
 __all__ = [
-    "BytesCostModel", "table_bytes", "table_memory", "table_cost", "column_shards", "replicated_bytes_per_rank",
-    "OPTIMIZER_STATE_BYTES", "COLUMN_SHARD_DIM", "DEFAULT_REPLICATED_FRACTION",
+    "BytesCostModel", "storage_cost", "table_bytes", "table_memory", "table_cost", "column_shards",
+    "replicated_bytes_per_rank", "OPTIMIZER_STATE_BYTES", "COLUMN_SHARD_DIM", "DEFAULT_REPLICATED_FRACTION",
 ]

@@ -20,7 +20,8 @@ no GPU, no Ray):
      knapsack proposer (:mod:`rayemb.planner.torchrec_plan`, imported only
      for this engine); the ``ShardingPlan`` is kept on ``PlanResult.sharding_plan``.
 
-   ``"auto"`` picks ``torchrec`` while ``world_size x tables <= 2048``.
+   ``"auto"`` picks ``torchrec`` while ``world_size x tables <= 2048`` and no table is compressed or
+   cached (the job's TorchRec module does not build those yet; what-if plans place them with ``fast``).
 
 Inputs come from :mod:`rayemb.planner.tables`, outputs (plan.json, text,
 PNG) from :mod:`rayemb.planner.report`; ``rayemb plan`` is :mod:`rayemb.cli.plan`.
@@ -36,11 +37,13 @@ Example::
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from rayemb.errors import PlanError
 from rayemb.planner.assigners import GreedyRankAssigner
-from rayemb.planner.cost import BytesCostModel, table_bytes, table_memory
+from rayemb.planner.compression import StoredCost, has_host_tier, host_capacity_bytes
+from rayemb.planner.cost import BytesCostModel, storage_cost, table_bytes, table_memory
 from rayemb.planner.types import (
     INSUFFICIENT_STORAGE,
     INVALID_PIN,
@@ -81,8 +84,10 @@ def plan(
     """Plans ``tables`` on ``topology`` for ``global_batch`` samples per step.
 
     ``pins``: ``{table: {"sharding": "row_wise", "hybrid": False, "compute_kernel": "fused"}}``
-    (or :class:`TablePin` values). ``proposer``: a TorchRec ``Proposer`` (or a
-    list) for the ``torchrec`` engine (default
+    (or :class:`TablePin` values; storage keys ``compression``, ``buckets``, ``combine``,
+    ``block_dim``, ``kernel``, ``cache_load_factor``: :mod:`rayemb.planner.compression`). A table
+    that fits no plain placement is cached or compressed (``TablePlan.storage`` says which and why).
+    ``proposer``: a TorchRec ``Proposer`` (or a list) for the ``torchrec`` engine (default
     :class:`~rayemb.planner.proposers.MemoryBinnedKnapsackProposer`).
     Raises :class:`PlanError` (``insufficient_storage``, ``invalid_pin``).
     """
@@ -95,10 +100,17 @@ def plan(
             f"Global batch {global_batch} is smaller than the world size {topology.world_size}; every rank needs "
             "at least one sample per step. Raise data.batch_size.", INVALID_PIN,
         )
-    pin_map = parse_pins(pins, [t.name for t in tables])
+    pin_map = _without_host_cache(parse_pins(pins, [t.name for t in tables]), topology)
     choices = (chooser or BytesCostModel()).choose(tables, topology, global_batch, pin_map)
+    stored = {n: c for n, c in choices.items() if isinstance(c, StoredCost) and not c.option.is_plain}
     if engine == "auto":
-        engine = "torchrec" if topology.world_size * len(tables) <= TORCHREC_ENGINE_MAX_CELLS else "fast"
+        small = topology.world_size * len(tables) <= TORCHREC_ENGINE_MAX_CELLS
+        engine = "torchrec" if small and not stored else "fast"
+    if engine == "torchrec":
+        # compressed tables: the planning module builds their physical tables from ``choices[t].option``
+        # (a StoredCost); cached ones are FBGEMM's UVM caching kernel (CUDA; never on CPU, see above)
+        pin_map = {**pin_map, **{n: replace(pin_map.get(n) or TablePin(), compute_kernel="fused_uvm_caching")
+                                 for n, c in stored.items() if c.option.kernel == "cached"}}
     w, l = topology.world_size, topology.devices_per_node
     sharding_plan = None
     if engine == "torchrec":
@@ -111,19 +123,36 @@ def plan(
         for t in tables:
             p = choices[t.name].placement
             kernel = "dense" if p == Placement.DATA_PARALLEL else ((pin_map.get(t.name) or TablePin()).compute_kernel or "fused")
+            if t.name in stored and stored[t.name].option.kernel == "cached" and topology.compute_device == "cuda":
+                kernel = "fused_uvm_caching"
             placed[t.name] = (Placement.ROW_WISE.value if p == Placement.HYBRID else p.value, ranks[t.name], kernel)
 
     out: Dict[str, TablePlan] = {}
+    host_load = [0.0] * w
     for t in tables:
         chosen = choices[t.name].placement
         sharding_type, ranks_t, kernel = placed[t.name]
         placement = chosen if chosen in (Placement.HYBRID, Placement.DATA_PARALLEL) else Placement(sharding_type)
+        nbytes, storage = table_bytes(t, placement, w, l, global_batch), None
+        memory = table_memory(t, placement, w, l).memory_bytes
+        if t.name in stored:  # compressed / cached: its own memory and bytes, the projection on every rank
+            sc = storage_cost(t, stored[t.name].option, placement, topology, global_batch, stored[t.name].reason)
+            nbytes, memory, storage = sc.bytes_per_step, sc.memory_bytes + w * sc.extra_bytes_per_rank, sc.to_json(w)
+            for r in range(w):
+                load[r] += sc.extra_bytes_per_rank
+            for r in ranks_t:
+                host_load[r] += sc.host_memory_bytes / max(1, len(ranks_t))
         out[t.name] = TablePlan(
             name=t.name, placement=placement, sharding_type=sharding_type, ranks=tuple(ranks_t),
-            hot_rows=t.hot_rows if placement == Placement.HYBRID else 0,
-            predicted_bytes_per_step=table_bytes(t, placement, w, l, global_batch),
-            memory_bytes=table_memory(t, placement, w, l).memory_bytes, compute_kernel=str(kernel),
+            hot_rows=t.hot_rows if placement == Placement.HYBRID else 0, predicted_bytes_per_step=nbytes,
+            memory_bytes=memory, compute_kernel=str(kernel), storage=storage,
         )
+    host_cap = host_capacity_bytes(topology)
+    if stored and max(host_load) > host_cap:
+        r = max(range(w), key=lambda i: host_load[i])
+        raise PlanError(
+            f"The cached tables do not fit host memory: rank {r} needs {host_load[r] / GiB:.2f} GiB of "
+            f"{host_cap / GiB:.2f} GiB. Possible solutions: {STORAGE_REMEDIES}.", INSUFFICIENT_STORAGE)
     usage = tuple(RankUsage(r, int(load[r]), topology.capacity_bytes) for r in range(w))
     result = PlanResult(world_size=w, global_batch=global_batch, tables=out, ranks=usage, topology=topology,
                         engine=engine, sharding_plan=sharding_plan)
@@ -139,6 +168,29 @@ def plan(
                 len(tables), w, engine, result.placement_counts(), result.predicted_bytes_per_step,
                 result.memory_imbalance)
     return result
+
+
+def _without_host_cache(pins: Dict[str, TablePin], topology: ClusterTopology) -> Dict[str, TablePin]:
+    """Pins with a cached kernel (``kernel: cached`` / ``compute_kernel: fused_uvm*``) made plain on CPU ranks.
+
+    A device cache only helps where a slower, larger tier sits behind the device (host DDR behind HBM);
+    on a CPU rank the table already lives in host memory, and TorchRec's CPU kernels have no UVM
+    variant, so a job config written for GPUs runs on CPU with the plain fused kernel (logged).
+    """
+    if has_host_tier(topology):
+        return pins
+    out = dict(pins)
+    for name, pin in pins.items():
+        storage = dict(pin.storage)
+        uvm = (pin.compute_kernel or "").startswith("fused_uvm")
+        if storage.get("kernel") == "cached" or uvm:
+            storage.pop("kernel", None)
+            storage.pop("cache_load_factor", None)
+            out[name] = replace(pin, storage=tuple(storage.items()), compute_kernel=None if uvm else pin.compute_kernel)
+            logger.warning("table %s: the cached kernel needs a device with host memory behind it (CUDA); on %s "
+                           "ranks the whole table is in host memory already, so it is planned with the fused kernel",
+                           name, topology.compute_device)
+    return out
 
 
 __all__ = ["plan", "ENGINES", "TORCHREC_ENGINE_MAX_CELLS"]

@@ -49,6 +49,14 @@ def summary_table(result: PlanResult, max_rows: int = 40) -> str:
                      f"{format_bytes(t.memory_bytes):>11} {format_bytes(t.predicted_bytes_per_step):>11}")
     if len(items) > max_rows:
         lines.append(f"... {len(items) - max_rows} more tables (see plan.json)")
+    stored = [t for t in items if t.storage]
+    if stored:  # compressed / cached tables: what was chosen and why
+        lines += ["", "compressed or cached tables (device / host bytes per rank at most):"]
+        for t in stored:
+            s = t.storage
+            what = _storage_label(s)
+            lines.append(f"{t.name:<10} {what}: {format_bytes(s.get('max_device_bytes_per_rank', 0))} device / "
+                         f"{format_bytes(s.get('max_host_bytes_per_rank', 0))} host; {s.get('reason', '')}")
     lines += ["", f"{'rank':>6} {'memory':>11} {'capacity':>11} {'used':>7}"]
     ranks = list(result.ranks)
     shown = ranks if len(ranks) <= 16 else sorted(ranks, key=lambda r: -r.memory_bytes)[:8]
@@ -57,6 +65,16 @@ def summary_table(result: PlanResult, max_rows: int = 40) -> str:
     if len(ranks) > 16:
         lines.append(f"(8 fullest of {len(ranks)} ranks shown; least used {min(r.utilization for r in ranks):.1%})")
     return "\n".join(lines)
+
+
+def _storage_label(s: dict) -> str:
+    if s.get("compression") == "qr":
+        return f"qr m={s.get('buckets')} {s.get('combine')}"
+    if s.get("compression") == "block":
+        return f"block E_b={s.get('block_dim')}"
+    if s.get("kernel") == "cached":
+        return f"cached load factor {s.get('cache_load_factor')}, hit rate {s.get('predicted_hit_rate', 0):.2f}"
+    return "plain"
 
 
 def plot_plan(result: PlanResult, path: str) -> str:

@@ -17,7 +17,11 @@ prices a plan as (per rank, seconds per step)::
   ``pool`` per cold id pooled locally by a hybrid table;
 * bytes per collective family from :mod:`rayemb.planner.traffic`, divided
   over the ranks, at the measured seconds per byte β; α is the measured
-  latency of one call.
+  latency of one call;
+* ``storage`` for compressed and cached tables
+  (:func:`rayemb.planner.compression.storage_step_seconds`): two lookups per id
+  for QR, the block projection's matmul and replicated elements, cache misses
+  over the host link; their bytes are priced at the all-to-all β.
 
 The constants are a :class:`Calibration`: measured at job start on the live
 backend by :mod:`rayemb.train.calibrate` (raw collectives across the job's
@@ -39,6 +43,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from rayemb.planner.compression import StoredCost, storage_step_seconds
 from rayemb.planner.cost import (
     OPTIMIZER_STATE_BYTES,
     BytesCostModel,
@@ -207,9 +212,12 @@ def normalize_probes(groups: Mapping[str, Tuple[float, float]], links: Mapping[s
 
 def predict_step_time(
     tables: Sequence[TableSpec], placements: Mapping[str, Placement], topology: ClusterTopology, global_batch: int,
-    calibration: Calibration,
+    calibration: Calibration, storage: Optional[Mapping[str, StoredCost]] = None,
 ) -> StepTimePrediction:
-    """Predicted seconds per step of ``tables`` placed as ``placements`` (module docstring)."""
+    """Predicted seconds per step of ``tables`` placed as ``placements`` (module docstring).
+
+    ``storage``: the compressed / cached tables' chosen costs (their placement is theirs, not ``placements``').
+    """
     cal, w, l = calibration, topology.world_size, topology.devices_per_node
     local_batch = global_batch / w
     comp = {"dense": cal.dense_step_s, "lookup": 0.0, "replicated": 0.0, "pool": 0.0, "overhead": 0.0,
@@ -217,6 +225,18 @@ def predict_step_time(
     per_table: Dict[str, float] = {}
     groups: Dict[str, float] = {}  # group -> bytes per rank (replicated groups: for bucket counting)
     for t in tables:
+        st = (storage or {}).get(t.name)
+        if st is not None and not st.option.is_plain:
+            seconds = storage_step_seconds(st, t, local_batch, w, cal.lookup_s, cal.dense_lookup_s,
+                                           cal.replicated_elem_s)
+            transfer = cal.all_to_all.time(st.bytes_per_step / w, calls=0) if w > 1 else 0.0
+            comp["storage"] = comp.get("storage", 0.0) + seconds
+            comp["transfer"] += transfer
+            per_table[t.name] = seconds + transfer
+            kind = probe_kind(st.placement)
+            for g in ["probed:" + kind] if kind in cal.groups else _group_of(st.placement):
+                groups.setdefault(g, 0.0)
+            continue
         p = placements[t.name]
         ids_local = local_batch * t.pooling_factor  # ids one rank's batch looks up
         hot = t.hot_share if p == Placement.HYBRID else 0.0
@@ -291,6 +311,8 @@ class StepTimeCostModel(PlacementChooser):
     def choose(self, tables: Sequence[TableSpec], topology: ClusterTopology, global_batch: int,
                pins: Mapping[str, TablePin]) -> Dict[str, Cost]:
         start = self.bytes_model.choose(tables, topology, global_batch, pins)
+        # compressed / cached tables keep the bytes model's choice: their placement is already the cheapest that fits
+        stored = {n: c for n, c in start.items() if isinstance(c, StoredCost) and not c.option.is_plain}
         cap, w, l = topology.capacity_bytes, topology.world_size, topology.devices_per_node
         budget = self.bytes_model.replicated_fraction * cap
         total_mp = sum(t.rows * (t.row_bytes + OPTIMIZER_STATE_BYTES) for t in tables)  # as the bytes model
@@ -302,8 +324,8 @@ class StepTimeCostModel(PlacementChooser):
                   if c.fits_in(cap) and not (c.placement == Placement.HYBRID and t.hot_rows >= t.rows)]
             if start[t.name].placement not in [c.placement for c in cs]:
                 cs.append(start[t.name])
-            options[t.name] = cs
-            if all(replicated_bytes_per_rank(c, t) > 0 for c in cs):
+            options[t.name] = [start[t.name]] if t.name in stored else cs
+            if t.name in stored or all(replicated_bytes_per_rank(c, t) > 0 for c in cs):
                 forced.add(t.name)  # pinned replicated: the budget yields, as in the bytes model
         by_name = {t.name: t for t in tables}
         choice: Dict[str, Placement] = {n: c.placement for n, c in start.items()}
@@ -313,7 +335,7 @@ class StepTimeCostModel(PlacementChooser):
                        for n, p in ch.items() if n not in forced)
 
         def total(ch: Mapping[str, Placement]) -> float:
-            return predict_step_time(tables, ch, topology, global_batch, self.calibration).total_s
+            return predict_step_time(tables, ch, topology, global_batch, self.calibration, stored).total_s
 
         def moves(ch: Mapping[str, Placement]):
             # one table at a time, and every table of one placement at once: a module group's fixed cost is
@@ -340,10 +362,10 @@ class StepTimeCostModel(PlacementChooser):
                     best, choice, improved = cost, trial, True
             if not improved:
                 break
-        self.prediction = predict_step_time(tables, choice, topology, global_batch, self.calibration)
+        self.prediction = predict_step_time(tables, choice, topology, global_batch, self.calibration, stored)
         logger.info("step-time model: %.2f ms/step predicted (%s)", 1e3 * best,
                     ", ".join(f"{k} {1e3 * v:.2f}" for k, v in self.prediction.components.items()))
-        return {t.name: table_cost(t, choice[t.name], w, l, global_batch) for t in tables}
+        return {t.name: stored.get(t.name) or table_cost(t, choice[t.name], w, l, global_batch) for t in tables}
 
 
 __all__ = ["Calibration", "LinkCost", "DEFAULT_CALIBRATION", "StepTimePrediction", "predict_step_time",

@@ -31,12 +31,12 @@ INVALID_PIN = "invalid_pin"
 INVALID_TOPOLOGY = "invalid_topology"
 INVALID_PLAN_FILE = "invalid_plan_file"
 
-#: what to try when tables do not fit (listed in every insufficient_storage error)
+#: what to try when tables do not fit (listed in every insufficient_storage error; pins: rayemb.planner.compression)
 STORAGE_REMEDIES = (
-    "1) plan for more devices (--world-size / more GPUs per node), "
-    "2) use a smaller embedding dim (model.embedding_dim), "
-    "3) compress the tables (fp16/int8 weights or a quotient-remainder/hashed table with fewer rows), "
-    "4) keep cold rows in host memory with a UVM/caching compute kernel (pin compute_kernel: fused_uvm_caching on CUDA)"
+    "1) plan for more devices (--world-size / more GPUs per node), 2) use a smaller embedding dim "
+    "(model.embedding_dim), 3) compress the table (pin planner.tables.<T>: {compression: qr} or "
+    "{compression: block, block_dim: <dim/4>}), 4) on CUDA keep it in host memory with a device cache of hot rows "
+    "(FBGEMM UVM caching: pin {kernel: cached, cache_load_factor: 0.1})"
 )
 
 
@@ -93,9 +93,7 @@ class ClusterTopology:
         if problems:
             raise PlanError(
                 f"Invalid cluster topology: {'; '.join(problems)}. Describe at least one node with one "
-                "device, positive memory (e.g. --hbm-gib 80) and positive bandwidths.",
-                INVALID_TOPOLOGY,
-            )
+                "device, positive memory (e.g. --hbm-gib 80) and positive bandwidths.", INVALID_TOPOLOGY)
 
     @property
     def world_size(self) -> int:
@@ -157,14 +155,12 @@ class TableSpec:
             raise PlanError(
                 f"Table {self.name!r} has rows={self.rows}, dim={self.dim}, bytes_per_element="
                 f"{self.bytes_per_element}; all must be positive. Fix num_embeddings in schema.yaml or "
-                "model.embedding_dim.", INVALID_PIN,
-            )
+                "model.embedding_dim.", INVALID_PIN)
         if not 0 <= self.hot_rows <= self.rows or not 0.0 <= self.hot_share <= 1.0 or self.pooling_factor < 0:
             raise PlanError(
                 f"Table {self.name!r} has hot_rows={self.hot_rows} (rows={self.rows}), hot_share="
                 f"{self.hot_share}, pooling_factor={self.pooling_factor}; need 0<=hot_rows<=rows, "
-                "0<=hot_share<=1, pooling_factor>=0. Recompute stats.json with `rayemb stats`.", INVALID_PIN,
-            )
+                "0<=hot_share<=1, pooling_factor>=0. Recompute stats.json with `rayemb stats`.", INVALID_PIN)
 
     @property
     def row_bytes(self) -> int:
@@ -200,6 +196,8 @@ class Placement(str, enum.Enum):
 
 #: shardings of a hybrid table's cold half (TorchRec ``EmbeddingCollection`` shardings on CPU and GPU)
 HYBRID_COLD_PLACEMENTS: Tuple[Placement, ...] = (Placement.ROW_WISE, Placement.TABLE_WISE, Placement.COLUMN_WISE)
+#: pin keys of compressed and cached tables (rayemb.planner.compression)
+STORAGE_PIN_KEYS = ("compression", "buckets", "combine", "block_dim", "kernel", "cache_load_factor")
 
 
 @dataclass(frozen=True)
@@ -208,22 +206,23 @@ class TablePin:
 
     ``sharding`` forces a placement (any :class:`Placement` value);
     ``hybrid`` False forbids, True requires the hybrid placement;
-    ``compute_kernel`` is passed to TorchRec (e.g. ``fused``, ``fused_uvm_caching``).
+    ``compute_kernel`` is passed to TorchRec (e.g. ``fused``, ``fused_uvm_caching``); ``storage`` holds
+    the :data:`STORAGE_PIN_KEYS` as given (checked by :mod:`rayemb.planner.compression`).
     """
 
     sharding: Optional[Placement] = None
     hybrid: Optional[bool] = None
     compute_kernel: Optional[str] = None
+    storage: Tuple[Tuple[str, Any], ...] = ()
 
     @classmethod
     def from_dict(cls, table: str, d: Mapping[str, Any]) -> "TablePin":
-        known = {"sharding", "hybrid", "compute_kernel"}
+        known = {"sharding", "hybrid", "compute_kernel", *STORAGE_PIN_KEYS}
         unknown = sorted(set(d) - known)
         if unknown:
             raise PlanError(
                 f"Pin for table {table!r} has unknown key(s) {unknown}; known keys are {sorted(known)}, "
-                "e.g. {sharding: row_wise, hybrid: false, compute_kernel: fused}.", INVALID_PIN,
-            )
+                "e.g. {sharding: row_wise, hybrid: false, compute_kernel: fused}.", INVALID_PIN)
         sharding = d.get("sharding")
         if sharding is not None:
             try:
@@ -231,18 +230,17 @@ class TablePin:
             except ValueError:
                 raise PlanError(
                     f"Pin for table {table!r} asks for sharding {sharding!r}, which is not a placement; "
-                    f"use one of {[p.value for p in Placement]}.", INVALID_PIN,
-                ) from None
+                    f"use one of {[p.value for p in Placement]}.", INVALID_PIN) from None
         hybrid = d.get("hybrid")
         if hybrid is not None and not isinstance(hybrid, bool):
             raise PlanError(f"Pin for table {table!r}: hybrid must be true or false, got {hybrid!r}.", INVALID_PIN)
         if sharding is not None and hybrid is not None and (sharding == Placement.HYBRID) != hybrid:
             raise PlanError(
                 f"Pin for table {table!r} contradicts itself: sharding={sharding.value} with hybrid={hybrid}. "
-                "Drop one of the two keys.", INVALID_PIN,
-            )
+                "Drop one of the two keys.", INVALID_PIN)
         kernel = d.get("compute_kernel")
-        return cls(sharding=sharding, hybrid=hybrid, compute_kernel=None if kernel is None else str(kernel))
+        return cls(sharding=sharding, hybrid=hybrid, compute_kernel=None if kernel is None else str(kernel),
+                   storage=tuple((k, d[k]) for k in STORAGE_PIN_KEYS if k in d))
 
     def allows(self, placement: Placement) -> bool:
         if self.sharding is not None:
@@ -261,8 +259,7 @@ def parse_pins(pins: Optional[Mapping[str, Any]], table_names: Sequence[str]) ->
         if name not in table_names:
             raise PlanError(
                 f"A pin names table {name!r}, which is not among the dataset's sparse features "
-                f"{list(table_names)[:8]}{'...' if len(table_names) > 8 else ''}. Fix the table name.", INVALID_PIN,
-            )
+                f"{list(table_names)[:8]}{'...' if len(table_names) > 8 else ''}. Fix the table name.", INVALID_PIN)
         out[name] = d if isinstance(d, TablePin) else TablePin.from_dict(name, d or {})
     return out
 
@@ -295,7 +292,7 @@ class Cost:
 
 @dataclass(frozen=True)
 class TablePlan:
-    """Where one table went: placement, TorchRec sharding type (of the cold half for hybrid), ranks."""
+    """Where one table went: placement, sharding type (a hybrid's: its cold half's), ranks, ``storage`` if compressed."""
 
     name: str
     placement: Placement
@@ -305,12 +302,14 @@ class TablePlan:
     predicted_bytes_per_step: float
     memory_bytes: int
     compute_kernel: str
+    storage: Optional[Dict[str, Any]] = None
 
     def to_json(self) -> Dict[str, Any]:
         return {
             "placement": self.placement.value, "sharding_type": self.sharding_type, "ranks": list(self.ranks),
             "hot_rows": self.hot_rows, "predicted_bytes_per_step": self.predicted_bytes_per_step,
             "memory_bytes": self.memory_bytes, "compute_kernel": self.compute_kernel,
+            **({"storage": dict(self.storage)} if self.storage else {}),
         }
 
 
@@ -407,6 +406,7 @@ class PlanResult:
                     ranks=tuple(int(r) for r in t["ranks"]), hot_rows=int(t["hot_rows"]),
                     predicted_bytes_per_step=float(t["predicted_bytes_per_step"]),
                     memory_bytes=int(t.get("memory_bytes", 0)), compute_kernel=str(t.get("compute_kernel", "")),
+                    storage=dict(t["storage"]) if t.get("storage") else None,
                 )
                 for name, t in d["tables"].items()
             }
@@ -416,8 +416,7 @@ class PlanResult:
         except (KeyError, TypeError, ValueError) as e:
             raise PlanError(
                 f"{source} is not a valid rayemb plan ({type(e).__name__}: {e}). Regenerate it with "
-                "`rayemb plan --config JOB.yaml --out plan.json`.", INVALID_PLAN_FILE,
-            ) from None
+                "`rayemb plan --config JOB.yaml --out plan.json`.", INVALID_PLAN_FILE) from None
 
 
 # ---- STAGES ---- #
@@ -446,5 +445,6 @@ class RankAssigner(abc.ABC):
 __all__ = [
     "GiB", "GB_S", "PLAN_SCHEMA_VERSION", "INSUFFICIENT_STORAGE", "INVALID_PIN", "INVALID_TOPOLOGY",
     "INVALID_PLAN_FILE", "STORAGE_REMEDIES", "ClusterTopology", "TableSpec", "Placement", "HYBRID_COLD_PLACEMENTS",
-    "TablePin", "parse_pins", "Cost", "TablePlan", "RankUsage", "PlanResult", "PlacementChooser", "RankAssigner",
+    "STORAGE_PIN_KEYS", "TablePin", "parse_pins", "Cost", "TablePlan", "RankUsage", "PlanResult",
+    "PlacementChooser", "RankAssigner",
 ]

@@ -71,8 +71,8 @@ def test_pins_are_honoured_and_checked():
 
 def test_insufficient_storage_lists_remedies():
     huge = [TableSpec("C1", rows=2_000_000_000, dim=128)]
-    with pytest.raises(PlanError) as e:
-        plan(huge, described_topology(8, 8, hbm_gib=16), 8192)
+    with pytest.raises(PlanError) as e:  # unpinned, the planner would compress it (test_planner_compression.py)
+        plan(huge, described_topology(8, 8, hbm_gib=16), 8192, pins={"C1": {"compression": "none"}})
     assert e.value.category == "insufficient_storage"
     assert "more devices" in str(e.value) and "UVM" in str(e.value)
     with pytest.raises(PlanError) as e:  # pinned table-wise: one shard cannot fit one device
