@@ -21,6 +21,9 @@ def add_gen_data_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--scale", type=int, default=1000, help="divide Criteo 1TB cardinalities by this (default 1000)")
     g.add_argument("--valid-fraction", type=float, default=0.1)
+    g.add_argument("--sequence-length", type=int, default=0,
+                   help="add a user-history column H1 (sequence feature, target C1) keeping this many recent "
+                        "items (default 0: none; docs/sequence.md)")
 
 
 def gen_data_main(args: argparse.Namespace) -> int:
@@ -29,10 +32,13 @@ def gen_data_main(args: argparse.Namespace) -> int:
     spec = SyntheticSpec(
         rows=args.rows, num_tables=args.tables, zipf_alpha=args.zipf, multi_hot=args.multi_hot,
         mean_pooling=args.pooling, seed=args.seed, scale=args.scale, valid_fraction=args.valid_fraction,
+        sequence_length=args.sequence_length,
     )
     schema = generate(spec, args.out, progress=log_progress())
     sizes = [f.num_embeddings for f in schema.sparse]
-    print(f"gen-data: wrote {args.rows:,} rows, {len(sizes)} tables ({min(sizes):,}..{max(sizes):,} rows) to {args.out}")
+    history = f", history column {schema.sequence[0].name}" if schema.sequence else ""
+    print(f"gen-data: wrote {args.rows:,} rows, {len(sizes)} tables ({min(sizes):,}..{max(sizes):,} rows){history} "
+          f"to {args.out}")
     return 0
 
 

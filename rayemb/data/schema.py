@@ -13,15 +13,22 @@ A dataset directory looks like::
     dense: [I1, ..., I13]          # float32 columns
     sparse:                        # int64 (one-hot) or list<int64> (multi-hot) columns
       - {name: C1, num_embeddings: 45834, multi_hot: false}
+      - {name: H1, num_embeddings: 45834, sequence: true, max_length: 20, target: C1}
 
 Each sparse feature is looked up in its own embedding table of ``num_embeddings``
-rows; ids must lie in ``[0, num_embeddings)``. ``DIR`` may be a local path or a
+rows; ids must lie in ``[0, num_embeddings)``. A ``sequence: true`` feature is a
+list<int64> column of ids in time order (oldest first, e.g. a user's recent
+items); it keeps one embedding per id (never pooled, never hybrid, never in the
+stats or the pooled plan), cut to its ``max_length`` most recent ids, and
+``target`` names the pooled feature its history is compared with (the user
+history tower, docs/sequence.md). :class:`DatasetSchema` keeps sequence features
+apart (``schema.sequence``) so every pooled consumer (stats, split, planner,
+export) sees exactly the pooled features it always did. ``DIR`` may be a local path or a
 URI (``s3://bucket/data``; :mod:`rayemb.storage`): the same checks, the same errors.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -40,6 +47,12 @@ class SparseFeature:
     name: str
     num_embeddings: int
     multi_hot: bool = False
+    #: a non-pooled id list in time order (see the module docstring); needs max_length
+    sequence: bool = False
+    #: sequence only: the most recent ids kept per sample
+    max_length: Optional[int] = None
+    #: sequence only: the pooled feature the history tower compares the history with
+    target: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -49,25 +62,83 @@ class SparseFeature:
                 f"Sparse feature {self.name!r} declares num_embeddings={self.num_embeddings}; "
                 "it must be a positive row count (the number of distinct ids, ids in [0, num_embeddings))."
             )
+        if not self.sequence:
+            extra = [k for k in ("max_length", "target") if getattr(self, k) is not None]
+            if extra:
+                raise DataError(f"Sparse feature {self.name!r} sets {extra} but not sequence: true; those keys belong "
+                                "to sequence features only. Add `sequence: true` or drop them.",
+                                category="invalid_schema")
+            return
+        ml = self.max_length
+        if isinstance(ml, bool) or not isinstance(ml, int) or ml < 1:
+            raise DataError(f"Sequence feature {self.name!r} needs max_length, a positive integer (the most recent "
+                            f"ids kept per sample); got {ml!r}. Add e.g. `max_length: 20` to its entry in schema.yaml.",
+                            category="invalid_schema")
+        if self.multi_hot:
+            raise DataError(f"Sparse feature {self.name!r} is both multi_hot and sequence; a sequence is never pooled. "
+                            "Drop `multi_hot: true` (a sequence column is list<int64> anyway).",
+                            category="invalid_schema")
+        if self.target == self.name:
+            raise DataError(f"Sequence feature {self.name!r} names itself as target; name the pooled feature its "
+                            "history is compared with (e.g. the candidate item column).", category="invalid_schema")
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The schema.yaml entry; pooled features keep their three keys (older readers and files stay alike)."""
+        d: Dict[str, Any] = {"name": self.name, "num_embeddings": self.num_embeddings, "multi_hot": self.multi_hot}
+        if self.sequence:
+            d = {"name": self.name, "num_embeddings": self.num_embeddings, "sequence": True,
+                 "max_length": self.max_length}
+            if self.target is not None:
+                d["target"] = self.target
+        return d
+
+    @classmethod
+    def from_dict(cls, s: Dict[str, Any]) -> "SparseFeature":
+        unknown = sorted(set(s) - {"name", "num_embeddings", "multi_hot", "sequence", "max_length", "target"})
+        if unknown:
+            raise DataError(f"Sparse feature {s.get('name')!r} in schema.yaml has unknown key(s) {unknown}; allowed: "
+                            "name, num_embeddings, multi_hot, sequence, max_length, target.",
+                            category="invalid_schema")
+        return cls(str(s["name"]), int(s["num_embeddings"]), bool(s.get("multi_hot", False)),
+                   bool(s.get("sequence", False)), s.get("max_length"),
+                   None if s.get("target") is None else str(s["target"]))
 
 
 @dataclass(frozen=True)
 class DatasetSchema:
     label: str
     dense: Tuple[str, ...]
+    #: the pooled features (one-hot and multi-hot): every table of stats, split, planner and export
     sparse: Tuple[SparseFeature, ...]
+    #: the sequence features (``sequence: true`` entries of schema.yaml's sparse list)
+    sequence: Tuple[SparseFeature, ...] = ()
 
     def __post_init__(self) -> None:
-        names = [self.label, *self.dense, *(f.name for f in self.sparse)]
+        names = [self.label, *self.dense, *(f.name for f in self.sparse), *(f.name for f in self.sequence)]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise DataError(f"schema.yaml names columns {dupes} more than once; every column must be unique.")
         if not self.sparse:
-            raise DataError("schema.yaml declares no sparse features; an embedding model needs at least one.")
+            raise DataError("schema.yaml declares no pooled sparse features; an embedding model needs at least one.")
+        misplaced = [f.name for f in self.sparse if f.sequence] + [f.name for f in self.sequence if not f.sequence]
+        if misplaced:
+            raise DataError(f"Features {misplaced} are in the wrong list: DatasetSchema.sparse holds pooled features, "
+                            ".sequence the `sequence: true` ones. Build it with DatasetSchema.from_dict.",
+                            category="invalid_schema")
+        pooled = set(self.sparse_names)
+        for f in self.sequence:
+            if f.target is not None and f.target not in pooled:
+                raise DataError(f"Sequence feature {f.name!r} has target {f.target!r}, which is not a pooled sparse "
+                                f"feature of this schema ({sorted(pooled)[:8]}...). Name the pooled column the "
+                                "history is compared with (e.g. the candidate item).", category="invalid_schema")
 
     @property
     def sparse_names(self) -> List[str]:
         return [f.name for f in self.sparse]
+
+    @property
+    def sequence_names(self) -> List[str]:
+        return [f.name for f in self.sequence]
 
     def feature(self, name: str) -> SparseFeature:
         for f in self.sparse:
@@ -80,21 +151,20 @@ class DatasetSchema:
             "schema_version": SCHEMA_VERSION,
             "label": self.label,
             "dense": list(self.dense),
-            "sparse": [dataclasses.asdict(f) for f in self.sparse],
+            "sparse": [f.to_dict() for f in (*self.sparse, *self.sequence)],
         }
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any], source: str = "schema") -> "DatasetSchema":
         try:
+            feats = [SparseFeature.from_dict(s) for s in d["sparse"]]
             return cls(
                 label=str(d["label"]),
                 dense=tuple(str(c) for c in d.get("dense", [])),
-                sparse=tuple(
-                    SparseFeature(str(s["name"]), int(s["num_embeddings"]), bool(s.get("multi_hot", False)))
-                    for s in d["sparse"]
-                ),
+                sparse=tuple(f for f in feats if not f.sequence),
+                sequence=tuple(f for f in feats if f.sequence),
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise DataError(
                 f"{source} is malformed ({type(e).__name__}: {e}). It needs keys 'label', 'dense' and "
                 "'sparse' (a list of {name, num_embeddings, multi_hot}); regenerate it with `rayemb gen-data` "
@@ -221,7 +291,8 @@ def count_rows(data_dir: str, split: str) -> int:
 def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
     import pyarrow as pa
 
-    missing = [c for c in [schema.label, *schema.dense, *schema.sparse_names] if c not in actual.names]
+    missing = [c for c in [schema.label, *schema.dense, *schema.sparse_names, *schema.sequence_names]
+               if c not in actual.names]
     if missing:
         raise DataError(
             f"Parquet file {where} is missing configured column(s) {missing}; it has {actual.names[:8]}"
@@ -245,6 +316,10 @@ def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
                 raise bad(feat.name, "list<int64> (multi_hot: true)", t)
         elif not pa.types.is_integer(t):
             raise bad(feat.name, "int64 (multi_hot: false)", t)
+    for feat in schema.sequence:
+        t = actual.field(feat.name).type
+        if not ((pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type)):
+            raise bad(feat.name, "list<int64> (sequence: true)", t)
 
 
 def load_checked(data_dir: str, splits: Optional[List[str]] = None) -> DatasetSchema:

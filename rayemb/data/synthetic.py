@@ -16,6 +16,21 @@ that learns per-id embeddings can reach an AUC well above 0.5.
 Generation is chunked (``chunk_rows`` rows in RAM at a time) and deterministic
 for a seed: chunk ``k`` draws from ``SeedSequence([seed, k])``.
 
+**User history** (``sequence_length=L > 0``, ``rayemb gen-data --sequence-length
+L``): one more column ``H1`` (list<int64>, a ``sequence: true`` feature with
+``max_length: L`` and ``target: C1``) holds each row's recent items, ids of
+``C1``'s id space, oldest first, ``0 .. 3L/2`` of them (so some are cut by
+``max_length``). Every item has a hidden category ``id mod K``
+(``HISTORY_CATEGORIES``); each row's user has a hidden favourite category and
+``HISTORY_FOCUS`` of its history items are of that category (the rest any
+item, popularity as ``C1``'s). The label's logit gains
+``sequence_strength * (f - 1/K)``, ``f`` the share of the ``L`` most recent
+history items whose category equals the target ``C1``'s. ``C1``'s category alone
+says nothing (every category matches a user's favourite as often), so only a
+model that compares the history with ``C1`` (the user-history tower) can use
+it. The history draws from its own stream, ``SeedSequence([seed, k, 1])``,
+and without the option nothing changes: the same files byte for byte.
+
 Example::
 
     >>> spec = SyntheticSpec(rows=1000, num_tables=4, seed=0)
@@ -50,6 +65,13 @@ from rayemb.errors import DataError
 
 logger = logging.getLogger(__name__)
 
+#: name of the synthetic user-history column and the pooled column it refers to
+HISTORY_COLUMN, HISTORY_TARGET = "H1", "C1"
+#: hidden item categories (``id mod K``) of the history signal
+HISTORY_CATEGORIES = 4
+#: share of a user's history items drawn from the user's favourite category
+HISTORY_FOCUS = 0.8
+
 
 @dataclass(frozen=True)
 class SyntheticSpec:
@@ -65,6 +87,10 @@ class SyntheticSpec:
     num_signal_tables: int = 8
     signal_strength: float = 3.0
     cardinalities: Optional[List[int]] = field(default=None)
+    #: > 0: add the user-history column H1 keeping this many recent items (see the module docstring)
+    sequence_length: int = 0
+    #: weight of the history-matches-target term in the label's logit
+    sequence_strength: float = 4.0
 
     def __post_init__(self) -> None:
         checks = [
@@ -75,6 +101,9 @@ class SyntheticSpec:
             (self.scale >= 1, f"scale={self.scale}: must be at least 1"),
             (0 < self.valid_fraction < 1, f"valid_fraction={self.valid_fraction}: must lie in (0, 1)"),
             (self.chunk_rows >= 1, f"chunk_rows={self.chunk_rows}: must be positive"),
+            (self.sequence_length >= 0, f"sequence_length={self.sequence_length}: must be >= 0 (0: no history)"),
+            (not (self.sequence_length and self.multi_hot), "sequence_length with multi_hot: the history's target "
+             "C1 must be one item per row; drop --multi-hot or --sequence-length"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -93,12 +122,14 @@ class SyntheticSpec:
         ]
 
     def schema(self) -> DatasetSchema:
+        sizes = self.table_sizes()
+        history = (SparseFeature(HISTORY_COLUMN, sizes[0], sequence=True, max_length=self.sequence_length,
+                                 target=HISTORY_TARGET),) if self.sequence_length else ()
         return DatasetSchema(
             label=LABEL_COLUMN,
             dense=tuple(f"I{i + 1}" for i in range(NUM_DENSE_FEATURES)),
-            sparse=tuple(
-                SparseFeature(f"C{t + 1}", v, self.multi_hot) for t, v in enumerate(self.table_sizes())
-            ),
+            sparse=tuple(SparseFeature(f"C{t + 1}", v, self.multi_hot) for t, v in enumerate(sizes)),
+            sequence=history,
         )
 
 
@@ -146,6 +177,30 @@ def _bag_mean(weights: np.ndarray, ids: np.ndarray, lengths: np.ndarray) -> np.n
     return (sums / np.maximum(lengths, 1)).astype(np.float32)
 
 
+def _history(spec: SyntheticSpec, table: _ZipfTable, target: np.ndarray, n: int,
+             chunk_idx: int) -> "tuple[pa.Array, np.ndarray]":
+    """The history column of one chunk and its logit term (module docstring), from its own seed stream."""
+    rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 1 + chunk_idx, 1]))
+    k, length = HISTORY_CATEGORIES, spec.sequence_length
+    lengths = rng.integers(0, length + length // 2 + 1, size=n).astype(np.int32)
+    total = int(lengths.sum())
+    favourite = np.repeat(rng.integers(0, k, size=n), lengths)
+    ids = table.sample(total, rng)
+    focused = rng.random(total) < HISTORY_FOCUS
+    moved = ids - ids % k + favourite  # the same popularity rank's neighbour in the favourite category
+    moved = np.where(moved >= table.num_rows, moved - k, moved)
+    ids = np.where(focused & (moved >= 0), moved, ids).astype(np.int64)
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
+    # share of the L most recent items (what max_length keeps) in the target's category
+    pos = np.arange(total) - np.repeat(offsets[:-1], lengths)
+    recent = pos >= np.repeat(lengths - np.minimum(lengths, length), lengths)
+    match = ((ids % k) == np.repeat(target % k, lengths)) & recent
+    kept = np.minimum(lengths, length)
+    share = _bag_mean(match.astype(np.float32), np.arange(total), lengths) * lengths / np.maximum(kept, 1)
+    term = np.where(kept > 0, spec.sequence_strength * (share - 1.0 / k), 0.0).astype(np.float32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids, pa.int64())), term
+
+
 def _chunk(
     spec: SyntheticSpec, tables: List[_ZipfTable], hidden: _HiddenModel, n: int, chunk_idx: int
 ) -> pa.Table:
@@ -165,7 +220,13 @@ def _chunk(
             cols[f"C{t + 1}"] = pa.array(ids, pa.int64())
         if t < len(hidden.table_weights):
             bag_means.append(_bag_mean(hidden.table_weights[t], ids, lengths))
-    p = 1.0 / (1.0 + np.exp(-hidden.logits(dense, bag_means)))
+    z = hidden.logits(dense, bag_means)
+    if spec.sequence_length:
+        target_ids = cols[HISTORY_TARGET].to_numpy()
+        history, term = _history(spec, tables[0], target_ids, n, chunk_idx)
+        z = z + term
+        cols[HISTORY_COLUMN] = history
+    p = 1.0 / (1.0 + np.exp(-z))
     label = (rng.random(n) < p).astype(np.float32)
     out = {LABEL_COLUMN: pa.array(label)}
     out.update({f"I{i + 1}": pa.array(dense[:, i]) for i in range(NUM_DENSE_FEATURES)})
