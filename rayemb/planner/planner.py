@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from rayemb.errors import PlanError
 from rayemb.planner.assigners import GreedyRankAssigner
-from rayemb.planner.compression import StoredCost, has_host_tier, host_capacity_bytes
+from rayemb.planner.compression import StoredCost, auto_options, has_host_tier, host_capacity_bytes
 from rayemb.planner.cost import BytesCostModel, storage_cost, table_bytes, table_memory
 from rayemb.planner.types import (
     INSUFFICIENT_STORAGE,
@@ -101,6 +101,40 @@ def plan(
             "at least one sample per step. Raise data.batch_size.", INVALID_PIN,
         )
     pin_map = _without_host_cache(parse_pins(pins, [t.name for t in tables]), topology)
+    made_room: Dict[str, str] = {}  # table -> why it was stored although it fits a rank on its own
+    for _ in range(len(tables) + 1):
+        result = _plan_once(tables, topology, global_batch, pin_map, proposer, engine, chooser, assigner)
+        over = [u for u in result.ranks if not u.fits()]
+        if not over:
+            break
+        worst = max(over, key=lambda u: u.memory_bytes)
+        why = (f"{len(over)} of {result.world_size} ranks exceed their table capacity (rank {worst.rank} needs "
+               f"{worst.memory_bytes / GiB:.2f} GiB of {worst.capacity_bytes / GiB:.2f} GiB)")
+        victim = _room_maker(tables, result, pin_map, topology, global_batch)
+        if victim is None:
+            tried = f"; caching or compressing {sorted(made_room)} was not enough" if made_room else ""
+            raise PlanError(f"The plan does not fit: {why}{tried}. Possible solutions: {STORAGE_REMEDIES}.",
+                            INSUFFICIENT_STORAGE)
+        name, pin = victim
+        pin_map = {**pin_map, name: pin}
+        made_room[name] = why
+        logger.info("planner: %s; storing table %s as %s to make room", why, name, dict(pin.storage))
+    for name, why in made_room.items():  # the reason says why a table that fits on its own was stored
+        tp = result.tables[name]
+        reason = (f"the plan did not fit plainly ({why}); {name} is the largest table no pin fixes, "
+                  f"{tp.storage.get('compression') if tp.storage.get('compression') != 'none' else 'cached'} "
+                  "to make room")
+        result.tables[name] = replace(tp, storage={**tp.storage, "reason": reason})
+    logger.info("planned %d tables on %d ranks (%s engine): %s, %.3g bytes/step, max/mean memory %.3f",
+                len(tables), result.world_size, result.engine, result.placement_counts(),
+                result.predicted_bytes_per_step, result.memory_imbalance)
+    return result
+
+
+def _plan_once(tables: Sequence[TableSpec], topology: ClusterTopology, global_batch: int,
+               pin_map: Dict[str, TablePin], proposer: Any, engine: str, chooser: Optional[PlacementChooser],
+               assigner: Optional[RankAssigner]) -> PlanResult:
+    """Choose placements, then place them on ranks; per-rank memory over capacity is left to the caller."""
     choices = (chooser or BytesCostModel()).choose(tables, topology, global_batch, pin_map)
     stored = {n: c for n, c in choices.items() if isinstance(c, StoredCost) and not c.option.is_plain}
     if engine == "auto":
@@ -156,18 +190,27 @@ def plan(
     usage = tuple(RankUsage(r, int(load[r]), topology.capacity_bytes) for r in range(w))
     result = PlanResult(world_size=w, global_batch=global_batch, tables=out, ranks=usage, topology=topology,
                         engine=engine, sharding_plan=sharding_plan)
-    over = [u for u in usage if not u.fits()]
-    if over:
-        worst = max(over, key=lambda u: u.memory_bytes)
-        raise PlanError(
-            f"The plan does not fit: {len(over)} of {w} ranks exceed their table capacity (rank {worst.rank} needs "
-            f"{worst.memory_bytes / GiB:.2f} GiB of {worst.capacity_bytes / GiB:.2f} GiB). Possible solutions: "
-            f"{STORAGE_REMEDIES}.", INSUFFICIENT_STORAGE,
-        )
-    logger.info("planned %d tables on %d ranks (%s engine): %s, %.3g bytes/step, max/mean memory %.3f",
-                len(tables), w, engine, result.placement_counts(), result.predicted_bytes_per_step,
-                result.memory_imbalance)
     return result
+
+
+def _room_maker(tables: Sequence[TableSpec], result: PlanResult, pins: Mapping[str, TablePin],
+                topology: ClusterTopology, global_batch: int) -> Optional[Tuple[str, TablePin]]:
+    """The largest plainly stored table no pin fixes, with the first cache/compression pin that fits it."""
+    candidates = sorted(
+        (t for t in tables if result.tables[t.name].storage is None and _unpinned(pins.get(t.name))),
+        key=lambda t: result.tables[t.name].memory_bytes, reverse=True)
+    for t in candidates:
+        for option in auto_options(t, topology):
+            if BytesCostModel().stored_candidates(t, topology, global_batch, option, None):
+                pin = pins.get(t.name) or TablePin()
+                return t.name, replace(pin, storage=tuple(option.to_json().items()))
+    return None
+
+
+def _unpinned(pin: Optional[TablePin]) -> bool:
+    """No pin fixes the table's placement or storage (``hybrid: false`` alone leaves both free)."""
+    return pin is None or (pin.sharding is None and pin.hybrid is not True and not pin.storage
+                           and not pin.compute_kernel)
 
 
 def _without_host_cache(pins: Dict[str, TablePin], topology: ClusterTopology) -> Dict[str, TablePin]:

@@ -234,3 +234,24 @@ def test_rayemb_plan_cli_shows_the_choice(tmp_path, capsys):
     assert s["kernel"] == "cached" and "table capacity" in s["reason"]
     printed = capsys.readouterr().out
     assert "compressed or cached tables" in printed and s["reason"] in printed
+
+
+def test_a_plan_too_big_in_total_stores_its_largest_free_table_until_it_fits():
+    """Criteo-1TB tables (dim 128) on 8 x 16 GiB: each table fits a rank, all of them do not."""
+    from rayemb.constants import CRITEO_1TB_CARDINALITIES
+
+    tables = [TableSpec(f"C{i + 1}", rows=int(v), dim=128) for i, v in enumerate(CRITEO_1TB_CARDINALITIES)]
+    topo = described_topology(8, 8, hbm_gib=16)
+    r = plan(tables, topo, 65536, engine="fast")
+    assert all(u.fits() for u in r.ranks)
+    stored = {n: t.storage for n, t in r.tables.items() if t.storage}
+    assert stored, "some table must be cached or compressed"
+    for name, s in stored.items():
+        assert s["reason"].startswith("the plan did not fit plainly") and name in s["reason"], s
+    # the largest tables go first: nothing smaller than a stored table stays plain while a larger one is free
+    smallest_stored = min(t.rows for t in tables if t.name in stored)
+    assert all(t.name in stored or t.rows <= smallest_stored for t in tables if t.rows > smallest_stored)
+    # pins that forbid storing every table leave the error, which names the remedies
+    with pytest.raises(PlanError) as e:
+        plan(tables, topo, 65536, engine="fast", pins={t.name: {"compression": "none"} for t in tables})
+    assert e.value.category == "insufficient_storage" and "does not fit" in str(e.value) and "more devices" in str(e.value)
