@@ -84,6 +84,9 @@ class ModelConfig:
     bottom_mlp: Tuple[int, ...] = (64, 16)
     #: top (over) MLP layer sizes; the last must be 1 (the click logit)
     top_mlp: Tuple[int, ...] = (64, 32, 1)
+    #: the user-history tower over the schema's sequence features (docs/sequence.md): none (ignore them),
+    #: mean (masked mean of the history) or attention (DIN-style, against the target feature's embedding)
+    sequence_tower: str = "none"
 
     def __post_init__(self) -> None:
         _require(self.embedding_dim >= 1, "model.embedding_dim", f"{self.embedding_dim} < 1", "Use a positive dim.")
@@ -95,6 +98,8 @@ class ModelConfig:
         _require(len(self.top_mlp) >= 2 and self.top_mlp[-1] == 1 and all(s >= 1 for s in self.top_mlp),
                  "model.top_mlp", f"{list(self.top_mlp)} must be at least two positive sizes ending in 1",
                  "End top_mlp with 1 (one click logit), e.g. [64, 32, 1].")
+        _require(self.sequence_tower in ("none", "mean", "attention"), "model.sequence_tower",
+                 f"{self.sequence_tower!r} is unknown", "Use none, mean or attention.")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,13 @@ Example::
 
 Dense counts are transformed with ``log1p(max(x, 0))`` and nulls read as 0, the
 usual Criteo preprocessing.
+
+Sequence features (``schema.sequence``; with ``BatchConverter(...,
+sequence=True)``) go to a second, separate KJT ``Batch.sequence``: jagged, each
+row cut to its ``max_length`` most recent ids
+(:func:`rayemb.embedding.sequence.truncate_recent`), ids checked with the same
+``id_policy``. It is separate because it feeds another module (the DLRM's
+``sequence`` EmbeddingCollection) and the hybrid remap is for pooled tables only.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ class Batch:
     dense: "torch.Tensor"  # (B, num_dense) float32
     sparse: "KeyedJaggedTensor"
     labels: "torch.Tensor"  # (B,) float32
+    #: the sequence features' KJT (keys = schema.sequence_names), None when not asked for
+    sequence: Optional["KeyedJaggedTensor"] = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -86,11 +95,37 @@ class BatchConverter:
     """Turns pyarrow batches into :class:`Batch` (picklable; runs in the worker or a Ray Data task)."""
 
     def __init__(self, schema: DatasetSchema, id_policy: str = "error",
-                 remap: Optional[Callable[[Any], Any]] = None) -> None:
+                 remap: Optional[Callable[[Any], Any]] = None, sequence: bool = False) -> None:
         self.schema = schema
         self.id_policy = id_policy
         #: applied to the KeyedJaggedTensor last, e.g. the hybrid embedding's hot/cold id remap
         self.remap = remap
+        if sequence and not schema.sequence:
+            raise DataError("A sequence batch was asked for but schema.yaml declares no `sequence: true` feature; "
+                            "add one (docs/sequence.md) or set model.sequence_tower: none.",
+                            category="invalid_schema")
+        #: also build Batch.sequence from the schema's sequence features
+        self.sequence = sequence
+
+    def sequence_kjt(self, batch: pa.Table) -> "KeyedJaggedTensor":
+        """The sequence features of ``batch`` as one KJT: latest ``max_length`` ids per row, key-major."""
+        import torch
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        from rayemb.embedding.sequence import truncate_recent
+
+        all_values, all_lengths = [], []
+        for feat in self.schema.sequence:
+            values, lengths = sparse_arrays(batch, feat.name, multi_hot=True)
+            values = apply_id_policy(values, feat.num_embeddings, self.id_policy, feat.name)
+            lengths, values = truncate_recent(lengths, values, feat.max_length)
+            all_values.append(values)
+            all_lengths.append(lengths)
+        return KeyedJaggedTensor.from_lengths_sync(
+            keys=self.schema.sequence_names,
+            values=torch.from_numpy(np.concatenate(all_values)),
+            lengths=torch.from_numpy(np.concatenate(all_lengths).astype(np.int32)),
+        )
 
     @property
     def keys(self) -> List[str]:
@@ -132,4 +167,5 @@ class BatchConverter:
         )
         if self.remap is not None:
             kjt = self.remap(kjt)
-        return Batch(dense=torch.from_numpy(dense), sparse=kjt, labels=torch.from_numpy(labels_np))
+        return Batch(dense=torch.from_numpy(dense), sparse=kjt, labels=torch.from_numpy(labels_np),
+                     sequence=self.sequence_kjt(batch) if self.sequence else None)

@@ -9,6 +9,16 @@ The embedding module is anything that maps a ``KeyedJaggedTensor`` to a
 ``EmbeddingBagCollection`` or rayemb's hybrid embedding. TorchRec's ``DenseArch``,
 ``InteractionArch`` and ``OverArch`` are reused as they are.
 
+With sequence features (``model.sequence_tower``, docs/sequence.md) the DLRM
+has a ``sequence`` child, an ``EmbeddingCollection`` of the sequence tables
+(the attribute name is part of the checkpoint keys,
+``sequence.embeddings.<table>.weight``), and a parameter-free
+:class:`~rayemb.embedding.sequence.UserHistoryTower` that pools each padded
+history (against its target feature's pooled embedding for ``attention``) into
+one more ``(B, D)`` vector of the interaction::
+
+    pooled (B, F, D) ++ tower(history, target) (B, S, D) → pairwise dots
+
 Example::
 
     >>> ebc = EmbeddingBagCollection(tables=[...], device=torch.device("meta"))
@@ -19,13 +29,16 @@ Example::
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from rayemb.embedding.sequence import SequenceFeature, UserHistoryTower, pad_sequences, sequence_collection
+from rayemb.errors import ConfigError
 
 
 class DLRM(nn.Module):
@@ -37,21 +50,44 @@ class DLRM(nn.Module):
         bottom_mlp: Sequence[int],
         top_mlp: Sequence[int],
         dense_device: Optional[torch.device] = None,
+        sequence: Optional[nn.Module] = None,
+        sequence_features: Sequence[SequenceFeature] = (),
+        sequence_targets: Optional[Mapping[str, Optional[str]]] = None,
+        sequence_tower: str = "attention",
     ) -> None:
         super().__init__()
         self.embedding = embedding
         self.feature_names: List[str] = list(feature_names)
-        num_sparse = len(self.feature_names)
+        self.sequence_features: List[SequenceFeature] = list(sequence_features)
+        #: sequence feature -> the pooled feature its history is compared with (None: no target)
+        self.sequence_targets: Dict[str, Optional[str]] = {f.name: (sequence_targets or {}).get(f.name)
+                                                           for f in self.sequence_features}
+        if (sequence is None) != (not self.sequence_features):
+            raise ValueError("pass both the sequence EmbeddingCollection and its sequence_features, or neither")
+        if sequence is not None:
+            self.sequence = sequence  # checkpoint keys: sequence.embeddings.<table>.weight
+            self.history_tower = UserHistoryTower(sequence_tower)
+        num_vectors = len(self.feature_names) + len(self.sequence_features)
         dim = bottom_mlp[-1]
         self.dense_arch = DenseArch(dense_in_features, list(bottom_mlp), device=dense_device)
-        self.inter_arch = InteractionArch(num_sparse_features=num_sparse)
-        over_in = dim + (num_sparse + 1) * num_sparse // 2
+        self.inter_arch = InteractionArch(num_sparse_features=num_vectors)
+        over_in = dim + (num_vectors + 1) * num_vectors // 2
         self.over_arch = OverArch(over_in, list(top_mlp), device=dense_device)
 
-    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor,
+                sequence: Optional[KeyedJaggedTensor] = None) -> torch.Tensor:
         dense_out = self.dense_arch(dense)
         pooled = self.embedding(sparse).to_dict()
-        sparse_out = torch.stack([pooled[f] for f in self.feature_names], dim=1)  # (B, F, D)
+        vectors = [pooled[f] for f in self.feature_names]
+        if self.sequence_features:
+            if sequence is None:
+                raise ValueError("this DLRM has sequence features; pass their KJT (Batch.sequence) as `sequence`")
+            padded = pad_sequences(self.sequence(sequence), self.sequence_features)
+            for f in self.sequence_features:
+                history, mask = padded[f.name]
+                target = self.sequence_targets[f.name]
+                vectors.append(self.history_tower(history, mask, pooled[target] if target else None))
+        sparse_out = torch.stack(vectors, dim=1)  # (B, F + S, D)
         return self.over_arch(self.inter_arch(dense_out, sparse_out)).squeeze(-1)
 
 
@@ -69,3 +105,32 @@ def table_configs(schema, embedding_dim: int) -> List[EmbeddingBagConfig]:
         )
         for f in schema.sparse
     ]
+
+
+def sequence_features(model_cfg, schema) -> List[SequenceFeature]:
+    """The schema's sequence features as the model embeds them ([] for ``sequence_tower: none``).
+
+    Tables have the model's ``embedding_dim`` (the tower output joins the pooled
+    vectors in one interaction). ``attention`` needs a ``target`` on every feature.
+    """
+    mode = model_cfg.sequence_tower
+    if mode == "none":
+        return []
+    if not schema.sequence:
+        raise ConfigError(
+            f"model.sequence_tower is {mode!r} but the dataset's schema.yaml declares no sequence feature. Add one "
+            "(`sequence: true`, `max_length: N`; e.g. `rayemb gen-data --sequence-length 20`) or set "
+            "model.sequence_tower: none.", category="invalid_config")
+    untargeted = [f.name for f in schema.sequence if f.target is None]
+    if mode == "attention" and untargeted:
+        raise ConfigError(
+            f"model.sequence_tower: attention compares each history with a target item, but sequence feature(s) "
+            f"{untargeted} declare no `target:` in schema.yaml. Add `target: <pooled feature>` or use "
+            "model.sequence_tower: mean.", category="invalid_config")
+    return [SequenceFeature(f.name, f.num_embeddings, model_cfg.embedding_dim, f.max_length) for f in schema.sequence]
+
+
+def sequence_module(model_cfg, schema, device: Optional[torch.device] = None) -> Optional[nn.Module]:
+    """The ``EmbeddingCollection`` of the schema's sequence features (None for ``sequence_tower: none``)."""
+    features = sequence_features(model_cfg, schema)
+    return sequence_collection(features, device=device) if features else None

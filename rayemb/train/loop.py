@@ -142,7 +142,7 @@ def evaluate(model, data, device, max_steps: Optional[int] = None) -> Dict[str, 
             batch = next(it, None)
             if agreed is None and not _all_have(batch is not None, device):
                 break
-            out = model(batch.dense.to(device), batch.sparse.to(device))
+            out = model(batch.dense.to(device), batch.sparse.to(device), _sequence_of(batch, device))
             logits.append(out.float().cpu().numpy())
             labels.append(batch.labels.numpy())
             steps += 1
@@ -150,6 +150,11 @@ def evaluate(model, data, device, max_steps: Optional[int] = None) -> Dict[str, 
     z = _gather(np.concatenate(logits) if logits else np.zeros(0, np.float32))
     y = _gather(np.concatenate(labels) if labels else np.zeros(0, np.float32))
     return {"valid_auc": auc(y, z), "valid_logloss": logloss(y, z), "valid_rows": float(y.size)}
+
+
+def _sequence_of(batch, device):
+    """The batch's sequence-feature KJT on ``device`` (None without sequence features)."""
+    return None if batch.sequence is None else batch.sequence.to(device)
 
 
 def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device: Any) -> Tuple[Any, Any, Any]:
@@ -173,7 +178,9 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
                         embedding_device=torch.device("meta"), dense_device=device)
     remapper = model.embedding.remapper
     emb_opt_cls = _embedding_optimizer(cfg.train.embedding_optimizer)
-    apply_optimizer_in_backward(emb_opt_cls, model.embedding.parameters(), {"lr": cfg.train.embedding_lr})
+    for module in (model.embedding, getattr(model, "sequence", None)):  # sequence: the history tables, if any
+        if module is not None:
+            apply_optimizer_in_backward(emb_opt_cls, module.parameters(), {"lr": cfg.train.embedding_lr})
     model = DistributedModelParallel(module=model, device=device, plan=job_plan.sharding_plan,
                                      sharders=cpu_capable_sharders())
     replicated = replicated_embedding_parameters(model)
@@ -200,7 +207,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     from rayemb.data.batching import BatchConverter
     from rayemb.embedding.comm import COLLECTIVES, CommCounter, instrument_ddp
     from rayemb.logs import quiet_third_party_logs
-    from rayemb.model.dlrm import table_configs
+    from rayemb.model.dlrm import sequence_features, table_configs
     from rayemb.train.data_loader import RankBatches
     from rayemb.train.resume import CheckpointSchedule, restore, save_and_report
 
@@ -227,7 +234,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device)
     instrument_ddp(model)
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    converter = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap)
+    converter = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap,
+                               sequence=cfg.model.sequence_tower != "none")
     data_args = dict(in_memory=bool(loop_config.get("in_memory")), first_batch_timeout_s=cfg.data.first_batch_timeout_s,
                      rank=rank, cpus_per_worker=loop_config.get("cpus_per_worker"), seed=cfg.train.seed)
     train_data = RankBatches(ray.train.get_dataset_shard("train"), cfg.data.batch_size, converter, split="train",
@@ -239,6 +247,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
 
     tables = {t.name: (int(t.num_embeddings), int(t.embedding_dim))
               for t in table_configs(schema, cfg.model.embedding_dim)}
+    tables.update({f.name: (f.num_embeddings, f.embedding_dim) for f in sequence_features(cfg.model, schema)})
     position = restore(model, optimizer, remapper, tables, cfg.data.batch_size, loop_config.get("resume_from"),
                        loop_config.get("checkpoint_root"))
     step = position.step
@@ -273,7 +282,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
             dense, sparse, labels = batch.dense.to(device), batch.sparse.to(device), batch.labels.to(device)
             timer.lap("data_wait")
             with counter:  # bytes of the model's own collectives only
-                logits = model(dense, sparse)
+                logits = model(dense, sparse, _sequence_of(batch, device))
                 loss = loss_fn(logits, labels)
                 loss_value = float(loss.detach())
                 check_finite_loss(loss_value, step + 1, epoch, rank)

@@ -5,6 +5,12 @@ Ray task (so the driver itself never needs torchrec/fbgemm kernels), runs
 rayemb's planner: the cost model picks data-parallel, pooled model-parallel or
 hybrid per table and TorchRec's planner places the shards. The result travels
 to every worker in the train loop config, so all ranks shard alike.
+
+Sequence features (``model.sequence_tower`` other than none) live in the DLRM's
+``sequence`` EmbeddingCollection, which rayemb's pooled planner does not model:
+:func:`sequence_plan` places it with TorchRec's ``EmbeddingShardingPlanner`` on
+a meta copy (table-wise, row-wise or column-wise with equal-width shards), and
+its module plan joins the job's ShardingPlan under the key ``sequence``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,10 @@ from rayemb.planner.types import TablePin, parse_pins
 
 #: where the embedding module sits in the DLRM (prefix of its sharding plan keys)
 EMBEDDING_MODULE = "embedding"
+#: where the sequence EmbeddingCollection sits in the DLRM (its sharding plan key)
+SEQUENCE_MODULE = "sequence"
+#: the sharding types a sequence table may take (TorchRec's EmbeddingCollection sharder on CPU and GPU)
+SEQUENCE_SHARDING_TYPES = ("table_wise", "row_wise", "column_wise")
 
 
 @dataclass
@@ -38,11 +48,12 @@ def build_model(
 ):
     """The job's DLRM over rayemb's hybrid embedding (tables not placed hybrid stay an ordinary EBC)."""
     from rayemb.embedding.hybrid import hybrid_from_placements
-    from rayemb.model.dlrm import DLRM, table_configs
+    from rayemb.model.dlrm import DLRM, sequence_features, sequence_module, table_configs
 
     embedding, _ = hybrid_from_placements(
         table_configs(schema, cfg.model.embedding_dim), placements, hot_ids, device=embedding_device
     )
+    seq_features = sequence_features(cfg.model, schema)
     return DLRM(
         embedding,
         feature_names=schema.sparse_names,
@@ -50,7 +61,73 @@ def build_model(
         bottom_mlp=cfg.model.bottom_mlp,
         top_mlp=cfg.model.top_mlp,
         dense_device=dense_device,
+        sequence=sequence_module(cfg.model, schema, device=embedding_device),
+        sequence_features=seq_features,
+        sequence_targets={f.name: f.target for f in schema.sequence},
+        sequence_tower=cfg.model.sequence_tower if seq_features else "mean",
     )
+
+
+def sequence_plan(cfg: JobConfig, schema: DatasetSchema, topology: Any, global_batch: int) -> Any:
+    """TorchRec's module plan of the DLRM's ``sequence`` EmbeddingCollection, or None without sequence features.
+
+    TorchRec's planner on a meta copy, constrained to :data:`SEQUENCE_SHARDING_TYPES`
+    with the rayemb sharders. Column-wise shards of one collection all get one
+    width (one dim per collection, one ``min_partition``): TorchRec 1.8 cannot
+    mix shard widths of sequence tables on a rank (tests/dist/test_sequence_equivalence.py).
+    """
+    from torch import nn
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.types import ParameterConstraints, PlannerError
+
+    from rayemb.embedding.sharders import cpu_capable_sharders
+    from rayemb.errors import PlanError
+    from rayemb.model.dlrm import sequence_features, sequence_module
+    from rayemb.planner.torchrec_plan import to_torchrec_topology
+
+    features = sequence_features(cfg.model, schema)
+    if not features:
+        return None
+    holder = nn.Module()
+    holder.add_module(SEQUENCE_MODULE, sequence_module(cfg.model, schema, device=_meta()))
+    dim = cfg.model.embedding_dim
+    constraints = {
+        f.name: ParameterConstraints(sharding_types=list(SEQUENCE_SHARDING_TYPES), min_partition=_cw_width(dim),
+                                     pooling_factors=[float(f.max_length)])
+        for f in features
+    }
+    planner = EmbeddingShardingPlanner(topology=to_torchrec_topology(topology),
+                                       batch_size=max(1, global_batch // topology.world_size),
+                                       constraints=constraints)
+    try:
+        plan = planner.plan(holder, cpu_capable_sharders())
+    except PlannerError as e:
+        raise PlanError(f"TorchRec's planner found no placement of the sequence tables {[f.name for f in features]} "
+                        f"on {topology.world_size} ranks ({type(e).__name__}: {str(e).splitlines()[0]}). Lower "
+                        "max_length or model.embedding_dim, or add ranks.", "insufficient_storage") from None
+    return plan.plan[SEQUENCE_MODULE]
+
+
+def _meta() -> Any:
+    import torch
+
+    return torch.device("meta")
+
+
+def _cw_width(dim: int) -> int:
+    """Column-shard width for ``dim``: half of it when that is a multiple of 4 (TorchRec's rule), else all of it."""
+    return dim // 2 if dim % 8 == 0 else dim
+
+
+def sequence_summary(module_plan: Any) -> Dict[str, Any]:
+    """plan.json's ``sequence`` entry: per table its sharding type, ranks and shard widths."""
+    out: Dict[str, Any] = {}
+    for name, ps in module_plan.items():
+        shards = ps.sharding_spec.shards if ps.sharding_spec is not None else []
+        out[name] = {"sharding_type": ps.sharding_type, "compute_kernel": ps.compute_kernel,
+                     "ranks": sorted({sh.placement.rank() for sh in shards}),
+                     "shard_widths": sorted({int(sh.shard_sizes[1]) for sh in shards})}
+    return out
 
 
 def pins_of(cfg: JobConfig, table_names: List[str]) -> Dict[str, TablePin]:
@@ -91,6 +168,10 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
         plan={f"{EMBEDDING_MODULE}.{path}": module_plan for path, module_plan in result.sharding_plan.plan.items()}
     )
     summary = result.to_json()
+    seq_plan = sequence_plan(cfg, schema, topology, global_batch)
+    if seq_plan is not None:
+        sharding_plan.plan[SEQUENCE_MODULE] = seq_plan
+        summary["sequence"] = {"tower": cfg.model.sequence_tower, "tables": sequence_summary(seq_plan)}
     predicted = predict_step_time(specs, {n: tp.placement for n, tp in result.tables.items()}, topology,
                                   global_batch, calibration)
     summary["objective"] = cfg.planner.objective
