@@ -33,14 +33,18 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
+from rayemb.embedding.compression_math import BLOCK_SUFFIX, QR_QUOTIENT_SUFFIX, QR_REMAINDER_SUFFIX
 from rayemb.embedding.remap import COLD_SUFFIX, HOT_SUFFIX
 
 #: logical state names a checkpoint may hold per table
 WEIGHT = "weight"
 MOMENTUM = "momentum1"
 
-_PLAIN_OR_HOT = re.compile(r"(?:^|\.)(plain|hot)\.embedding_bags\.([^.]+)\.weight$")
+_PLAIN_OR_HOT = re.compile(r"(?:^|\.)(plain|hot)(?:\.bags)?\.embedding_bags\.([^.]+)\.weight$")
 _COLD = re.compile(r"(?:^|\.)cold\.d\d+\.embeddings\.([^.]+)\.weight$")
+#: whole tables looked up per id: compressed QR-mult rows (sharded ``rows.d<n>``, data-parallel
+#: ``replicated``) and the DLRM's sequence-feature EmbeddingCollection (``sequence``)
+_ROWS = re.compile(r"(?:^|\.)(?:plain\.rows\.d\d+|plain\.replicated|sequence)\.embeddings\.([^.]+)\.weight$")
 #: optimizer state names that mean the Adagrad accumulator (FBGEMM fused / torch and TorchRec optimizers)
 _MOMENTUM_NAMES = ("momentum1", "sum")
 
@@ -64,7 +68,12 @@ class Slot:
 
 
 def embedding_key(key: str) -> Optional[Tuple[str, str]]:
-    """(part, logical table) of a state-dict key of an embedding weight: part is plain, hot or cold; else None."""
+    """(part, logical table) of a state-dict key of an embedding weight: part is plain, hot or cold; else None.
+
+    Compressed tables are checkpointed as the tables they are stored in
+    (``T__q``, ``T__r``, ``T__block``: part plain, their own row spaces);
+    block projections are dense parameters (``None`` here).
+    """
     m = _PLAIN_OR_HOT.search(key)
     if m:
         part, table = m.group(1), m.group(2)
@@ -72,7 +81,34 @@ def embedding_key(key: str) -> Optional[Tuple[str, str]]:
     m = _COLD.search(key)
     if m:
         return "cold", m.group(1).removesuffix(COLD_SUFFIX)
+    m = _ROWS.search(key)
+    if m:
+        return "plain", m.group(1)
     return None
+
+
+def stored_tables(tables: Mapping[str, Tuple[int, int]], model_state: Mapping[str, Any]) -> Dict[str, Tuple[int, int]]:
+    """The checkpoint's tables: ``tables`` (logical name -> (rows, dim)) with compressed ones replaced by their parts.
+
+    A table the model stores compressed has no ``name`` weight but ``name__q``
+    and ``name__r`` (QR) or ``name__block``: those are checkpointed as tables
+    of their own, with the global shapes the model holds them in.
+    """
+    live: Dict[str, Tuple[int, int]] = {}
+    for key, value in model_state.items():
+        parsed = embedding_key(key)
+        if parsed is not None:
+            size = tuple(value.size())
+            live[parsed[1]] = (int(size[0]), int(size[1]))
+    out: Dict[str, Tuple[int, int]] = {}
+    for name, shape in tables.items():
+        parts = {name + s: live[name + s] for s in (QR_QUOTIENT_SUFFIX, QR_REMAINDER_SUFFIX, BLOCK_SUFFIX)
+                 if name + s in live}
+        if name not in live and parts:
+            out.update(parts)
+        else:
+            out[name] = shape
+    return out
 
 
 def _row_map(part: str, table: str, remapper: Any) -> Optional[np.ndarray]:
@@ -163,4 +199,5 @@ def set_step_counters(optimizer_state: Mapping[str, Mapping[str, Any]], step: in
                 value.fill_(float(step))
 
 
-__all__ = ["MOMENTUM", "Slot", "WEIGHT", "dense_entries", "embedding_key", "model_slots", "set_step_counters"]
+__all__ = ["MOMENTUM", "Slot", "WEIGHT", "dense_entries", "embedding_key", "model_slots", "set_step_counters",
+           "stored_tables"]

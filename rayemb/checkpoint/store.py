@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from rayemb import storage
 from rayemb.checkpoint.exchange import gather_canonical, row_range, scatter_canonical
-from rayemb.checkpoint.layout import MOMENTUM, WEIGHT, dense_entries, model_slots, set_step_counters
+from rayemb.checkpoint.layout import MOMENTUM, WEIGHT, dense_entries, model_slots, set_step_counters, stored_tables
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
 
@@ -108,6 +108,7 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     os.makedirs(directory, exist_ok=True)
     model_state = model.state_dict()
     optim_state = optimizer.state_dict()["state"]
+    tables = stored_tables(tables, model_state)
     slots = model_slots(model_state, optim_state, remapper)
     state: Dict[str, Any] = {}
     states = [WEIGHT] + ([MOMENTUM] if _has_state(slots, MOMENTUM) else [])
@@ -199,13 +200,15 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     meta = dict(meta) if meta is not None else verify(directory, hashes=False)
     rank, world = dist.get_rank(), dist.get_world_size()
     saved_tables = meta["tables"]
+    model_state = model.state_dict()
+    tables = stored_tables(tables, model_state)
     for name, (rows, dim) in sorted(tables.items()):
         got = saved_tables.get(name)
         if got is None or (int(got["num_embeddings"]), int(got["dim"])) != (int(rows), int(dim)):
             raise DataError(
                 f"Checkpoint {directory!r} has table {name!r} as {got} ; this job has {rows} rows x {dim} dims. "
-                "Resume with the same schema and model.embedding_dim, or start fresh.", category="bad_checkpoint")
-    model_state = model.state_dict()
+                "Resume with the same schema, model.embedding_dim and table compression, or start fresh.",
+                category="bad_checkpoint")
     optim_state = optimizer.state_dict()
     slots = model_slots(model_state, optim_state["state"], remapper)
     states = [s for s in meta.get("states", [WEIGHT]) if s in (WEIGHT, MOMENTUM)]

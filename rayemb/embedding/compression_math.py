@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from rayemb.errors import ConfigError
 
@@ -149,6 +149,20 @@ def projection_shape(dim: int, spec: CompressionSpec) -> Optional[Tuple[int, int
     return (int(spec.block_dim or dim), int(dim)) if spec.kind == "block" else None
 
 
+def storage_spec(storage: Optional[Mapping[str, Any]]) -> CompressionSpec:
+    """The :class:`CompressionSpec` of a plan's ``storage`` entry (``TablePlan.storage``, plan.json); None: plain.
+
+    A cached table (``compression: none``, ``kernel: cached``) is a plain table
+    here: only its TorchRec compute kernel differs.
+    """
+    if not storage or storage.get("compression", "none") == "none":
+        return CompressionSpec()
+    kind = str(storage["compression"])
+    return CompressionSpec(
+        kind, buckets=int(storage["buckets"]) if kind == "qr" and storage.get("buckets") is not None else None,
+        combine=str(storage.get("combine") or "mult") if kind == "qr" else "mult",
+        block_dim=int(storage["block_dim"]) if kind == "block" and storage.get("block_dim") is not None else None)
+
 def compressed_bytes(rows: int, dim: int, spec: CompressionSpec, elem_bytes: int = DEFAULT_ELEMENT_BYTES) -> int:
     """Bytes of the embedding tables storing a V × D table under ``spec`` (projection excluded)."""
     return sum(t.rows * t.dim for t in physical_tables(rows, dim, spec)) * int(elem_bytes)
@@ -170,5 +184,5 @@ def compression_ratio(rows: int, dim: int, spec: CompressionSpec) -> float:
 __all__ = [
     "BLOCK_SUFFIX", "COMPRESSION_KINDS", "CompressionSpec", "DEFAULT_ELEMENT_BYTES", "PhysicalTable",
     "QR_COMBINES", "QR_QUOTIENT_SUFFIX", "QR_REMAINDER_SUFFIX", "compressed_bytes", "compression_ratio",
-    "physical_tables", "projection_bytes", "projection_shape", "qr_buckets", "qr_dims", "qr_rows",
+    "physical_tables", "projection_bytes", "projection_shape", "qr_buckets", "qr_dims", "qr_rows", "storage_spec",
 ]

@@ -53,6 +53,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConf
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
+from rayemb.embedding.compressed import CompressedEmbeddingBagCollection
+from rayemb.embedding.compression_math import CompressionSpec, storage_spec
 from rayemb.embedding.remap import COLD_SUFFIX, HOT_SUFFIX, HybridRemapper
 from rayemb.errors import ConfigError, DataError
 from rayemb.planner.types import HYBRID_COLD_PLACEMENTS
@@ -67,6 +69,19 @@ COLD_SHARDING_TYPES = tuple(p.value for p in HYBRID_COLD_PLACEMENTS)
 
 
 # ---- MODULE ---- #
+
+
+def _plain_module(configs: Sequence[EmbeddingBagConfig], compression: Mapping[str, CompressionSpec],
+                  is_weighted: bool, device: Optional[torch.device], data_parallel: Sequence[str]
+                  ) -> Optional[nn.Module]:
+    """The ``plain`` child: an ``EmbeddingBagCollection``, or a compressed one when a table is compressed."""
+    if not configs:
+        return None
+    names = {c.name for c in configs}
+    if not compression:
+        return EmbeddingBagCollection(list(configs), is_weighted=is_weighted, device=device)
+    return CompressedEmbeddingBagCollection(configs, compression, is_weighted=is_weighted, device=device,
+                                            data_parallel=[n for n in data_parallel if n in names])
 
 
 def _sub_config(t: EmbeddingBagConfig, suffix: str, rows: int) -> Dict[str, object]:
@@ -115,6 +130,8 @@ class HybridEmbeddingBagCollection(nn.Module):
         hot_ids: Mapping[str, Optional[np.ndarray]],
         is_weighted: bool = False,
         device: Optional[torch.device] = None,
+        compression: Optional[Mapping[str, CompressionSpec]] = None,
+        data_parallel: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self._tables = list(tables)
@@ -122,6 +139,12 @@ class HybridEmbeddingBagCollection(nn.Module):
         self.remapper = HybridRemapper(tables, hot_ids)
         r = self.remapper
         hybrid = set(r.hybrid_tables())
+        self._compression = {n: s for n, s in (compression or {}).items() if s.compressed}
+        both = sorted(hybrid & set(self._compression))
+        if both:
+            raise ConfigError(
+                f"Tables {both} are both hybrid and compressed; a compressed table has no hot/cold split. Drop "
+                "the hybrid pin or the compression pin (planner.tables.<T>).", category="invalid_option")
         plain_cfgs = [t for t in tables if t.name not in hybrid]
         hot_cfgs: List[EmbeddingBagConfig] = []
         cold_cfgs: Dict[int, List[EmbeddingConfig]] = {}
@@ -134,7 +157,7 @@ class HybridEmbeddingBagCollection(nn.Module):
                 cold_cfgs.setdefault(int(t.embedding_dim), []).append(
                     EmbeddingConfig(**_sub_config(t, COLD_SUFFIX, r.num_cold(t.name)))
                 )
-        self.plain = EmbeddingBagCollection(plain_cfgs, is_weighted=is_weighted, device=device) if plain_cfgs else None
+        self.plain = _plain_module(plain_cfgs, self._compression, is_weighted, device, data_parallel)
         self.hot = EmbeddingBagCollection(hot_cfgs, is_weighted=is_weighted, device=device) if hot_cfgs else None
         self.cold = nn.ModuleDict(
             {f"d{d}": EmbeddingCollection(cold_cfgs[d], device=device) for d in r.cold_dims}
@@ -156,6 +179,22 @@ class HybridEmbeddingBagCollection(nn.Module):
         """The logical tables (as an ``EmbeddingBagCollection`` would report them)."""
         return list(self._tables)
 
+    def compression(self) -> Dict[str, CompressionSpec]:
+        """Compressed table -> its :class:`CompressionSpec` (plain and hybrid tables are absent)."""
+        return dict(self._compression)
+
+    def table_parameters(self) -> List[nn.Parameter]:
+        """Parameters of the TorchRec tables: give these TorchRec's fused optimizer (before DMP).
+
+        Everything else (block projections, data-parallel QR-mult rows) is a
+        dense parameter: replicated, DDP-averaged and stepped by a regular
+        optimizer (:func:`replicated_embedding_parameters` finds the rows).
+        """
+        plain = self.plain
+        own = plain.table_parameters() if isinstance(plain, CompressedEmbeddingBagCollection) else (
+            list(plain.parameters()) if plain is not None else [])
+        return own + [p for m in (self.hot, self.cold) if m is not None for p in m.parameters()]
+
     # -- what the planner and checkpoints need to know about the halves --
 
     def split_state_dict(self, weights: Mapping[str, torch.Tensor], prefix: str = "") -> Dict[str, torch.Tensor]:
@@ -169,11 +208,17 @@ class HybridEmbeddingBagCollection(nn.Module):
         """
         r = self.remapper
         out: Dict[str, torch.Tensor] = {}
+        if isinstance(self.plain, CompressedEmbeddingBagCollection):
+            # physical tables (t, t__q, t__r, t__block) under their own names; projections are not tables
+            keys = {k.split(".")[-2]: k for k in self.plain.state_dict() if k.endswith(".weight")
+                    and not k.startswith("projections.")}
+            out.update({f"{prefix}plain.{keys[n]}": w for n, w in weights.items() if n in keys})
         for t in self._tables:
-            full = weights[t.name]
             if t.name not in r.hybrid_tables():
-                out[f"{prefix}plain.embedding_bags.{t.name}.weight"] = full
+                if not isinstance(self.plain, CompressedEmbeddingBagCollection):
+                    out[f"{prefix}plain.embedding_bags.{t.name}.weight"] = weights[t.name]
                 continue
+            full = weights[t.name]
             hot, cold = r.split_weight(t.name, full)
             if r.num_hot(t.name):
                 out[f"{prefix}hot.embedding_bags.{t.name}{HOT_SUFFIX}.weight"] = hot
@@ -217,8 +262,13 @@ class HybridEmbeddingBagCollection(nn.Module):
 
         out: Dict[str, ParameterConstraints] = {}
         r = self.remapper
+        stored = {n: list(v)[0] for n, v in (plain_sharding_types or {}).items() if n in self._compression}
+        if stored:  # compressed tables: their physical tables' constraints (one sharding type each)
+            out.update(self.plain.parameter_constraints(stored, kernels, pooling, min_partition))
         for t in self._tables:
             name = t.name
+            if name in self._compression:
+                continue
             if name not in r.hybrid_tables():
                 if plain_sharding_types and name in plain_sharding_types:
                     types = list(plain_sharding_types[name])
@@ -319,12 +369,22 @@ def hybrid_from_placements(
     hybrid_hot: Dict[str, np.ndarray] = {}
     cold_types: Dict[str, str] = {}
     plain_types: Dict[str, List[str]] = {}
+    compression: Dict[str, CompressionSpec] = {}
+    data_parallel: List[str] = []
     for t in tables:
         tp = placements.get(t.name)
         if tp is None:
             continue
         placement = str(getattr(getattr(tp, "placement"), "value", getattr(tp, "placement")))
         sharding_type = str(getattr(getattr(tp, "sharding_type"), "value", getattr(tp, "sharding_type")))
+        spec = storage_spec(getattr(tp, "storage", None))
+        if spec.compressed:
+            if placement == "hybrid":
+                raise ConfigError(f"Table {t.name!r} is placed hybrid and stored {spec.kind}; a compressed "
+                                  "table cannot be hybrid. Drop one of the two pins.", category="invalid_option")
+            compression[t.name] = spec
+        if placement == "data_parallel":
+            data_parallel.append(t.name)
         if placement == "hybrid":
             if t.name not in hot_ids:
                 raise ConfigError(
@@ -335,8 +395,10 @@ def hybrid_from_placements(
             cold_types[t.name] = sharding_type
         else:
             plain_types[t.name] = [sharding_type]
-    module = HybridEmbeddingBagCollection(tables, hybrid_hot, is_weighted=is_weighted, device=device)
+    module = HybridEmbeddingBagCollection(tables, hybrid_hot, is_weighted=is_weighted, device=device,
+                                          compression=compression, data_parallel=data_parallel)
     return module, module.parameter_constraints(cold_types, plain_types)
+
 
 
 def replicated_embedding_parameters(model: nn.Module) -> Dict[str, nn.Parameter]:

@@ -25,6 +25,8 @@ from torchrec.distributed.planner.storage_reservations import FixedPercentageSto
 from torchrec.distributed.planner.types import HardwareConfig, KernelConfig, PlannerError, TopologyFactory, TrainerConfig
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from rayemb.embedding.compression_math import (BLOCK_SUFFIX, QR_QUOTIENT_SUFFIX, QR_REMAINDER_SUFFIX,
+                                                CompressionSpec, physical_tables)
 from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
 from rayemb.embedding.remap import COLD_SUFFIX, HOT_SUFFIX
 from rayemb.embedding.sharders import CpuCapableEmbeddingBagCollectionSharder, cpu_capable_sharders
@@ -71,8 +73,23 @@ def _sharding_types_for(placement: Placement, pin: Optional[TablePin], topology:
     return list(dict.fromkeys(options))
 
 
+def compression_of(choices: Mapping[str, Cost]) -> Dict[str, CompressionSpec]:
+    """Compressed table -> its spec, from the planner's choices (a ``StoredCost``'s ``option``; cached ones are plain)."""
+    out = {}
+    for name, c in choices.items():
+        option = getattr(c, "option", None)
+        if option is not None and option.compression != "none":
+            out[name] = option.compression_spec()
+    return out
+
+
 def _planning_module(tables: Sequence[TableSpec], choices: Mapping[str, Cost]) -> HybridEmbeddingBagCollection:
-    """A meta-device module with the shape the job's will have (hybrid tables get |F| hot rows)."""
+    """A meta-device module with the shape the job's will have.
+
+    Hybrid tables get |F| hot rows; compressed ones their physical tables
+    (``T__q``/``T__r`` or ``T__block``; data-parallel QR-mult rows are dense,
+    outside TorchRec's plan), as :func:`rayemb.embedding.hybrid.hybrid_from_placements` builds them.
+    """
     configs = [
         EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name])
         for t in tables
@@ -80,7 +97,17 @@ def _planning_module(tables: Sequence[TableSpec], choices: Mapping[str, Cost]) -
     hot_ids = {
         t.name: np.arange(t.hot_rows, dtype=np.int64) for t in tables if choices[t.name].placement == Placement.HYBRID
     }
-    return HybridEmbeddingBagCollection(configs, hot_ids=hot_ids, device=torch.device("meta"))
+    dp = [t.name for t in tables if choices[t.name].placement == Placement.DATA_PARALLEL]
+    return HybridEmbeddingBagCollection(configs, hot_ids=hot_ids, device=torch.device("meta"),
+                                        compression=compression_of(choices), data_parallel=dp)
+
+
+def _logical_name(sub: str) -> str:
+    """The logical table of a planned (physical) table: hybrid halves and compressed parts map back."""
+    for suffix in (HOT_SUFFIX, COLD_SUFFIX, QR_QUOTIENT_SUFFIX, QR_REMAINDER_SUFFIX, BLOCK_SUFFIX):
+        if sub.endswith(suffix):
+            return sub[: -len(suffix)]
+    return sub
 
 
 def torchrec_plan(
@@ -97,10 +124,13 @@ def torchrec_plan(
     types :func:`_sharding_types_for` allows around the cost model's choice.
     """
     module = _planning_module(tables, choices)
+    compressed = compression_of(choices)
     constraints = module.parameter_constraints(
         cold_sharding_type="row_wise",
         plain_sharding_types={
-            t.name: _sharding_types_for(choices[t.name].placement, pins.get(t.name), topology)
+            # a compressed table keeps the placement its storage cost was computed for
+            t.name: [choices[t.name].placement.value] if t.name in compressed else
+            _sharding_types_for(choices[t.name].placement, pins.get(t.name), topology)
             for t in tables if choices[t.name].placement != Placement.HYBRID
         },
         compute_kernels={name: pin.compute_kernel for name, pin in pins.items() if pin.compute_kernel},
@@ -126,15 +156,21 @@ def torchrec_plan(
     by_table: Dict[str, Tuple[str, Tuple[int, ...], str]] = {}
     load = [0] * topology.world_size
     spec = {t.name: t for t in tables}
+    # (rows, dim) of every planned table: logical, hybrid hot half, compressed parts
+    shape = {t.name: (t.rows, t.dim) for t in tables}
+    shape.update({t.name + HOT_SUFFIX: (t.hot_rows, t.dim) for t in tables})
+    shape.update({t.name + p.suffix: (p.rows, p.dim) for t in tables if t.name in compressed
+                  for p in physical_tables(t.rows, t.dim, compressed[t.name])})
+    everywhere = tuple(range(topology.world_size))
     for module_plan in sharding_plan.plan.values():
         for sub, ps in module_plan.items():
-            name = sub.removesuffix(HOT_SUFFIX).removesuffix(COLD_SUFFIX)
+            name = _logical_name(sub)
             t = spec[name]
             if ps.sharding_type == Placement.DATA_PARALLEL.value:
-                rows = t.hot_rows if sub.endswith(HOT_SUFFIX) else t.rows
+                rows, dim = shape[sub]
                 for r in range(topology.world_size):
-                    load[r] += rows * t.dim * (t.bytes_per_element + OPTIMIZER_STATE_BYTES)
-                shard_ranks = tuple(range(topology.world_size))
+                    load[r] += rows * dim * (t.bytes_per_element + OPTIMIZER_STATE_BYTES)
+                shard_ranks = everywhere
             else:
                 for sh in ps.sharding_spec.shards:
                     rr, cc = sh.shard_sizes
@@ -144,6 +180,13 @@ def torchrec_plan(
                 continue  # the cold half decides a hybrid table's sharding type and ranks
             sharding_type = Placement.DATA_PARALLEL.value if sub.endswith(HOT_SUFFIX) else ps.sharding_type
             by_table[name] = (sharding_type, shard_ranks, ps.compute_kernel)
+    for name in compressed:  # data-parallel QR-mult rows: dense replicated parameters, not in TorchRec's plan
+        if name not in by_table:
+            t = spec[name]
+            for p in physical_tables(t.rows, t.dim, compressed[name]):
+                for r in everywhere:
+                    load[r] += p.rows * p.dim * (t.bytes_per_element + OPTIMIZER_STATE_BYTES)
+            by_table[name] = (Placement.DATA_PARALLEL.value, everywhere, "dense")
     return sharding_plan, by_table, load
 
 
