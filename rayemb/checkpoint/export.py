@@ -141,7 +141,8 @@ def reshard_checkpoint(directory: str, world_size: int, out: str, plan_file: Opt
         with open(plan_file) as f:
             plan = json.load(f)
         tables = plan.get("tables", {})
-        unknown = sorted(set(tables) - set(meta["tables"]))
+        held = set(meta["tables"]) | set(meta.get("compression", {}))  # compressed: held as T__q, T__r / T__block
+        unknown = sorted(set(tables) - held)
         if unknown:
             raise DataError(f"Plan {plan_file!r} places tables {unknown[:5]} that checkpoint {directory!r} does not "
                             "hold. Use the plan.json of a job over the same schema.", category="bad_config")

@@ -118,6 +118,7 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     for key, value in dense_entries(model_state, optim_state).items():
         state[key] = value.detach().cpu()
     dcp.save(state, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
+    compression = model_compression(model)
     mine = [n for n in os.listdir(directory) if n.startswith(f"__{rank}_") and n.endswith(".distcp")]
     if rank == 0:
         mine.append(DCP_METADATA)
@@ -129,6 +130,7 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
         **dict(meta), "format": FORMAT, "world_size": world,
         "tables": {t: {"num_embeddings": int(v), "dim": int(d)} for t, (v, d) in sorted(tables.items())},
         "states": states, "rng": [g["rng"] for g in gathered],
+        **({"compression": compression} if compression else {}),
         "files": {n: info for g in gathered for n, info in g["files"].items()},
     }
     tmp = os.path.join(directory, META_FILE + ".tmp")
@@ -138,6 +140,24 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(directory, META_FILE))
     return doc
+
+
+def model_compression(model: Any) -> Dict[str, Dict[str, Any]]:
+    """Compressed table -> its storage (``compression``, ``buckets``, ``combine``, ``block_dim``) in ``model``.
+
+    Recorded in meta.json so a checkpoint says how its physical tables
+    (``T__q``, ``T__r``, ``T__block``) make the logical ones: ``rayemb export``
+    builds the same compressed model from it.
+    """
+    from rayemb.embedding.compressed import CompressedEmbeddingBagCollection
+    from rayemb.embedding.compression_math import spec_storage
+
+    out: Dict[str, Dict[str, Any]] = {}
+    for m in model.modules():
+        if isinstance(m, CompressedEmbeddingBagCollection):
+            rows = {t.name: int(t.num_embeddings) for t in m.embedding_bag_configs()}
+            out.update({t: spec_storage(s, rows[t]) for t, s in m.compression().items() if s.compressed})
+    return out
 
 
 def read_meta(directory: str) -> Optional[Dict[str, Any]]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from rayemb.errors import ConfigError
 
@@ -163,6 +163,15 @@ def storage_spec(storage: Optional[Mapping[str, Any]]) -> CompressionSpec:
         combine=str(storage.get("combine") or "mult") if kind == "qr" else "mult",
         block_dim=int(storage["block_dim"]) if kind == "block" and storage.get("block_dim") is not None else None)
 
+
+def spec_storage(spec: CompressionSpec, rows: int) -> Dict[str, Any]:
+    """The inverse of :func:`storage_spec` for a table of ``rows`` rows, QR buckets resolved (checkpoint meta, model.json)."""
+    if spec.kind == "qr":
+        return {"compression": "qr", "buckets": qr_buckets(rows, spec.buckets), "combine": spec.combine}
+    if spec.kind == "block":
+        return {"compression": "block", "block_dim": int(spec.block_dim)}
+    return {"compression": "none"}
+
 def compressed_bytes(rows: int, dim: int, spec: CompressionSpec, elem_bytes: int = DEFAULT_ELEMENT_BYTES) -> int:
     """Bytes of the embedding tables storing a V × D table under ``spec`` (projection excluded)."""
     return sum(t.rows * t.dim for t in physical_tables(rows, dim, spec)) * int(elem_bytes)
@@ -184,5 +193,6 @@ def compression_ratio(rows: int, dim: int, spec: CompressionSpec) -> float:
 __all__ = [
     "BLOCK_SUFFIX", "COMPRESSION_KINDS", "CompressionSpec", "DEFAULT_ELEMENT_BYTES", "PhysicalTable",
     "QR_COMBINES", "QR_QUOTIENT_SUFFIX", "QR_REMAINDER_SUFFIX", "compressed_bytes", "compression_ratio",
-    "physical_tables", "projection_bytes", "projection_shape", "qr_buckets", "qr_dims", "qr_rows", "storage_spec",
+    "physical_tables", "projection_bytes", "projection_shape", "qr_buckets", "qr_dims", "qr_rows", "spec_storage",
+    "storage_spec",
 ]

@@ -89,13 +89,32 @@ def _verified(checkpoint: str, where: str) -> Dict[str, Any]:
 
 def _check_tables(meta: Dict[str, Any], schema: DatasetSchema, cfg: JobConfig, checkpoint: str) -> None:
     saved = meta.get("tables", {})
+    compressed = meta.get("compression", {})
     for f in schema.sparse:
+        if f.name in compressed:
+            _check_compressed(f.name, int(f.num_embeddings), int(cfg.model.embedding_dim), compressed[f.name], saved,
+                              checkpoint)
+            continue
         got = saved.get(f.name)
         want = {"num_embeddings": int(f.num_embeddings), "dim": int(cfg.model.embedding_dim)}
         if got is None or {k: int(got.get(k, -1)) for k in want} != want:
             raise DataError(f"Checkpoint {checkpoint!r} holds table {f.name!r} as {got}; the config and schema make "
                             f"it {want}. Export with the config and dataset the checkpoint was trained with.",
                             category="bad_checkpoint")
+
+
+def _check_compressed(name: str, rows: int, dim: int, storage: Dict[str, Any], saved: Dict[str, Any],
+                      checkpoint: str) -> None:
+    """The checkpoint's physical tables of compressed table ``name`` have the shapes its storage makes."""
+    from rayemb.embedding.compression_math import physical_tables, storage_spec
+
+    for part in physical_tables(rows, dim, storage_spec(storage)):
+        got = saved.get(name + part.suffix)
+        want = {"num_embeddings": int(part.rows), "dim": int(part.dim)}
+        if got is None or {k: int(got.get(k, -1)) for k in want} != want:
+            raise DataError(f"Checkpoint {checkpoint!r} holds {name}{part.suffix} (table {name!r} stored {storage}) "
+                            f"as {got}; the config and schema make it {want}. Export with the config and dataset the "
+                            "checkpoint was trained with.", category="bad_checkpoint")
 
 
 def source_from_run(run_id: str, tracking_uri: str, kind: str = "best") -> ExportSource:
@@ -244,8 +263,10 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
     t0 = time.monotonic()
     out = check_out(out)
     example = input_example(source.data_dir, source.schema)
-    mcfg = model_config(source.cfg)
     meta = source.meta
+    mcfg = model_config(source.cfg)
+    if meta.get("compression"):  # the checkpoint's compressed tables: the inference model stores them alike
+        mcfg["compression"] = dict(meta["compression"])
     info = {
         "model": mcfg, "job_name": source.cfg.name, "rayemb_version": __version__,
         "step": int(meta.get("step", 0)), "epoch": int(meta.get("epoch", 0)),

@@ -62,14 +62,27 @@ def model_config(cfg: Any) -> Dict[str, Any]:
 
 
 def build_dlrm(schema: DatasetSchema, model_cfg: Mapping[str, Any], device: Any = None):
-    """A plain DLRM (one EBC table per sparse feature) of the job's shape, on ``device`` (``meta``: no memory)."""
+    """A plain DLRM (one EBC table per sparse feature) of the job's shape, on ``device`` (``meta``: no memory).
+
+    ``model_cfg["compression"]`` (table -> storage, from the checkpoint's meta.json) makes the embedding a
+    :class:`~rayemb.embedding.compressed.CompressedEmbeddingBagCollection` of the same compression.
+    """
     import torch
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from rayemb.model.dlrm import DLRM, table_configs
 
     device = torch.device(device or "cpu")
-    ebc = EmbeddingBagCollection(tables=table_configs(schema, int(model_cfg["embedding_dim"])), device=device)
+    tables = table_configs(schema, int(model_cfg["embedding_dim"]))
+    if model_cfg.get("compression"):
+        from rayemb.embedding.compressed import CompressedEmbeddingBagCollection
+        from rayemb.embedding.compression_math import storage_spec
+
+        # compressed tables as trained (physical tables T__q / T__r / T__block, ids split inside)
+        specs = {t: storage_spec(st) for t, st in model_cfg["compression"].items()}
+        ebc = CompressedEmbeddingBagCollection(tables, specs, device=device)
+    else:
+        ebc = EmbeddingBagCollection(tables=tables, device=device)
     return DLRM(ebc, feature_names=schema.sparse_names, dense_in_features=len(schema.dense),
                 bottom_mlp=list(model_cfg["bottom_mlp"]), top_mlp=list(model_cfg["top_mlp"]), dense_device=device)
 
@@ -82,6 +95,15 @@ def _strip_wrappers(key: str) -> str:
             if key.startswith(p):
                 key, changed = key[len(p):], True
     return key
+
+
+def _table_of(key: str) -> Optional[str]:
+    """The checkpoint table of an inference-model weight key (compressed ones: their physical tables), else None."""
+    import re
+
+    m = re.match(r"embedding\.(?:bags\.)?embedding_bags\.([^.]+)\.weight$", key) or re.match(
+        r"embedding\.rows\.d\d+\.embeddings\.([^.]+)\.weight$", key)
+    return m.group(1) if m else None
 
 
 def inference_state(unsharded: Mapping[str, Any], schema: DatasetSchema, model_cfg: Mapping[str, Any],
@@ -100,10 +122,12 @@ def inference_state(unsharded: Mapping[str, Any], schema: DatasetSchema, model_c
            "its data.path).")
     out: Dict[str, Any] = {}
     for key, want in target.items():
-        if key.startswith("embedding.embedding_bags.") and key.endswith(".weight"):
-            table = key[len("embedding.embedding_bags."):-len(".weight")]
+        table = _table_of(key)
+        if table is not None:
             got = unsharded["tables"].get(table, {}).get("weight")
             what = f"table {table!r}"
+        elif key.startswith("embedding.projections."):  # a block table's projection: the trained model's plain child
+            got, what = dense.get("embedding.plain." + key[len("embedding."):]), f"model tensor {key!r}"
         else:
             got, what = dense.get(key), f"model tensor {key!r}"
         if got is None:
