@@ -201,7 +201,7 @@ def auc_rows(config: str, overrides: Sequence[str], n_tables: int, seed: int, do
     if not ray.is_initialized():
         ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING")
     base = load_config(config, list(overrides))
-    from rayemb.storage import resolve_path
+    from rayemb.config import resolve_path
 
     tables = largest_tables(resolve_path(base.data.path), n_tables)
     rows: List[Dict[str, Any]] = []

@@ -179,6 +179,8 @@ def torchrec_plan(
             if sub.endswith(HOT_SUFFIX) and name in by_table:
                 continue  # the cold half decides a hybrid table's sharding type and ranks
             sharding_type = Placement.DATA_PARALLEL.value if sub.endswith(HOT_SUFFIX) else ps.sharding_type
+            if name in compressed and name in by_table:  # a QR table's second part: the ranks of both
+                shard_ranks = tuple(sorted(set(by_table[name][1]) | set(shard_ranks)))
             by_table[name] = (sharding_type, shard_ranks, ps.compute_kernel)
     for name in compressed:  # data-parallel QR-mult rows: dense replicated parameters, not in TorchRec's plan
         if name not in by_table:

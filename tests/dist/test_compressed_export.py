@@ -168,3 +168,5 @@ def test_exported_compressed_model_predicts_what_the_sharded_model_predicts(job,
     probs = loaded.predict(valid.slice(0, 2 * half))
     np.testing.assert_allclose(probs, sigmoid(sharded), rtol=0, atol=1e-5)
     assert probs.std() > 1e-3
+    assert loaded.info["model"]["compression"]["C4"] == {"compression": "block", "block_dim": 4}
+    assert loaded.info["torchscript"] is None  # the compressed module does not script; state dict + pyfunc only

@@ -42,3 +42,9 @@ def test_job_trains_with_qr_and_block_tables(ray_2_cpus, tiny_data, tmp_path):
         saved = json.load(fh)["tables"]
     assert saved["C1"]["storage"]["compression"] == "qr" and saved["C2"]["storage"]["block_dim"] == 4
     assert result.metrics["valid_auc"] > 0.65, result.metrics
+    # the model really held the physical tables: the checkpoint has them, and says how they were stored
+    with open(os.path.join(result.best_checkpoint, "meta.json")) as fh:
+        meta = json.load(fh)
+    assert {"C1__q", "C1__r", "C2__block", "C3__q", "C3__r", "C4"} <= set(meta["tables"]), sorted(meta["tables"])
+    assert "C1" not in meta["tables"] and meta["tables"]["C2__block"]["dim"] == 4
+    assert meta["compression"]["C1"]["compression"] == "qr" and meta["compression"]["C2"]["block_dim"] == 4
