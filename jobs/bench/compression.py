@@ -17,12 +17,14 @@ Three parts, each on the real modules or the real job:
   backward, as the job trains) of each module sharded table-wise by
   ``DistributedModelParallel`` on one gloo rank, CPU, at ``--step-rows`` x
   ``--step-dim`` (default 1,048,576 x 128), ``--step-batch`` bags of
-  ``--step-pooling`` ids; median of ``--step-iters`` steps after 3 warm-up steps.
+  ``--step-pooling`` ids; median (and min, max) of ``--step-iters`` steps after 3
+  warm-up steps, the variants' steps interleaved in one process.
 * **accuracy**: the default synthetic job (``--config``, default
   jobs/configs/synth_small.yaml) trained three times in one Ray cluster with the
   same seed, data and steps: plain, QR and block on the ``--tables`` largest
-  tables (``planner.tables.<T>.compression``); valid AUC and logloss side by
-  side. Acceptance: AUC within ``--auc-tolerance`` (0.01) of plain for QR and block.
+  tables (``planner.tables.<T>.compression``), every table pinned to
+  ``--sharding`` (default table_wise, which QR and block tables allow) so that the
+  plans differ only in the compression; valid AUC and logloss side by side. Acceptance: AUC within ``--auc-tolerance`` (0.01) of plain for QR and block.
 
 ``kernel: cached`` (FBGEMM's ``fused_uvm_caching``, a device cache in front of
 host memory) needs CUDA: on CPU it is not measured (the JSON says so).
@@ -39,7 +41,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -128,8 +130,10 @@ def memory_acceptance(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
 # ---- step time: DMP on one gloo rank, fused row-wise Adagrad in backward ---- #
 
 
-def _step_rank(rank: int, world_size: int, variant: str, rows: int, dim: int, batch: int, pooling: int,
-               iters: int) -> Dict[str, Any]:
+def _step_rank(rank: int, world_size: int, variants: Sequence[str], rows: int, dim: int, batch: int, pooling: int,
+               iters: int) -> List[Dict[str, Any]]:
+    """All variants in one process, their steps interleaved (plain, block, qr, plain, ...) so that a change in
+    the machine's load touches them alike; the same ids for every variant in each round."""
     import numpy as np
     import torch
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -143,56 +147,63 @@ def _step_rank(rank: int, world_size: int, variant: str, rows: int, dim: int, ba
     from rayemb.embedding.sharders import cpu_capable_sharders
 
     torch.manual_seed(0)
-    cfg = EmbeddingBagConfig(name="t", embedding_dim=dim, num_embeddings=rows, feature_names=["f"])
-    module, cons = compressed_from_placements([cfg], {"t": spec_of(variant, dim)}, {"t": "table_wise"},
-                                              device=torch.device("meta"))
-    apply_optimizer_in_backward(RowWiseAdagrad, module.table_parameters(), {"lr": 0.01})
     sharders = cpu_capable_sharders()
-    plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"),
-                                    constraints=cons).plan(module, sharders)
-    dmp = DistributedModelParallel(module, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    models = {}
+    for v in variants:
+        cfg = EmbeddingBagConfig(name="t", embedding_dim=dim, num_embeddings=rows, feature_names=["f"])
+        module, cons = compressed_from_placements([cfg], {"t": spec_of(v, dim)}, {"t": "table_wise"},
+                                                  device=torch.device("meta"))
+        apply_optimizer_in_backward(RowWiseAdagrad, module.table_parameters(), {"lr": 0.01})
+        plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"),
+                                        constraints=cons).plan(module, sharders)
+        models[v] = DistributedModelParallel(module, device=torch.device("cpu"), plan=plan, sharders=sharders)
     rng = np.random.default_rng(0)
-    times = []
+    times: Dict[str, List[float]] = {v: [] for v in variants}
     for i in range(iters + 3):
         lengths = torch.full((batch,), pooling, dtype=torch.int64)
         ids = torch.from_numpy(rng.integers(0, rows, size=batch * pooling))
         kjt = KeyedJaggedTensor.from_lengths_sync(keys=["f"], values=ids, lengths=lengths)
-        t0 = time.perf_counter()
-        out = dmp(kjt).values()
-        out.sum().backward()
-        elapsed = time.perf_counter() - t0
-        if i >= 3:
-            times.append(elapsed * 1e3)
-    return {"variant": variant, "rows": rows, "dim": dim, "batch": batch, "pooling": pooling, "iters": iters,
-            "median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times), "times_ms": times}
+        for v in variants:
+            t0 = time.perf_counter()
+            models[v](kjt).values().sum().backward()
+            if i >= 3:  # warm-up steps not counted
+                times[v].append((time.perf_counter() - t0) * 1e3)
+    return [{"variant": v, "rows": rows, "dim": dim, "batch": batch, "pooling": pooling, "iters": iters,
+             "median_ms": statistics.median(times[v]), "min_ms": min(times[v]), "max_ms": max(times[v]),
+             "times_ms": times[v]} for v in variants]
 
 
 def step_rows(rows: int, dim: int, batch: int, pooling: int, iters: int) -> List[Dict[str, Any]]:
     from rayemb.multiprocess import run_multiprocess
 
-    return [run_multiprocess(_step_rank, 1, variant=v, rows=rows, dim=dim, batch=batch, pooling=pooling,
-                             iters=iters, threads_per_rank=2)[0] for v in VARIANTS]
+    return run_multiprocess(_step_rank, 1, variants=list(VARIANTS), rows=rows, dim=dim, batch=batch,
+                            pooling=pooling, iters=iters, threads_per_rank=2)[0]
 
 
 # ---- accuracy: the real job, plain vs QR vs block ---- #
 
 
-def largest_tables(data_path: str, n: int) -> List[str]:
+def largest_tables(data_path: str, n: int) -> Tuple[List[str], List[str]]:
+    """The ``n`` largest tables of the dataset, largest first, then every table."""
     from rayemb.data.schema import DatasetSchema
 
     schema = DatasetSchema.load(data_path)
-    return [f.name for f in sorted(schema.sparse, key=lambda f: -int(f.num_embeddings))[:n]]
+    return [f.name for f in sorted(schema.sparse, key=lambda f: -int(f.num_embeddings))[:n]], schema.sparse_names
 
 
-def pins_for(variant: str, tables: Sequence[str]) -> List[str]:
-    if variant == "plain":
-        return []
-    pin = "{compression: qr}" if variant == "qr" else "{compression: block}"
-    return ["planner.tables={" + ", ".join(f"{t}: {pin}" for t in tables) + "}"]
+def pins_for(variant: str, tables: Sequence[str], all_tables: Sequence[str], sharding: Optional[str]) -> List[str]:
+    """``planner.tables`` of one setting: the compression of ``tables`` and, with ``sharding``, every table's
+    sharding type (the same plan in every setting: only the compression differs)."""
+    pins = {t: [f"sharding: {sharding}"] if sharding else [] for t in all_tables}
+    if variant != "plain":
+        for t in tables:
+            pins[t].append(f"compression: {variant}")
+    body = ", ".join(f"{t}: {{{', '.join(p)}}}" for t, p in pins.items() if p)
+    return [f"planner.tables={{{body}}}"] if body else []
 
 
 def auc_rows(config: str, overrides: Sequence[str], n_tables: int, seed: int, doc: Dict[str, Any],
-             out: str) -> List[Dict[str, Any]]:
+             out: str, sharding: Optional[str]) -> List[Dict[str, Any]]:
     import ray
 
     from rayemb.config import load_config
@@ -203,18 +214,22 @@ def auc_rows(config: str, overrides: Sequence[str], n_tables: int, seed: int, do
     base = load_config(config, list(overrides))
     from rayemb.config import resolve_path
 
-    tables = largest_tables(resolve_path(base.data.path), n_tables)
+    tables, all_tables = largest_tables(resolve_path(base.data.path), n_tables)
     rows: List[Dict[str, Any]] = []
     for variant in ("plain", "qr", "block"):
         print(f"accuracy: training {variant} ({' '.join(tables) if variant != 'plain' else 'no table'} compressed)",
               flush=True)
-        cfg = load_config(config, [*overrides, *pins_for(variant, tables), f"train.seed={seed}",
+        cfg = load_config(config, [*overrides, *pins_for(variant, tables, all_tables, sharding), f"train.seed={seed}",
                                    f"tracking.run_name=compression-{variant}-seed{seed}"])
         r = run_training(cfg)
         storage = {t: v.get("storage") for t, v in r.plan["tables"].items() if v.get("storage")}
         emb = sum(v.get("storage", {}).get("device_memory_bytes", v.get("memory_bytes", 0))
                   for v in r.plan["tables"].values())
+        placements: Dict[str, int] = {}
+        for t in r.plan["tables"].values():
+            placements[t["placement"]] = placements.get(t["placement"], 0) + 1
         rows.append({"variant": variant, "tables": [] if variant == "plain" else list(tables),
+                     "placements": placements,
                      "tables_str": "-" if variant == "plain" else " ".join(tables), "status": r.status,
                      "valid_auc": r.metrics.get("valid_auc"), "valid_logloss": r.metrics.get("valid_logloss"),
                      "steps": int(r.metrics.get("step", 0)) or None, "wall_time_s": r.wall_time_s,
@@ -266,6 +281,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="job config overrides (accuracy)")
     p.add_argument("--tables", type=int, default=5, help="compress the N largest tables (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sharding", default="table_wise",
+                   help="pin every table to this sharding type in all three runs, so that only the compression "
+                        "differs ('' lets the planner choose per run; default %(default)s)")
     p.add_argument("--auc-tolerance", type=float, default=0.01)
     p.add_argument("--step-rows", type=int, default=1_048_576)
     p.add_argument("--step-dim", type=int, default=128)
@@ -292,7 +310,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         write_result(args.out, doc)
     rows: List[Dict[str, Any]] = []
     if "auc" not in args.skip:
-        rows = auc_rows(args.config, args.set, args.tables, args.seed, doc, args.out)
+        doc["sharding_pin"] = args.sharding or None
+        rows = auc_rows(args.config, args.set, args.tables, args.seed, doc, args.out, args.sharding or None)
         deltas = {r["variant"]: r["auc_vs_plain"] for r in rows if r["variant"] != "plain"}
         doc.setdefault("acceptance", {})["auc"] = {
             "tolerance": args.auc_tolerance, "delta_vs_plain": deltas,
