@@ -105,7 +105,14 @@ def sequence_plan(cfg: JobConfig, schema: DatasetSchema, topology: Any, global_b
         raise PlanError(f"TorchRec's planner found no placement of the sequence tables {[f.name for f in features]} "
                         f"on {topology.world_size} ranks ({type(e).__name__}: {str(e).splitlines()[0]}). Lower "
                         "max_length or model.embedding_dim, or add ranks.", "insufficient_storage") from None
-    return plan.plan[SEQUENCE_MODULE]
+    module_plan = plan.plan[SEQUENCE_MODULE]
+    widths = {int(sh.shard_sizes[1]) for ps in module_plan.values() if ps.sharding_type == "column_wise"
+              for sh in ps.sharding_spec.shards}
+    if len(widths) > 1:  # cannot happen with one dim and one min_partition; TorchRec would fail at the first step
+        raise PlanError(f"The sequence tables' column-wise shards have widths {sorted(widths)}; TorchRec 1.8 needs "
+                        "one width per rank. Report this plan; pin another model.embedding_dim meanwhile.",
+                        "insufficient_storage")
+    return module_plan
 
 
 def _meta() -> Any:
