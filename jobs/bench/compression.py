@@ -24,7 +24,8 @@ Three parts, each on the real modules or the real job:
   same seed, data and steps: plain, QR and block on the ``--tables`` largest
   tables (``planner.tables.<T>.compression``), every table pinned to
   ``--sharding`` (default table_wise, which QR and block tables allow) so that the
-  plans differ only in the compression; valid AUC and logloss side by side. Acceptance: AUC within ``--auc-tolerance`` (0.01) of plain for QR and block.
+  plans differ only in the compression; valid AUC and logloss side by side.
+  Acceptance: AUC within ``--auc-tolerance`` (0.01) of plain for QR and block.
 
 ``kernel: cached`` (FBGEMM's ``fused_uvm_caching``, a device cache in front of
 host memory) needs CUDA: on CPU it is not measured (the JSON says so).

@@ -165,7 +165,10 @@ def storage_spec(storage: Optional[Mapping[str, Any]]) -> CompressionSpec:
 
 
 def spec_storage(spec: CompressionSpec, rows: int) -> Dict[str, Any]:
-    """The inverse of :func:`storage_spec` for a table of ``rows`` rows, QR buckets resolved (checkpoint meta, model.json)."""
+    """The inverse of :func:`storage_spec` for a table of ``rows`` rows, QR buckets resolved.
+
+    What checkpoints (meta.json) and exported models (model.json) record.
+    """
     if spec.kind == "qr":
         return {"compression": "qr", "buckets": qr_buckets(rows, spec.buckets), "combine": spec.combine}
     if spec.kind == "block":

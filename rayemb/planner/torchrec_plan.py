@@ -74,7 +74,10 @@ def _sharding_types_for(placement: Placement, pin: Optional[TablePin], topology:
 
 
 def compression_of(choices: Mapping[str, Cost]) -> Dict[str, CompressionSpec]:
-    """Compressed table -> its spec, from the planner's choices (a ``StoredCost``'s ``option``; cached ones are plain)."""
+    """Compressed table -> its spec, from the planner's choices (a ``StoredCost``'s ``option``).
+
+    Cached tables (``compression: none``) are plain tables here: only their kernel differs.
+    """
     out = {}
     for name, c in choices.items():
         option = getattr(c, "option", None)

@@ -90,7 +90,8 @@ def _build(world_size: int, plan: Dict[str, tuple], seed: int):
     replicated = replicated_embedding_parameters(dmp)
     dense = {k: p for k, p in in_backward_optimizer_filter(dmp.named_parameters()) if k not in replicated}
     assert any("projections.blk" in k for k in dense), sorted(dense)  # the projection takes the dense optimizer
-    opt = CombinedOptimizer([dmp.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=LR)),
+    opt = CombinedOptimizer([dmp.fused_optimizer,
+                             KeyedOptimizerWrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=LR)),
                              KeyedOptimizerWrapper(replicated, lambda ps: RowWiseAdagrad(ps, lr=LR))])
     planned = {t for mp in sharding.plan.values() for t in mp}
     return dmp, opt, sparse.remapper, planned, sorted(replicated)

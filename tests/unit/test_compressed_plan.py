@@ -86,7 +86,8 @@ def test_storage_entries_and_specs_round_trip():
     for spec, rows in ((CompressionSpec("qr", combine="add"), 50), (CompressionSpec("block", block_dim=4), 10),
                        (CompressionSpec("qr", buckets=8, combine="concat"), 60)):
         st = spec_storage(spec, rows)
-        assert storage_spec(st).kind == spec.kind and storage_spec(spec_storage(storage_spec(st), rows)) == storage_spec(st)
+        back = storage_spec(st)
+        assert back.kind == spec.kind and storage_spec(spec_storage(back, rows)) == back
     assert spec_storage(CompressionSpec("qr"), 50)["buckets"] == 8  # resolved: ceil(sqrt(50))
 
 
