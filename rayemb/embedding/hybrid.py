@@ -104,7 +104,9 @@ class HybridEmbeddingBagCollection(nn.Module):
 
     Children (each sharded by ``DistributedModelParallel`` with stock sharders):
 
-    * ``plain``: ``EmbeddingBagCollection`` of tables without a hot set (any plan);
+    * ``plain``: ``EmbeddingBagCollection`` of tables without a hot set (any plan), or a
+      :class:`~rayemb.embedding.compressed.CompressedEmbeddingBagCollection` when
+      ``compression`` names a table (QR / block; never hybrid);
     * ``hot``: ``EmbeddingBagCollection`` of hot rows, SUM pooling (mean is
       applied after merging with the cold half); shard it ``data_parallel``;
     * ``cold``: ``ModuleDict`` ``d{dim}`` -> ``EmbeddingCollection`` of cold rows;
@@ -204,7 +206,8 @@ class HybridEmbeddingBagCollection(nn.Module):
         (:meth:`HybridRemapper.split_weight`; an empty half has no entry),
         plain tables pass whole. ``prefix`` is this module's path in a parent
         (e.g. ``"sparse."``). The inverse direction is
-        :meth:`HybridRemapper.merge_weight`.
+        :meth:`HybridRemapper.merge_weight`. Compressed tables take their
+        physical tables' weights (``weights["t__q"]``, ...).
         """
         r = self.remapper
         out: Dict[str, torch.Tensor] = {}

@@ -69,6 +69,25 @@ def test_data_parallel_qr_mult_rows_are_dense_and_still_reported():
     assert all(p is not module.plain.replicated["embeddings"]["C1__q"].weight for p in module.table_parameters())
 
 
+def test_split_state_dict_places_physical_tables_of_a_compressed_module():
+    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
+
+    module = HybridEmbeddingBagCollection(_configs(), {"C3": np.arange(5)}, compression={
+        "C1": CompressionSpec("qr"), "C2": CompressionSpec("block", block_dim=4)})
+    weights = {n: p.detach().clone() + 1 for n, p in (
+        ("C1__q", module.plain.rows["d16"].embeddings["C1__q"].weight),
+        ("C1__r", module.plain.rows["d16"].embeddings["C1__r"].weight),
+        ("C2__block", module.plain.bags.embedding_bags["C2__block"].weight),
+        ("C4", module.plain.bags.embedding_bags["C4"].weight))}
+    weights["C3"] = torch.zeros(200, 16)
+    state = module.split_state_dict(weights)
+    assert torch.equal(state["plain.rows.d16.embeddings.C1__q.weight"], weights["C1__q"])
+    assert torch.equal(state["plain.bags.embedding_bags.C4.weight"], weights["C4"])
+    missing = set(module.state_dict()) - set(state)
+    assert missing == {"plain.projections.C2.weight"}  # dense, not a table
+    module.load_state_dict(state, strict=False)
+
+
 def test_compressed_and_hybrid_together_is_refused():
     from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
 
