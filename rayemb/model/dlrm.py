@@ -64,6 +64,7 @@ class DLRM(nn.Module):
                                                            for f in self.sequence_features}
         if (sequence is None) != (not self.sequence_features):
             raise ValueError("pass both the sequence EmbeddingCollection and its sequence_features, or neither")
+        self.has_sequence = sequence is not None
         if sequence is not None:
             self.sequence = sequence  # checkpoint keys: sequence.embeddings.<table>.weight
             self.history_tower = UserHistoryTower(sequence_tower)
@@ -79,16 +80,24 @@ class DLRM(nn.Module):
         dense_out = self.dense_arch(dense)
         pooled = self.embedding(sparse).to_dict()
         vectors = [pooled[f] for f in self.feature_names]
-        if self.sequence_features:
-            if sequence is None:
-                raise ValueError("this DLRM has sequence features; pass their KJT (Batch.sequence) as `sequence`")
-            padded = pad_sequences(self.sequence(sequence), self.sequence_features)
-            for f in self.sequence_features:
-                history, mask = padded[f.name]
-                target = self.sequence_targets[f.name]
-                vectors.append(self.history_tower(history, mask, pooled[target] if target else None))
+        if not torch.jit.is_scripting():  # TorchScript skips this block: plain DLRMs stay scriptable (export)
+            if self.has_sequence:
+                vectors.extend(self._history_vectors(pooled, sequence))
         sparse_out = torch.stack(vectors, dim=1)  # (B, F + S, D)
         return self.over_arch(self.inter_arch(dense_out, sparse_out)).squeeze(-1)
+
+    def _history_vectors(self, pooled: Dict[str, torch.Tensor],
+                         sequence: Optional[KeyedJaggedTensor]) -> List[torch.Tensor]:
+        """One ``(B, D)`` tower output per sequence feature."""
+        if sequence is None:
+            raise ValueError("this DLRM has sequence features; pass their KJT (Batch.sequence) as `sequence`")
+        padded = pad_sequences(self.sequence(sequence), self.sequence_features)
+        out = []
+        for f in self.sequence_features:
+            history, mask = padded[f.name]
+            target = self.sequence_targets[f.name]
+            out.append(self.history_tower(history, mask, pooled[target] if target else None))
+        return out
 
 
 def table_configs(schema, embedding_dim: int) -> List[EmbeddingBagConfig]:
