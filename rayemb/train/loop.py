@@ -166,6 +166,7 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     """
     import torch
     from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -180,7 +181,10 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     emb_opt_cls = _embedding_optimizer(cfg.train.embedding_optimizer)
     for module in (model.embedding, getattr(model, "sequence", None)):  # sequence: the history tables, if any
         if module is not None:
-            apply_optimizer_in_backward(emb_opt_cls, module.parameters(), {"lr": cfg.train.embedding_lr})
+            # only TorchRec's table modules (fused in sharding); projections and replicated rows stay dense
+            tables = [p for m in module.modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
+                      for p in m.parameters()]
+            apply_optimizer_in_backward(emb_opt_cls, tables, {"lr": cfg.train.embedding_lr})
     model = DistributedModelParallel(module=model, device=device, plan=job_plan.sharding_plan,
                                      sharders=cpu_capable_sharders())
     replicated = replicated_embedding_parameters(model)
