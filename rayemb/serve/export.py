@@ -88,9 +88,13 @@ def _verified(checkpoint: str, where: str) -> Dict[str, Any]:
 
 
 def _check_tables(meta: Dict[str, Any], schema: DatasetSchema, cfg: JobConfig, checkpoint: str) -> None:
+    """Every table the config and schema make (pooled, and the sequence tables of a history tower) is in the
+    checkpoint's meta.json with its shape: a mismatch fails here, before the (large) tables are read."""
+    from rayemb.model.dlrm import sequence_features
+
     saved = meta.get("tables", {})
     compressed = meta.get("compression", {})
-    for f in schema.sparse:
+    for f in [*schema.sparse, *sequence_features(cfg.model, schema)]:
         if f.name in compressed:
             _check_compressed(f.name, int(f.num_embeddings), int(cfg.model.embedding_dim), compressed[f.name], saved,
                               checkpoint)
@@ -182,8 +186,9 @@ def source_from_checkpoint(checkpoint: str, config_path: str, tracking_uri: Opti
                         metrics=metrics)
 
 
-def input_example(data_dir: str, schema: DatasetSchema, rows: int = INPUT_EXAMPLE_ROWS) -> Any:
-    """The first ``rows`` rows of the validation split (else the train split), feature columns, as pandas."""
+def input_example(data_dir: str, schema: DatasetSchema, rows: int = INPUT_EXAMPLE_ROWS, sequence: bool = True) -> Any:
+    """The first ``rows`` rows of the validation split (else the train split), feature columns, as pandas
+    (``sequence``: with the sequence columns, for a model with a history tower)."""
     import pyarrow.parquet as pq
 
     from rayemb.serve.model import feature_columns
@@ -196,7 +201,7 @@ def input_example(data_dir: str, schema: DatasetSchema, rows: int = INPUT_EXAMPL
         if files:
             path, fs = storage.parquet_source(files[0])
             batch = next(pq.ParquetFile(path, filesystem=fs).iter_batches(batch_size=rows,
-                                                                          columns=feature_columns(schema)))
+                                                                          columns=feature_columns(schema, sequence)))
             return batch.to_pandas()
     raise DataError(f"Dataset {data_dir!r} has no parquet files in {VALID_SPLIT}/ or {TRAIN_SPLIT}/ for the model's "
                     "input example. Restore the training dataset at the config's data.path.",
@@ -258,13 +263,13 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
     from rayemb.checkpoint.export import unsharded_state
     from rayemb.serve.mlflow_model import log_pyfunc
     from rayemb.serve.mlflow_model import register as register_version
-    from rayemb.serve.model import InferenceModel, inference_state, model_config
+    from rayemb.serve.model import InferenceModel, inference_state, model_config, uses_sequence
 
     t0 = time.monotonic()
     out = check_out(out)
-    example = input_example(source.data_dir, source.schema)
     meta = source.meta
     mcfg = model_config(source.cfg)
+    example = input_example(source.data_dir, source.schema, sequence=uses_sequence(mcfg))
     if meta.get("compression"):  # the checkpoint's compressed tables: the inference model stores them alike
         mcfg["compression"] = dict(meta["compression"])
     info = {

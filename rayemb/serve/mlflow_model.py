@@ -65,8 +65,10 @@ def pip_requirements() -> List[str]:
     return out
 
 
-def signature(schema: Any) -> Any:
+def signature(schema: Any, sequence: bool = True) -> Any:
     """Input: the feature columns; output: ``prediction`` (double).
+
+    ``sequence`` (a model with a history tower): the schema's sequence columns too, arrays of ``long``.
 
     Dense columns are ``double`` (float32 and float64 pass; nulls read as 0),
     multi-hot columns arrays of ``long``. One-hot id columns are ``Any``:
@@ -81,6 +83,7 @@ def signature(schema: Any) -> Any:
 
     cols = [ColSpec(DataType.double, c) for c in schema.dense]
     cols += [ColSpec(Array(DataType.long) if f.multi_hot else AnyType(), f.name) for f in schema.sparse]
+    cols += [ColSpec(Array(DataType.long), name) for name in (schema.sequence_names if sequence else [])]
     return ModelSignature(inputs=Schema(cols), outputs=Schema([ColSpec(DataType.double, PREDICTION_COLUMN)]))
 
 
@@ -111,6 +114,12 @@ def log_pyfunc(model_dir: str, schema: Any, tracking_uri: str, run_id: str, inpu
     from mlflow.entities import LoggedModelStatus
     from mlflow.models import Model
 
+    import json
+
+    from rayemb.serve.model import INFO_FILE, uses_sequence
+
+    with open(os.path.join(model_dir, INFO_FILE)) as f:
+        sequence = uses_sequence(json.load(f).get("model", {}))
     with tracking(tracking_uri):
         client = mlflow.MlflowClient(tracking_uri)
         # made here, in the run's experiment: Model.log alone would file it under the active (default) experiment
@@ -119,7 +128,7 @@ def log_pyfunc(model_dir: str, schema: Any, tracking_uri: str, run_id: str, inpu
         info = Model.log(
             artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, flavor_name="pyfunc.CustomPythonModel",
             run_id=run_id, model_id=logged.model_id, python_model=RayembPyfuncModel(),
-            artifacts={ARTIFACT_KEY: os.path.abspath(model_dir)}, signature=signature(schema),
+            artifacts={ARTIFACT_KEY: os.path.abspath(model_dir)}, signature=signature(schema, sequence),
             input_example=input_example, pip_requirements=pip_requirements(), step=int(step),
             await_registration_for=0,
         )

@@ -15,7 +15,15 @@ On disk (``rayemb export --out DIR``)::
     DIR/model.pt     the model's state dict, plain tensors (torch.load(..., weights_only=True))
     DIR/model.json   format, schema, model config, id_policy, source run/checkpoint, step, valid_auc
     DIR/model.torchscript.pt   torch.jit.script of the DLRM: (dense after log1p, KJT of logical ids) -> logits;
-                     load with torch.jit.load after ``import torchrec`` (its FBGEMM ops)
+                     load with torch.jit.load after ``import torchrec`` (its FBGEMM ops). Not written for
+                     models with a user-history tower (``model.sequence_tower``): the DLRM skips that branch
+                     under TorchScript, so a scripted form would silently score without the history
+                     (model.json: ``torchscript: null`` and ``torchscript_skipped`` says why)
+
+A model trained with sequence features (docs/sequence.md) is exported with its
+``sequence`` EmbeddingCollection (one table per sequence feature, checkpoint
+table ``<name>``) and its tower; it scores the history columns (``list<int64>``,
+cut to their ``max_length`` most recent ids as in training) as further inputs.
 
 ``torch.export`` of the DLRM works too (non-strict), but specializes the batch
 size and the id count of the example batch, so it is not written.
@@ -58,7 +66,27 @@ def model_config(cfg: Any) -> Dict[str, Any]:
     """The ``model`` section of a :class:`~rayemb.config.JobConfig` as plain JSON values."""
     m = cfg.model
     return {"embedding_dim": int(m.embedding_dim), "bottom_mlp": [int(x) for x in m.bottom_mlp],
-            "top_mlp": [int(x) for x in m.top_mlp]}
+            "top_mlp": [int(x) for x in m.top_mlp], "sequence_tower": str(getattr(m, "sequence_tower", "none"))}
+
+
+def uses_sequence(model_cfg: Optional[Mapping[str, Any]]) -> bool:
+    """Whether a model config (model.json's ``model``) has a user-history tower; exports made before
+    ``sequence_tower`` existed have none."""
+    return model_cfg is None or str(model_cfg.get("sequence_tower", "none")) != "none"
+
+
+def _sequence_args(schema: DatasetSchema, model_cfg: Mapping[str, Any], device: Any) -> Dict[str, Any]:
+    """The DLRM's sequence arguments as the training job passes them (rayemb.train.sharding.build_model)."""
+    from types import SimpleNamespace
+
+    from rayemb.model.dlrm import sequence_features, sequence_module
+
+    cfg = SimpleNamespace(embedding_dim=int(model_cfg["embedding_dim"]),
+                          sequence_tower=str(model_cfg.get("sequence_tower", "none")))
+    features = sequence_features(cfg, schema)
+    return {"sequence": sequence_module(cfg, schema, device=device), "sequence_features": features,
+            "sequence_targets": {f.name: f.target for f in schema.sequence},
+            "sequence_tower": cfg.sequence_tower if features else "mean"}
 
 
 def build_dlrm(schema: DatasetSchema, model_cfg: Mapping[str, Any], device: Any = None):
@@ -84,7 +112,8 @@ def build_dlrm(schema: DatasetSchema, model_cfg: Mapping[str, Any], device: Any 
     else:
         ebc = EmbeddingBagCollection(tables=tables, device=device)
     return DLRM(ebc, feature_names=schema.sparse_names, dense_in_features=len(schema.dense),
-                bottom_mlp=list(model_cfg["bottom_mlp"]), top_mlp=list(model_cfg["top_mlp"]), dense_device=device)
+                bottom_mlp=list(model_cfg["bottom_mlp"]), top_mlp=list(model_cfg["top_mlp"]), dense_device=device,
+                **_sequence_args(schema, model_cfg, device))
 
 
 def _strip_wrappers(key: str) -> str:
@@ -102,7 +131,8 @@ def _table_of(key: str) -> Optional[str]:
     import re
 
     m = re.match(r"embedding\.(?:bags\.)?embedding_bags\.([^.]+)\.weight$", key) or re.match(
-        r"embedding\.rows\.d\d+\.embeddings\.([^.]+)\.weight$", key)
+        r"embedding\.rows\.d\d+\.embeddings\.([^.]+)\.weight$", key) or re.match(
+        r"sequence\.embeddings\.([^.]+)\.weight$", key)
     return m.group(1) if m else None
 
 
@@ -150,9 +180,10 @@ def _as_arrow(data: Any) -> pa.Table:
                     "dataset's columns.", category="invalid_input")
 
 
-def feature_columns(schema: DatasetSchema) -> List[str]:
-    """The columns a prediction needs: the dense and then the sparse features (the label is optional)."""
-    return [*schema.dense, *schema.sparse_names]
+def feature_columns(schema: DatasetSchema, sequence: bool = True) -> List[str]:
+    """The columns a prediction needs: the dense, the sparse and (``sequence``: for a model with a history
+    tower) the sequence features; the label is optional."""
+    return [*schema.dense, *schema.sparse_names, *(schema.sequence_names if sequence else [])]
 
 
 def missing_columns_error(schema: DatasetSchema, missing: List[str], where: str) -> DataError:
@@ -189,8 +220,10 @@ class InferenceModel:
         self.schema = schema
         self.id_policy = id_policy
         self.info = dict(info or {})
+        #: the model has a user-history tower: it scores the schema's sequence columns too
+        self.sequence = bool(getattr(model, "has_sequence", False))
         # ids are logical (one table per feature): no hybrid remap
-        self.converter = BatchConverter(schema, id_policy)
+        self.converter = BatchConverter(schema, id_policy, sequence=self.sequence)
 
     @property
     def device(self) -> Any:
@@ -221,15 +254,18 @@ class InferenceModel:
         os.makedirs(directory, exist_ok=True)
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         torch.save(state, os.path.join(directory, STATE_FILE))
-        scripted = None
-        if torchscript:
+        scripted, skipped = None, None
+        if self.sequence:
+            skipped = ("the DLRM skips its user-history branch under TorchScript (torch.jit.is_scripting), so a "
+                       "scripted form would score without the history; use model.pt (InferenceModel.load)")
+        elif torchscript:
             try:
                 torch.jit.script(self.model).save(os.path.join(directory, TORCHSCRIPT_FILE))
                 scripted = TORCHSCRIPT_FILE
             except Exception as e:  # noqa: BLE001 - an optional form; the state dict is the model
                 logger.warning("no TorchScript form written (torch.jit.script failed: %s: %s)", type(e).__name__, e)
         info = {**self.info, "format": FORMAT, "schema": self.schema.to_dict(), "id_policy": self.id_policy,
-                "torchscript": scripted}
+                "torchscript": scripted, "torchscript_skipped": skipped}
         with open(os.path.join(directory, INFO_FILE), "w") as f:
             json.dump(info, f, indent=1, sort_keys=True)
 
@@ -257,7 +293,7 @@ class InferenceModel:
     def check_columns(self, names: List[str], where: str) -> None:
         """:class:`DataError` (``missing_columns``) when ``names`` lacks a feature column of the schema."""
         have = set(names)
-        missing = [c for c in feature_columns(self.schema) if c not in have]
+        missing = [c for c in feature_columns(self.schema, self.sequence) if c not in have]
         if missing:
             raise missing_columns_error(self.schema, missing, where)
 
@@ -276,6 +312,18 @@ class InferenceModel:
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
                     raise DataError(f"Sparse column {feat.name!r} is {col.type}, not convertible to {want} ({e}). "
                                     "Give ids as integers (lists of integers for multi-hot features).",
+                                    category="invalid_input") from None
+            cols.append(col)
+            names.append(feat.name)
+        for feat in self.schema.sequence if self.sequence else ():
+            col = table.column(feat.name)
+            want = pa.list_(pa.int64())
+            if not col.type.equals(want):
+                try:
+                    col = col.cast(want)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                    raise DataError(f"Sequence column {feat.name!r} is {col.type}, not convertible to {want} ({e}). "
+                                    "Give each row's history as a list of integer ids, oldest first.",
                                     category="invalid_input") from None
             cols.append(col)
             names.append(feat.name)
@@ -298,7 +346,8 @@ class InferenceModel:
         with torch.no_grad():
             for start in range(0, table.num_rows, batch_rows):
                 b = self.converter(table.slice(start, batch_rows))
-                out.append(self.model(b.dense.to(device), b.sparse.to(device)).float().cpu().numpy())
+                history = None if b.sequence is None else b.sequence.to(device)
+                out.append(self.model(b.dense.to(device), b.sparse.to(device), history).float().cpu().numpy())
         return np.concatenate(out)
 
     def predict(self, data: Any, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
@@ -307,4 +356,4 @@ class InferenceModel:
 
 
 __all__ = ["FORMAT", "INFO_FILE", "PREDICTION_COLUMN", "STATE_FILE", "TORCHSCRIPT_FILE", "InferenceModel", "build_dlrm",
-           "feature_columns", "inference_state", "missing_columns_error", "model_config", "sigmoid"]
+           "feature_columns", "inference_state", "missing_columns_error", "model_config", "sigmoid", "uses_sequence"]

@@ -77,13 +77,14 @@ def _remote_input_files(data: str) -> List[str]:
     return files
 
 
-def output_columns(files: Sequence[str], schema: DatasetSchema, keep: Sequence[str]) -> List[str]:
-    """Columns to read: the features, the label when every file has it, and ``keep``; checked in every footer."""
+def output_columns(files: Sequence[str], schema: DatasetSchema, keep: Sequence[str], sequence: bool = True) -> List[str]:
+    """Columns to read: the features (``sequence``: with the sequence columns, for a model with a history
+    tower), the label when every file has it, and ``keep``; checked in every footer."""
     import pyarrow.parquet as pq
 
     from rayemb.serve.model import feature_columns, missing_columns_error
 
-    features = feature_columns(schema)
+    features = feature_columns(schema, sequence)
     has_label = True
     for f in files:
         try:
@@ -186,7 +187,9 @@ def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: 
     bundle = _bundle(model_dir)
     schema = DatasetSchema.from_dict(bundle["info"]["schema"])
     files = input_files(data)
-    columns = output_columns(files, schema, list(keep_columns))
+    from rayemb.serve.model import uses_sequence
+
+    columns = output_columns(files, schema, list(keep_columns), uses_sequence(bundle["info"].get("model", {})))
     passthrough = passthrough_columns(schema, list(keep_columns), schema.label in columns)
     rows_in = sum(pq.ParquetFile(p, filesystem=fs).metadata.num_rows
                   for p, fs in map(storage.parquet_source, files))
