@@ -187,10 +187,13 @@ def feature_columns(schema: DatasetSchema, sequence: bool = True) -> List[str]:
 
 
 def missing_columns_error(schema: DatasetSchema, missing: List[str], where: str) -> DataError:
+    history = set(missing) & set(schema.sequence_names)  # a history-tower model's list<int64> inputs
+    counts = f"{len(schema.dense)} dense, {len(schema.sparse)} sparse" + (
+        f", {len(schema.sequence)} sequence" if history else "")
     return DataError(
         f"{where} lacks column(s) {missing[:10]}{' ...' if len(missing) > 10 else ''} that the model needs "
-        f"({len(schema.dense)} dense, {len(schema.sparse)} sparse features as in the training dataset's "
-        "schema.yaml). Score data with the training dataset's columns (rayemb convert writes them).",
+        f"({counts} features as in the training dataset's schema.yaml). Score data with the training dataset's "
+        "columns (rayemb convert writes them).",
         category="missing_columns")
 
 

@@ -77,7 +77,8 @@ def _remote_input_files(data: str) -> List[str]:
     return files
 
 
-def output_columns(files: Sequence[str], schema: DatasetSchema, keep: Sequence[str], sequence: bool = True) -> List[str]:
+def output_columns(files: Sequence[str], schema: DatasetSchema, keep: Sequence[str],
+                   sequence: bool = True) -> List[str]:
     """Columns to read: the features (``sequence``: with the sequence columns, for a model with a history
     tower), the label when every file has it, and ``keep``; checked in every footer."""
     import pyarrow.parquet as pq

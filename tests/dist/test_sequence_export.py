@@ -111,27 +111,50 @@ def job(tmp_path_factory):
     return {"cfg": cfg, "schema": schema, "checkpoint": checkpoint, "config": str(config_path), "ranks": ranks}
 
 
-def test_exported_sequence_model_predicts_what_the_sharded_model_predicts(job, tmp_path, monkeypatch):
-    import mlflow
+@pytest.fixture(scope="module")
+def exported(job, tmp_path_factory):
+    """``rayemb export --checkpoint`` of the job's checkpoint (run from a scratch directory: nothing MLflow
+    writes may land in the repository)."""
+    import os
+
+    from rayemb.cli import main
+
+    root = tmp_path_factory.mktemp("seq_export_out")
+    out, uri = root / "model", f"sqlite:///{root}/mlflow.db"
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        assert main(["export", "--checkpoint", job["checkpoint"], "--config", job["config"], "--out", str(out),
+                     "--tracking-uri", uri, "--experiment", "seq-export"]) == 0
+    finally:
+        os.chdir(cwd)
+    return {"out": out, "uri": uri}
+
+
+def _valid_and_sharded(job) -> tuple:
+    """The validation rows both ranks scored, and the sharded model's logits of them."""
     import pyarrow.parquet as pq
+
+    from rayemb.data.schema import parquet_files
+
+    valid = pq.read_table(parquet_files(job["cfg"].data.path, "valid"))
+    half = valid.num_rows // 2
+    sharded = np.concatenate([r["logits"] for r in sorted(job["ranks"], key=lambda r: r["lo"])])
+    assert sharded.shape == (2 * half,) and np.isfinite(sharded).all()
+    return valid.slice(0, 2 * half), sharded
+
+
+def test_exported_sequence_model_predicts_what_the_sharded_model_predicts(job, exported, monkeypatch, tmp_path):
+    import mlflow
     import torch
     from mlflow import MlflowClient
 
-    from rayemb.cli import main
-    from rayemb.data.schema import parquet_files
     from rayemb.serve.model import InferenceModel, sigmoid
 
     assert job["ranks"][0]["sharding"]["sequence"]["H1"].endswith("row_wise")
     monkeypatch.chdir(tmp_path)
-    valid = pq.read_table(parquet_files(job["cfg"].data.path, "valid"))
-    half = valid.num_rows // 2
-    rows = valid.slice(0, 2 * half)
-    sharded = np.concatenate([r["logits"] for r in sorted(job["ranks"], key=lambda r: r["lo"])])
-
-    out = tmp_path / "model"
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    assert main(["export", "--checkpoint", job["checkpoint"], "--config", job["config"], "--out", str(out),
-                 "--tracking-uri", uri, "--experiment", "seq-export"]) == 0
+    rows, sharded = _valid_and_sharded(job)
+    out, uri = exported["out"], exported["uri"]
     loaded = InferenceModel.load(str(out))
     assert loaded.sequence and loaded.info["model"]["sequence_tower"] == "attention"
     probs = loaded.predict(rows)
@@ -166,3 +189,28 @@ def pyarrow_empty_lists(n: int) -> Any:
     import pyarrow as pa
 
     return pa.array([[] for _ in range(n)], type=pa.list_(pa.int64()))
+
+
+def test_rayemb_predict_scores_the_history(job, exported, ray_2_cpus, tmp_path, capsys):
+    """``rayemb predict`` (Ray Data) reads the history column and gives the sharded model's probabilities;
+    input without it fails before any work, naming the column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rayemb.cli import main
+    from rayemb.serve.model import sigmoid
+
+    rows, sharded = _valid_and_sharded(job)
+    data = tmp_path / "valid"
+    data.mkdir()
+    pq.write_table(rows, data / "part-00000.parquet")
+    preds = tmp_path / "preds"
+    assert main(["predict", "--model", str(exported["out"]), "--data", str(data), "--out", str(preds)]) == 0
+    table = pa.concat_tables([pq.read_table(f) for f in sorted(preds.glob("*.parquet"))])
+    np.testing.assert_allclose(table.column("prediction").to_numpy(), sigmoid(sharded), rtol=0, atol=1e-5)
+
+    bad = tmp_path / "no_history"
+    bad.mkdir()
+    pq.write_table(rows.drop(["H1"]), bad / "part-00000.parquet")
+    assert main(["predict", "--model", str(exported["out"]), "--data", str(bad), "--out", str(tmp_path / "x")]) == 2
+    assert "['H1']" in capsys.readouterr().err and not (tmp_path / "x").exists()
