@@ -69,10 +69,10 @@ def model_config(cfg: Any) -> Dict[str, Any]:
             "top_mlp": [int(x) for x in m.top_mlp], "sequence_tower": str(getattr(m, "sequence_tower", "none"))}
 
 
-def uses_sequence(model_cfg: Optional[Mapping[str, Any]]) -> bool:
+def uses_sequence(model_cfg: Mapping[str, Any]) -> bool:
     """Whether a model config (model.json's ``model``) has a user-history tower; exports made before
     ``sequence_tower`` existed have none."""
-    return model_cfg is None or str(model_cfg.get("sequence_tower", "none")) != "none"
+    return str(model_cfg.get("sequence_tower", "none")) != "none"
 
 
 def _sequence_args(schema: DatasetSchema, model_cfg: Mapping[str, Any], device: Any) -> Dict[str, Any]:
