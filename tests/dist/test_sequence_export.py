@@ -49,41 +49,13 @@ def _job_plan(cfg: Any, schema: Any, world_size: int) -> Any:
 
 
 def _train_score_rank(rank: int, world_size: int, cfg: Any, schema: Any, checkpoint: str) -> Dict[str, Any]:
-    import pyarrow.parquet as pq
-    import torch
+    from tests._export import train_save_score
 
-    from rayemb.checkpoint.store import save_logical
-    from rayemb.data.batching import BatchConverter
-    from rayemb.data.schema import parquet_files
-    from rayemb.model.dlrm import sequence_features, table_configs
-    from rayemb.train.loop import sharded_model
-
-    torch.manual_seed(cfg.train.seed)
     job_plan = _job_plan(cfg, schema, world_size)
-    model, optimizer, remapper = sharded_model(cfg, schema, job_plan, torch.device("cpu"))
-    convert = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap, sequence=True)
-    train = pq.read_table(parquet_files(cfg.data.path, "train"))
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    for step in range(STEPS):
-        b = convert(train.slice((step * world_size + rank) * BATCH, BATCH))
-        loss = loss_fn(model(b.dense, b.sparse, b.sequence), b.labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    tables = {t.name: (t.num_embeddings, t.embedding_dim) for t in table_configs(schema, DIM)}
-    tables.update({f.name: (f.num_embeddings, f.embedding_dim) for f in sequence_features(cfg.model, schema)})
-    save_logical(checkpoint, model, optimizer, remapper, tables, {"epoch": 0, "step": STEPS, "epoch_complete": True})
-    valid = pq.read_table(parquet_files(cfg.data.path, "valid"))
-    half = valid.num_rows // world_size
-    model.eval()
-    logits = []
-    with torch.no_grad():
-        for start in range(rank * half, (rank + 1) * half, BATCH):
-            b = convert(valid.slice(start, min(BATCH, (rank + 1) * half - start)))
-            logits.append(model(b.dense, b.sparse, b.sequence).numpy())
+    model, out = train_save_score(rank, world_size, cfg, schema, job_plan, checkpoint, STEPS, BATCH)
     sharding = {name: {p: str(ps.sharding_type) for p, ps in module_plan.items()}
                 for name, module_plan in job_plan.sharding_plan.plan.items()}
-    return {"lo": rank * half, "logits": np.concatenate(logits), "sharding": sharding}
+    return {**out, "sharding": sharding}
 
 
 @pytest.fixture(scope="module")

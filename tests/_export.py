@@ -1,0 +1,56 @@
+"""Shared step of the export equivalence tests: train a sharded job model, save it, score validation rows.
+
+``tests/dist/test_export_equivalence.py``, ``test_compressed_export.py`` and
+``test_sequence_export.py`` each plan the job's model their own way; what
+follows the plan is the same: a few optimizer steps on this rank's slice of
+the training rows, ``save_logical`` (the checkpoint ``rayemb export`` reads),
+and this rank's half of the validation rows scored as
+``rayemb.train.loop.evaluate`` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple
+
+import numpy as np
+
+
+def train_save_score(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: Any, checkpoint: str,
+                     steps: int, batch: int) -> Tuple[Any, Dict[str, Any]]:
+    """(model, {"lo": first validation row scored, "logits": this rank's logits}) after ``steps`` steps."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from rayemb.checkpoint.store import save_logical
+    from rayemb.data.batching import BatchConverter
+    from rayemb.data.schema import parquet_files
+    from rayemb.model.dlrm import sequence_features, table_configs
+    from rayemb.train.loop import sharded_model
+
+    torch.manual_seed(cfg.train.seed)
+    model, optimizer, remapper = sharded_model(cfg, schema, job_plan, torch.device("cpu"))
+    history = bool(sequence_features(cfg.model, schema))
+    convert = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap, sequence=history)
+
+    def forward(b: Any) -> Any:
+        return model(b.dense, b.sparse, b.sequence) if history else model(b.dense, b.sparse)
+
+    train = pq.read_table(parquet_files(cfg.data.path, "train"))
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    for step in range(steps):
+        b = convert(train.slice((step * world_size + rank) * batch, batch))
+        loss = loss_fn(forward(b), b.labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    tables = {t.name: (t.num_embeddings, t.embedding_dim) for t in table_configs(schema, cfg.model.embedding_dim)}
+    tables.update({f.name: (f.num_embeddings, f.embedding_dim) for f in sequence_features(cfg.model, schema)})
+    save_logical(checkpoint, model, optimizer, remapper, tables, {"epoch": 0, "step": steps, "epoch_complete": True})
+    valid = pq.read_table(parquet_files(cfg.data.path, "valid"))
+    half = valid.num_rows // world_size
+    model.eval()
+    logits = []
+    with torch.no_grad():
+        for start in range(rank * half, (rank + 1) * half, batch):
+            logits.append(forward(convert(valid.slice(start, min(batch, (rank + 1) * half - start)))).numpy())
+    return model, {"lo": rank * half, "logits": np.concatenate(logits)}
