@@ -59,3 +59,44 @@ def rowwise_adagrad_(p: torch.Tensor, state: dict, key, lr: float, eps: float, c
             inc[sel, c0:c0 + c] = g[sel, c0:c0 + c].pow(2).mean(dim=1, keepdim=True)
         s += inc
         p -= lr * g / (s.sqrt() + eps)
+
+
+def checkpoint_step(dmp, opt, remapper, tables: dict, local_batch: int, step: int, rank: int, world_size: int) -> float:
+    """One step of the checkpoint tests on global batch ``step`` (the same rows whatever the world size).
+
+    ``tables``: name -> (rows, dim); feature ``f_<name>`` gets 1-3 ids per bag. The global batch is
+    ``6 * local_batch`` (divisible by 2 and 3), this rank trains its slice; returns the mean loss over ranks.
+    """
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    rng = np.random.default_rng(1000 + step)
+    global_batch = local_batch * 6
+    keys, lengths, values = [], [], []
+    lo, hi = rank * global_batch // world_size, (rank + 1) * global_batch // world_size
+    for n, (v, _) in tables.items():
+        lens = rng.integers(1, 4, size=global_batch)
+        ids = rng.integers(0, v, size=int(lens.sum()))
+        offs = np.concatenate([[0], np.cumsum(lens)])
+        keys.append(f"f_{n}")
+        lengths.append(lens[lo:hi])
+        values.append(ids[offs[lo]:offs[hi]])
+    labels = torch.from_numpy(rng.integers(0, 2, size=global_batch).astype(np.float32))[lo:hi]
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.from_numpy(np.concatenate(values)),
+                                              lengths=torch.from_numpy(np.concatenate(lengths)))
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(dmp(remapper.remap(kjt)), labels)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    t = loss.detach().clone()
+    torch.distributed.all_reduce(t)
+    return float(t) / world_size
+
+
+def assert_same_state(x: dict, y: dict, where: str = "") -> None:
+    """Nested dicts of tensors equal bit for bit (same keys, dtypes and values)."""
+    assert sorted(x) == sorted(y), (where, sorted(x), sorted(y))
+    for k in x:
+        if isinstance(x[k], dict):
+            assert_same_state(x[k], y[k], f"{where}.{k}")
+        elif isinstance(x[k], torch.Tensor):
+            assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), f"{where}.{k} differs"

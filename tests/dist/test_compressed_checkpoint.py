@@ -26,7 +26,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import pytest
 import torch
-from _sparse import HeadModel
+from _sparse import HeadModel, assert_same_state, checkpoint_step
 
 from rayemb.checkpoint.export import unsharded_state
 from rayemb.multiprocess import run_multiprocess
@@ -97,33 +97,6 @@ def _build(world_size: int, plan: Dict[str, tuple], seed: int):
     return dmp, opt, sparse.remapper, planned, sorted(replicated)
 
 
-def _step(dmp, opt, remapper, step: int, rank: int, world_size: int) -> float:
-    """One step on the global batch ``step`` (the same rows whatever the world size), this rank's slice."""
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    rng = np.random.default_rng(1000 + step)
-    global_batch = LOCAL_BATCH * 6
-    keys, lengths, values = [], [], []
-    lo, hi = rank * global_batch // world_size, (rank + 1) * global_batch // world_size
-    for n, (v, _) in TABLES.items():
-        lens = rng.integers(1, 4, size=global_batch)
-        ids = rng.integers(0, v, size=int(lens.sum()))
-        offs = np.concatenate([[0], np.cumsum(lens)])
-        keys.append(f"f_{n}")
-        lengths.append(lens[lo:hi])
-        values.append(ids[offs[lo]:offs[hi]])
-    labels = torch.from_numpy(rng.integers(0, 2, size=global_batch).astype(np.float32))[lo:hi]
-    kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.from_numpy(np.concatenate(values)),
-                                              lengths=torch.from_numpy(np.concatenate(lengths)))
-    loss = torch.nn.functional.binary_cross_entropy_with_logits(dmp(remapper.remap(kjt)), labels)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    t = loss.detach().clone()
-    torch.distributed.all_reduce(t)
-    return float(t) / world_size
-
-
 def _rank(rank: int, world_size: int, plan_name: str, load: str, save: str, train_steps: int,
           first_step: int, seed: int):
     from rayemb.checkpoint.store import load_logical, save_logical
@@ -132,19 +105,11 @@ def _rank(rank: int, world_size: int, plan_name: str, load: str, save: str, trai
     if load:
         meta = load_logical(load, dmp, opt, remapper, TABLES)
         first_step = int(meta["step"])
-    losses = [_step(dmp, opt, remapper, first_step + i, rank, world_size) for i in range(train_steps)]
+    losses = [checkpoint_step(dmp, opt, remapper, TABLES, LOCAL_BATCH, first_step + i, rank, world_size)
+              for i in range(train_steps)]
     if save:
         save_logical(save, dmp, opt, remapper, TABLES, {"epoch": 0, "step": first_step + train_steps})
     return {"losses": losses, "planned": sorted(planned), "replicated": replicated}
-
-
-def _assert_same(x: dict, y: dict, where: str = "") -> None:
-    assert sorted(x) == sorted(y), (where, sorted(x), sorted(y))
-    for k in x:
-        if isinstance(x[k], dict):
-            _assert_same(x[k], y[k], f"{where}.{k}")
-        elif isinstance(x[k], torch.Tensor):
-            assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), f"{where}.{k} differs"
 
 
 def test_compressed_tables_round_trip_bit_for_bit_across_plans_and_worlds(tmp_path):
@@ -166,9 +131,9 @@ def test_compressed_tables_round_trip_bit_for_bit_across_plans_and_worlds(tmp_pa
     assert proj and any("projections.blk" in k for k in ref["dense_optim"]), (sorted(ref["dense"]), proj)
     for other in (c2, c3):
         got = unsharded_state(other)
-        _assert_same(got["tables"], ref["tables"], "tables")
-        _assert_same(got["dense"], ref["dense"], "dense")
-        _assert_same(got["dense_optim"], ref["dense_optim"], "dense_optim")
+        assert_same_state(got["tables"], ref["tables"], "tables")
+        assert_same_state(got["dense"], ref["dense"], "dense")
+        assert_same_state(got["dense_optim"], ref["dense_optim"], "dense_optim")
 
 
 def test_resumed_compressed_training_continues_the_loss_on_another_plan_and_world(tmp_path):
