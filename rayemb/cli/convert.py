@@ -52,6 +52,9 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
                    help="movielens: label = rating >= this (default: %(default)s)")
     p.add_argument("--history-length", type=int, default=20,
                    help="movielens: items in a row's history list (default: %(default)s)")
+    p.add_argument("--history-as-sequence", action="store_true",
+                   help="movielens: declare history a sequence feature (max_length = --history-length, target item) "
+                        "for model.sequence_tower: mean|attention, instead of a pooled multi-hot bag")
     p.add_argument("--progress-every", type=float, default=DEFAULT_PROGRESS_EVERY_S, metavar="SECONDS",
                    help="seconds between progress lines on stderr (default: %(default)s)")
 
@@ -65,7 +68,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
         valid_days=tuple(args.valid_days or ()), valid_inputs=tuple(args.valid_input or ()), seed=args.seed,
         rows_per_file=args.rows_per_file, max_bad_fraction=args.max_bad_fraction,
         block_size=int(args.block_size_mib * 2**20), rating_threshold=args.rating_threshold,
-        history_length=args.history_length, progress_every_s=args.progress_every,
+        history_length=args.history_length,
+        history_as_sequence=args.history_as_sequence, progress_every_s=args.progress_every,
     )
 
 

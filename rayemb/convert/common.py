@@ -61,6 +61,8 @@ class ConvertOptions:
     block_size: int = DEFAULT_BLOCK_SIZE
     rating_threshold: float = 4.0
     history_length: int = 20
+    #: movielens: declare ``history`` a sequence feature (target ``item``) instead of a pooled multi-hot bag
+    history_as_sequence: bool = False
     progress_every_s: float = DEFAULT_PROGRESS_EVERY_S
 
     def __post_init__(self) -> None:

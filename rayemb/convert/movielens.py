@@ -139,10 +139,15 @@ def convert_movielens(opts: ConvertOptions) -> Dict[str, Any]:
         user_ids, item_ids = users.encode(user.astype(np.uint64)), items.encode(item.astype(np.uint64))
         hist_len = np.minimum(pos, opts.history_length)
         label = (rating >= opts.rating_threshold).astype(np.float32)
-        schema = DatasetSchema(label=LABEL_COLUMN, dense=("history_length",), sparse=(
-            SparseFeature("user", users.num_embeddings), SparseFeature("item", items.num_embeddings),
-            SparseFeature("history", items.num_embeddings, multi_hot=True)))
-        tally = tallies({f.name: f.num_embeddings for f in schema.sparse},
+        pooled = (SparseFeature("user", users.num_embeddings), SparseFeature("item", items.num_embeddings))
+        if opts.history_as_sequence:  # the recent items, in time order, for a user-history tower against ``item``
+            schema = DatasetSchema(label=LABEL_COLUMN, dense=("history_length",), sparse=pooled, sequence=(
+                SparseFeature("history", items.num_embeddings, sequence=True, max_length=opts.history_length,
+                              target="item"),))
+        else:
+            schema = DatasetSchema(label=LABEL_COLUMN, dense=("history_length",), sparse=pooled + (
+                SparseFeature("history", items.num_embeddings, multi_hot=True),))
+        tally = tallies({f.name: f.num_embeddings for f in (*schema.sparse, *schema.sequence)},
                         {"user": users.oov_id, "item": items.oov_id, "history": items.oov_id})
         pa_schema = arrow_schema(schema)
         rng = np.random.default_rng(opts.seed)

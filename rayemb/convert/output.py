@@ -37,9 +37,10 @@ SUMMARY_FILE = "convert_summary.json"
 
 
 def arrow_schema(schema: DatasetSchema) -> pa.Schema:
-    """The parquet column types rayemb trains on: label and dense float32, sparse int64 or list<int64>."""
+    """The parquet column types rayemb trains on: label and dense float32, sparse int64 or list<int64>, sequences list<int64>."""
     fields = [pa.field(schema.label, pa.float32()), *(pa.field(c, pa.float32()) for c in schema.dense)]
     fields += [pa.field(f.name, pa.list_(pa.int64()) if f.multi_hot else pa.int64()) for f in schema.sparse]
+    fields += [pa.field(f.name, pa.list_(pa.int64())) for f in schema.sequence]
     return pa.schema(fields)
 
 

@@ -384,3 +384,27 @@ def test_movielens_labels_ids_history_and_leave_last_out(tmp_path, layout):
     s = summary(out)
     assert s["layouts"] == {src: layout} and s["users"] == 3 and s["items"] == 5
     assert s["bad_lines"]["by_kind"] == ({"id": 1} if layout == "ratings.dat" else {})
+
+
+def test_movielens_history_as_a_sequence_feature(tmp_path):
+    """--history-as-sequence: the same lists, declared for a user-history tower (max_length, target item)."""
+    from rayemb.data.batching import BatchConverter
+
+    src = write_movielens(tmp_path, "u.data")
+    out = str(tmp_path / "ml")
+    assert run("movielens", "--input", src, "--out", out, "--history-length", 3, "--history-as-sequence") == 0
+    schema = load_checked(out)
+    assert schema.sparse_names == ["user", "item"] and schema.sequence_names == ["history"]
+    h = schema.sequence[0]
+    assert (h.num_embeddings, h.max_length, h.target) == (5, 3, "item")
+    plain = str(tmp_path / "ml_plain")
+    assert run("movielens", "--input", src, "--out", plain, "--history-length", 3) == 0
+    key = lambda r: (r["user"], r["history_length"])  # noqa: E731
+    assert sorted(read_split(out, "train"), key=key) == sorted(read_split(plain, "train"), key=key)
+    # the batch path turns it into the sequence KJT the tower reads (valid: users 7 and 3, 3 and 1 items)
+    import pyarrow.parquet as pq
+
+    from rayemb.data.schema import parquet_files
+
+    batch = BatchConverter(schema, "error", sequence=True)(pq.read_table(parquet_files(out, "valid")))
+    assert batch.sequence.keys() == ["history"] and sorted(batch.sequence.lengths().tolist()) == [1, 3]
