@@ -204,6 +204,23 @@ def sigmoid(logits: np.ndarray) -> np.ndarray:
     return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
+
+def _id_column(table: pa.Table, feat: Any) -> Any:
+    """``feat``'s column as the type training reads (int64, or list<int64> for multi-hot and sequence features)."""
+    col = table.column(feat.name)
+    want = pa.list_(pa.int64()) if feat.multi_hot or feat.sequence else pa.int64()
+    if col.type.equals(want):
+        return col
+    try:
+        return col.cast(want)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        if feat.sequence:
+            what, fix = "Sequence", "Give each row's history as a list of integer ids, oldest first."
+        else:
+            what, fix = "Sparse", "Give ids as integers (lists of integers for multi-hot features)."
+        raise DataError(f"{what} column {feat.name!r} is {col.type}, not convertible to {want} ({e}). {fix}",
+                        category="invalid_input") from None
+
 class InferenceModel:
     """A plain DLRM in eval mode with its schema and id policy; :meth:`predict` returns probabilities.
 
@@ -306,29 +323,9 @@ class InferenceModel:
         for c in self.schema.dense:
             cols.append(table.column(c))
             names.append(c)
-        for feat in self.schema.sparse:
-            col = table.column(feat.name)
-            want = pa.list_(pa.int64()) if feat.multi_hot else pa.int64()
-            if not col.type.equals(want):
-                try:
-                    col = col.cast(want)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                    raise DataError(f"Sparse column {feat.name!r} is {col.type}, not convertible to {want} ({e}). "
-                                    "Give ids as integers (lists of integers for multi-hot features).",
-                                    category="invalid_input") from None
-            cols.append(col)
-            names.append(feat.name)
-        for feat in self.schema.sequence if self.sequence else ():
-            col = table.column(feat.name)
-            want = pa.list_(pa.int64())
-            if not col.type.equals(want):
-                try:
-                    col = col.cast(want)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                    raise DataError(f"Sequence column {feat.name!r} is {col.type}, not convertible to {want} ({e}). "
-                                    "Give each row's history as a list of integer ids, oldest first.",
-                                    category="invalid_input") from None
-            cols.append(col)
+        sequence = self.schema.sequence if self.sequence else ()
+        for feat in (*self.schema.sparse, *sequence):
+            cols.append(_id_column(table, feat))
             names.append(feat.name)
         label = self.schema.label
         cols.append(pa.array(np.zeros(table.num_rows, dtype=np.float32)))  # not used: scoring needs no label
