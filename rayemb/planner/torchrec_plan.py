@@ -86,7 +86,8 @@ def compression_of(choices: Mapping[str, Cost]) -> Dict[str, CompressionSpec]:
     return out
 
 
-def _planning_module(tables: Sequence[TableSpec], choices: Mapping[str, Cost]) -> HybridEmbeddingBagCollection:
+def _planning_module(tables: Sequence[TableSpec], choices: Mapping[str, Cost],
+                     compressed: Mapping[str, CompressionSpec]) -> HybridEmbeddingBagCollection:
     """A meta-device module with the shape the job's will have.
 
     Hybrid tables get |F| hot rows; compressed ones their physical tables
@@ -102,7 +103,7 @@ def _planning_module(tables: Sequence[TableSpec], choices: Mapping[str, Cost]) -
     }
     dp = [t.name for t in tables if choices[t.name].placement == Placement.DATA_PARALLEL]
     return HybridEmbeddingBagCollection(configs, hot_ids=hot_ids, device=torch.device("meta"),
-                                        compression=compression_of(choices), data_parallel=dp)
+                                        compression=compressed, data_parallel=dp)
 
 
 def _logical_name(sub: str) -> str:
@@ -126,8 +127,8 @@ def torchrec_plan(
     Hybrid cold halves are planned row-wise; plain tables may take the pooled
     types :func:`_sharding_types_for` allows around the cost model's choice.
     """
-    module = _planning_module(tables, choices)
     compressed = compression_of(choices)
+    module = _planning_module(tables, choices, compressed)
     constraints = module.parameter_constraints(
         cold_sharding_type="row_wise",
         plain_sharding_types={
