@@ -33,6 +33,14 @@ logger = logging.getLogger(__name__)
 SMALL_MESSAGE_BYTES = 4 * 1024
 LARGE_MESSAGE_BYTES = 4 * 2**20
 REPEATS = 7
+#: CUDA compute probes. The CPU sizes (256 vs 8192 ids, 1k vs 50k replicated rows) all run in launch-bound
+#: time on a GPU, so their slopes are 0 or noise there. On CUDA each probe grows by GPU_GROWTH from the CPU's
+#: small size until it takes GPU_TIME_RATIO x the small size's time (the kernel's work dominates the launch),
+#: capped so that no probe tensor exceeds GPU_MAX_ELEMS floats (256 MiB; about 1 GiB peak for all of them).
+GPU_MAX_IDS = 2**20
+GPU_MAX_ELEMS = 2**26
+GPU_GROWTH = 4
+GPU_TIME_RATIO = 2.0
 
 
 def _timed(fn: Callable[[], Any], sync: Callable[[], None], repeats: int = REPEATS) -> float:
@@ -52,6 +60,21 @@ def _line(x0: float, t0: float, x1: float, t1: float) -> LinkCost:
     """α-β through two points (x bytes, t seconds), clamped at zero."""
     beta = max((t1 - t0) / max(x1 - x0, 1.0), 0.0)
     return LinkCost(latency_s=max(t0 - beta * x0, 0.0), seconds_per_byte=beta)
+
+
+def _grown_slope(step_at: Callable[[int], Callable[[], None]], x0: int, x_max: int, sync: Callable[[], None],
+                 what: str) -> float:
+    """Seconds per unit of x (ids, rows) on a GPU: times ``step_at(x0)``, then x0 x4, x16, ... until a step
+    takes GPU_TIME_RATIO x the first one's time or x reaches ``x_max``; the slope through those two points,
+    clamped at zero. Growing until the time doubles keeps the difference above launch jitter on any GPU
+    without probing more than needed."""
+    t0 = _timed(step_at(x0), sync)
+    x, t = x0, t0
+    while x < x_max and t < GPU_TIME_RATIO * t0:
+        x = min(x * GPU_GROWTH, x_max)
+        t = _timed(step_at(x), sync)
+    logger.info("CUDA compute probe %s: %d -> %d, %.3f -> %.3f ms", what, x0, x, t0 * 1e3, t * 1e3)
+    return max((t - t0) / max(x - x0, 1), 0.0)
 
 
 def measure_collectives(device: Any, world: int) -> Dict[str, LinkCost]:
@@ -78,7 +101,10 @@ def measure_collectives(device: Any, world: int) -> Dict[str, LinkCost]:
 
 def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: int, dim: int,
                     bottom_mlp: Sequence[int], top_mlp: Sequence[int]) -> Dict[str, float]:
-    """Per-id, per-element and fixed compute costs on this rank's CPU share (or GPU)."""
+    """Per-id, per-element and fixed compute costs on this rank's CPU share (or GPU).
+
+    On a CPU the probes have fixed sizes (the defaults and recorded figures come from them); on CUDA they
+    grow until the kernels' work dominates the launch (:func:`_grown_slope`)."""
     import torch
     from fbgemm_gpu.split_embedding_configs import EmbOptimType as OptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
@@ -92,7 +118,9 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     gen = torch.Generator(device="cpu").manual_seed(0)
-    rows = 20_000
+    # on a GPU a table larger than its L2 cache, as real ones are; the probe sizes grow too (_grown_slope)
+    max_ids = min(GPU_MAX_IDS, GPU_MAX_ELEMS // dim)
+    rows = max_ids if cuda else 20_000
 
     def ids(n: int, v: int = rows):
         idx = torch.randint(0, v, (n,), generator=gen).to(device)
@@ -108,8 +136,11 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
         return lambda: fused(idx, off).sum().backward()
 
     n0, n1 = 256, 8192
-    t_f0, t_f1 = _timed(fused_step(n0), sync), _timed(fused_step(n1), sync)
-    lookup_s = max((t_f1 - t_f0) / (n1 - n0), 0.0)
+    if cuda:
+        lookup_s = _grown_slope(fused_step, n0, max_ids, sync, "fused lookup ids")
+    else:
+        t_f0, t_f1 = _timed(fused_step(n0), sync), _timed(fused_step(n1), sync)
+        lookup_s = max((t_f1 - t_f0) / (n1 - n0), 0.0)
 
     def dense_step(v: int, n: int) -> Callable[[], None]:
         # a replicated table: dense [V, D] gradient, row-wise Adagrad over all of it (as the DP path)
@@ -124,10 +155,15 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
         return step
 
     v0, v1 = 1_000, 50_000
-    t_d00, t_d10 = _timed(dense_step(v0, n0), sync), _timed(dense_step(v1, n0), sync)
-    t_d01 = _timed(dense_step(v0, n1), sync)
-    replicated_elem_s = max((t_d10 - t_d00) / ((v1 - v0) * dim), 0.0)
-    dense_lookup_s = max((t_d01 - t_d00) / (n1 - n0), 0.0)
+    if cuda:
+        replicated_elem_s = _grown_slope(lambda v: dense_step(v, n0), v0, GPU_MAX_ELEMS // dim, sync,
+                                         "replicated rows") / dim
+        dense_lookup_s = _grown_slope(lambda n: dense_step(v0, n), n0, max_ids, sync, "replicated lookup ids")
+    else:
+        t_d00, t_d10 = _timed(dense_step(v0, n0), sync), _timed(dense_step(v1, n0), sync)
+        t_d01 = _timed(dense_step(v0, n1), sync)
+        replicated_elem_s = max((t_d10 - t_d00) / ((v1 - v0) * dim), 0.0)
+        dense_lookup_s = max((t_d01 - t_d00) / (n1 - n0), 0.0)
 
     def pool_step(n: int) -> Callable[[], None]:
         rows_ = torch.randn(n, dim, device=device, requires_grad=True)
@@ -138,8 +174,11 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
             out.sum().backward()
         return step
 
-    t_p0, t_p1 = _timed(pool_step(n0), sync), _timed(pool_step(n1), sync)
-    pool_s = max((t_p1 - t_p0) / (n1 - n0), 0.0)
+    if cuda:
+        pool_s = _grown_slope(pool_step, n0, max_ids, sync, "pooled ids")
+    else:
+        t_p0, t_p1 = _timed(pool_step(n0), sync), _timed(pool_step(n1), sync)
+        pool_s = max((t_p1 - t_p0) / (n1 - n0), 0.0)
 
     # a sharded module's fixed cost: KJT-style permutes/splits and a kernel call on a tiny input, both passes
     def group_step() -> None:
@@ -217,13 +256,15 @@ def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, sec
                               mean["replicated_elem_s"], int(shape.get("local_batch", 1)), int(shape.get("dim", 1)),
                               world, PROBE_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE) if raw_groups else {}
     # the dense arch's gradient all-reduce (DDP, one bucket) belongs to every plan's fixed step cost
-    dense_sync = ar.time(2.0 * (world - 1) / world * mean["dense_param_bytes"]) if world > 1 else 0.0
+    dense_sync_bytes = 2.0 * (world - 1) / world * mean["dense_param_bytes"] if world > 1 else 0.0
+    dense_sync = ar.time(dense_sync_bytes) if world > 1 else 0.0
     return Calibration(
         all_reduce=ar, all_to_all=links["all_to_all"], lookup_s=mean["lookup_s"],
         dense_lookup_s=mean["dense_lookup_s"], replicated_elem_s=mean["replicated_elem_s"], pool_s=mean["pool_s"],
         group_overhead_s=mean["group_overhead_s"], dense_step_s=mean["dense_step_s"] + dense_sync, groups=groups,
         probe_rows=PROBE_ROWS, probe_hot_rows=PROBE_HOT_ROWS, probe_hot_share=PROBE_HOT_SHARE,
         backend=backend, source="measured", world_size=world, num_nodes=num_nodes, seconds=seconds,
+        dense_sync_bytes=dense_sync_bytes,
     )
 
 

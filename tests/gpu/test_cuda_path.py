@@ -355,19 +355,40 @@ def test_job_dlrm_trains_on_cuda(nccl_world, tmp_path) -> None:
           f"{torch.cuda.max_memory_allocated(DEVICE) / 2**20:.1f} MiB")
 
 
-def test_calibration_compute_probes_on_cuda() -> None:
-    """``measure_compute`` (what ``calibrate_rank`` runs on each rank) on the GPU: finite, non-negative costs,
-    positive fixed costs (one table group's overhead, the dense step).
+def test_calibration_compute_probes_on_cuda(caplog) -> None:
+    """``measure_compute`` (what ``calibrate_rank`` runs on each rank) on the GPU: the per-id and per-element
+    slopes are positive and physically sane, the fixed costs positive, the whole probe fast and small.
 
-    On the H100 the per-id and per-element slopes come out 0 or noise: the probes' 256 and 8192 ids
-    (1k and 50k rows) are both launch-bound there and a non-positive slope is clamped to 0 (docs/gpu.md). ``calibrate_rank`` itself imports
-    ``rayemb.train.backend`` (Ray) and is exercised with Ray in CI."""
+    The CPU's probe sizes (256 vs 8192 ids, 1k vs 50k rows) are launch-bound on an H100 and gave slopes of 0
+    or noise; on CUDA the probes grow until the kernels' work doubles the time (docs/gpu.md). ``calibrate_rank``
+    itself imports ``rayemb.train.backend`` (Ray) and is exercised with Ray in CI."""
+    import logging
+
     from rayemb.train.calibrate import measure_compute
 
-    out = measure_compute(DEVICE, local_batch=1024, num_dense=13, num_sparse=8, dim=16,
-                          bottom_mlp=[64, 16], top_mlp=[64, 1])
+    torch.cuda.synchronize(DEVICE)
+    torch.cuda.reset_peak_memory_stats(DEVICE)
+    base = torch.cuda.memory_allocated(DEVICE)
+    t0 = time.perf_counter()
+    with caplog.at_level(logging.INFO, logger="rayemb.train.calibrate"):
+        out = measure_compute(DEVICE, local_batch=1024, num_dense=13, num_sparse=8, dim=16,
+                              bottom_mlp=[64, 16], top_mlp=[64, 1])
+    seconds = time.perf_counter() - t0
+    peak_gib = (torch.cuda.max_memory_allocated(DEVICE) - base) / 2**30
+    for rec in caplog.records:
+        print("GPU-RESULT calibrate " + rec.getMessage())
     flat = {k: float(v) for k, v in out.items() if isinstance(v, (int, float))}
+    print("GPU-RESULT calibrate: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(flat.items()))
+          + f"; {seconds:.2f} s, peak {peak_gib:.2f} GiB")
     assert {"lookup_s", "dense_lookup_s", "pool_s", "group_overhead_s", "dense_step_s"} <= set(flat), out
     assert all(math.isfinite(v) and v >= 0 for v in flat.values()), out
     assert flat["group_overhead_s"] > 0 and flat["dense_step_s"] > 0, out
-    print("GPU-RESULT calibrate: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(flat.items())))
+    # a slope of 0 means the probe stayed launch-bound: the step-time model would price lookups as free
+    for key in ("lookup_s", "dense_lookup_s", "replicated_elem_s"):
+        assert flat[key] > 0, (key, out)
+    # a million fused lookups (forward + backward + row-wise Adagrad) on an H100: more than 10 us, less than 100 ms
+    assert 1e-5 < flat["lookup_s"] * 1e6 < 0.1, out
+    # a replicated element costs at least a 4-byte write at HBM speed (~3 TB/s) and far less than 10 ns
+    assert 1e-12 < flat["replicated_elem_s"] < 1e-8, out
+    assert seconds < 10.0, seconds
+    assert peak_gib < 2.0, peak_gib
