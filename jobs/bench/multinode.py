@@ -9,10 +9,15 @@ crosses the shaped links. Same data, model, global batch and cores for every
 row of one bandwidth:
 
 * ``auto``: rayemb's plan (step-time objective, calibrated on this cluster at job start);
-* ``hybrid``: every table with a hot set and a cold remainder pinned hybrid;
 * ``no_hybrid``: the plan without hybrid (data-parallel small tables, pooled
   model-parallel large ones: what TorchRec's planner builds), and ``table_wise``:
   every table pooled table-wise — the best of the two is "the best TorchRec pooled plan";
+* ``hybrid``: ``no_hybrid``'s plan with its model-parallel tables made hybrid
+  (those with a hot set and a cold remainder); its data-parallel tables stay
+  data-parallel, so the two rows differ only in pooled vs hybrid for the large
+  tables -- HugeCTR's hybrid embedding, like for like. (Until 2026-11-24 this row
+  pinned hybrid on *every* table with a hot set, 3-row tables included: see
+  ``hybrid_all``, still runnable with ``--variants``);
 * ``data_parallel``: every table replicated.
 
 Per row: samples/s (median of log windows after the first), the measured step
@@ -53,7 +58,9 @@ from throughput import (  # noqa: E402
 )
 
 SCHEMA_VERSION = 1
-VARIANTS = (AUTO, "hybrid", "no_hybrid", "table_wise", "data_parallel")
+VARIANTS = (AUTO, "no_hybrid", "hybrid", "table_wise", "data_parallel")
+#: not run by default: every table with a hot set pinned hybrid (the ``hybrid`` row before 2026-11-24)
+HYBRID_ALL = "hybrid_all"
 POOLED = ("no_hybrid", "table_wise")
 SLOW_LINK_MBIT = 100
 TARGET_HYBRID_VS_POOLED = 1.3
@@ -89,6 +96,39 @@ def acceptance(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     return out
 
 
+def hybrid_pins(pooled_plan: Mapping[str, str], hot: Sequence[str]) -> List[str]:
+    """Overrides turning a pooled plan into its hybrid twin: model-parallel tables with a hot set hybrid, every
+    other table pinned where the pooled plan put it."""
+    out = []
+    for t, p in sorted(pooled_plan.items()):
+        if p != "data_parallel" and t in hot:
+            out.append(f"planner.tables.{t}.hybrid=true")
+        else:
+            out.append(f"planner.tables.{t}.sharding={p}")
+    return out
+
+
+def run_variant(name: str, args: argparse.Namespace, tmp: str, tables: Sequence[str], hot: Optional[List[str]],
+                stats_path: Optional[str], pooled_plan: Optional[Mapping[str, str]], cluster: Any,
+                extra: Sequence[str], bw: float) -> Optional[Dict[str, Any]]:
+    """One row's ``rayemb train`` run on ``cluster``; None when the row cannot be built (said why)."""
+    tag = f"-{bw:g}mbit"
+    if name in ("hybrid", HYBRID_ALL) and not hot:
+        print(f"multinode: skipping {name} (no table with a hot set and a cold remainder)")
+        return None
+    if name == "hybrid":
+        if not pooled_plan:
+            print("multinode: skipping hybrid (it needs the no_hybrid row's plan: run no_hybrid first)")
+            return None
+        # the auto variant's run with the hybrid twin's pins (the variant name only names the run's folder)
+        run = run_rayemb(AUTO, args, tmp, 0, tables, hot, stats_path, wrap=cluster.exec_argv,
+                         extra_overrides=[*extra, *hybrid_pins(pooled_plan, hot)], tag=f"-hybrid{tag}")
+        run.update(variant="hybrid", kind="forced", overrides=hybrid_pins(pooled_plan, hot))
+        return run
+    return run_rayemb("hybrid" if name == HYBRID_ALL else name, args, tmp, 0, tables, hot, stats_path,
+                      wrap=cluster.exec_argv, extra_overrides=extra, tag=tag)
+
+
 def row_of(run: Mapping[str, Any], bandwidth: float) -> Dict[str, Any]:
     pred, meas = run.get("predicted_step_time_s"), run.get("step_time_s")
     cal = run.get("calibration") or {}
@@ -114,7 +154,7 @@ def plot(rows: Sequence[Mapping[str, Any]], png: str) -> Optional[str]:
         print(f"multinode: no chart ({e})")
         return None
     bws = sorted({r["bandwidth_mbit"] for r in rows}, reverse=True)
-    variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
+    variants = [v for v in VARIANTS + (HYBRID_ALL,) if any(r["variant"] == v for r in rows)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     width = 0.8 / max(len(variants), 1)
     for i, v in enumerate(variants):
@@ -176,6 +216,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if AUTO in variants:
         variants.remove(AUTO)
     variants.insert(0, AUTO)  # its split.json names the hybrid tables, its stats.json serves the rest
+    if "hybrid" in variants and "no_hybrid" in variants:  # the hybrid row is no_hybrid's plan made hybrid
+        variants.remove("hybrid")
+        variants.insert(variants.index("no_hybrid") + 1, "hybrid")
+    unknown = set(variants) - set(VARIANTS) - {HYBRID_ALL}
+    if unknown:
+        ap.error(f"unknown --variants {sorted(unknown)}; known: {', '.join(VARIANTS + (HYBRID_ALL,))}")
 
     from cluster.emulate import EmulatedCluster
 
@@ -196,15 +242,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"multinode: {args.nodes} nodes at {bw:g} mbit ...", flush=True)
             cluster.up(replace=True)
             try:
+                pooled_plan: Optional[Dict[str, str]] = None
                 for name in variants:
-                    if name == "hybrid" and not hot:
-                        print("multinode: skipping hybrid (no table with a hot set and a cold remainder)")
+                    run = run_variant(name, args, tmp, tables, hot, stats_path, pooled_plan, cluster, extra, bw)
+                    if run is None:
                         continue
-                    run = run_rayemb(name, args, tmp, 0, tables, hot, stats_path, wrap=cluster.exec_argv,
-                                     extra_overrides=extra, tag=f"-{bw:g}mbit")
-                    run["bandwidth_mbit"] = bw
+                    run["variant"], run["bandwidth_mbit"] = name, bw
                     if name == AUTO:
                         hot, stats_path = reuse_auto_outputs(run, tmp, hot, stats_path)
+                    if name == "no_hybrid":
+                        pooled_plan = run.get("plan")
                     runs.append(run)
                     row = row_of(run, bw)
                     row["mb_per_step"] = row["bytes_per_step"] / 1e6 if row.get("bytes_per_step") else None

@@ -20,7 +20,7 @@ from typing import Any, Dict, Tuple
 import numpy as np
 
 #: placement kinds probed (rayemb.planner.step_time.probe_kind maps placements onto them)
-PROBE_KINDS = ("data_parallel", "table_wise", "row_wise", "hybrid")
+PROBE_KINDS = ("data_parallel", "table_wise", "column_wise", "row_wise", "hybrid")
 PROBE_ROWS = 2_000
 #: rows of the large replicated table that measures the cost per replicated element
 PROBE_LARGE_ROWS = 50_000
@@ -44,6 +44,7 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
 
     from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, replicated_embedding_parameters
     from rayemb.embedding.sharders import cpu_capable_sharders
+    from rayemb.planner.cost import column_shards
 
     class _Sum(torch.nn.Module):
         def __init__(self, sparse: torch.nn.Module) -> None:
@@ -60,9 +61,13 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
     src = _Sum(module)
     apply_optimizer_in_backward(RowWiseAdagrad, module.parameters(), {"lr": 0.01})
     plain = {} if kind == "hybrid" else {c.name: [kind] for c in configs}
-    constraints = module.parameter_constraints("row_wise", plain)
-    sharders = cpu_capable_sharders()
     world = dist.get_world_size()
+    # column-wise in as many column shards as the job would cut (rayemb.planner.cost.column_shards)
+    constraints = module.parameter_constraints("row_wise", plain)
+    if kind == "column_wise":
+        for c in constraints.values():
+            c.min_partition = dim // column_shards(dim, world)
+    sharders = cpu_capable_sharders()
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device=device.type),
                                        constraints=constraints)
     plan = planner.collective_plan(src, sharders, dist.GroupMember.WORLD)

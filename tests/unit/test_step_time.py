@@ -115,9 +115,54 @@ def test_calibration_round_trips_through_json():
 
 
 def test_probe_kinds():
-    assert probe_kind(Placement.COLUMN_WISE) == "table_wise"
+    assert probe_kind(Placement.COLUMN_WISE) == "column_wise"
+    assert probe_kind(Placement.TABLE_COLUMN_WISE) == "table_wise"
     assert probe_kind(Placement.TABLE_ROW_WISE) == "row_wise"
     assert probe_kind(Placement.HYBRID) == "hybrid"
+    # a calibration recorded before column-wise had a probe of its own prices it as table-wise
+    assert probe_kind(Placement.COLUMN_WISE, {"table_wise": (0.0, 0.0)}) == "table_wise"
+    assert probe_kind(Placement.COLUMN_WISE, {"column_wise": (0.0, 0.0)}) == "column_wise"
+
+
+def test_column_wise_is_priced_by_its_own_probe():
+    """Column-wise measured ~2.8x table-wise on gloo: with its own probe the model sees it and prefers TW."""
+    tables = [TableSpec("big1", rows=200_000, dim=64), TableSpec("big2", rows=200_000, dim=64)]
+    cal = _probed(FAST)
+    cal = dataclasses.replace(cal, groups={**cal.groups, "column_wise": (0.018, 0.004)})
+    cw = predict_step_time(tables, {t.name: Placement.COLUMN_WISE for t in tables}, TOPO, BATCH, cal)
+    tw = predict_step_time(tables, {t.name: Placement.TABLE_WISE for t in tables}, TOPO, BATCH, cal)
+    assert cw.components["overhead"] == pytest.approx(0.018) and tw.components["overhead"] == pytest.approx(0.006)
+    assert cw.total_s > tw.total_s + 0.012
+    old = dataclasses.replace(cal, groups={k: v for k, v in cal.groups.items() if k != "column_wise"})
+    assert predict_step_time(tables, {t.name: Placement.COLUMN_WISE for t in tables}, TOPO, BATCH,
+                             old).components["overhead"] == pytest.approx(0.006)
+
+
+def test_all_reduce_and_all_to_all_overlap_on_the_wire():
+    """DDP's all-reduce runs beside the sharded all-to-alls: their wire time is the longest of each alone and
+    of all bytes at the faster family's rate, never their sum when one family is slower per byte."""
+    from rayemb.planner.step_time import _overlap
+
+    ar, a2a = LinkCost(0.0, 1e-8), LinkCost(0.0, 2e-8)  # gloo's all-to-all: half the all-reduce's rate
+    cal = dataclasses.replace(DEFAULT_CALIBRATION, all_reduce=ar, all_to_all=a2a)
+    # 1 MB each: 10 + 20 ms alone, 2 MB at 1e-8 = 20 ms together -> 10 ms saved
+    assert _overlap({"all_reduce": 1e6, "all_to_all": 1e6}, cal) == pytest.approx(-0.010)
+    # one family alone: nothing to overlap
+    assert _overlap({"all_reduce": 0.0, "all_to_all": 1e6}, cal) == 0.0
+    # all-reduce dominating: the all-to-all hides behind it only as far as the link has room
+    assert _overlap({"all_reduce": 3e6, "all_to_all": 0.5e6}, cal) == pytest.approx(3.5e6 * 1e-8 - (0.03 + 0.01))
+    # in a prediction: a data-parallel table (all-reduce) beside table-wise ones (all-to-all), plus the dense sync
+    tables = _tables()
+    placements = {"small": Placement.DATA_PARALLEL, "big1": Placement.TABLE_WISE, "big2": Placement.TABLE_WISE}
+    probed = dataclasses.replace(_probed(FAST), all_reduce=ar, all_to_all=a2a, dense_sync_bytes=4e5)
+    pred = predict_step_time(tables, placements, ClusterTopology(2, 1), BATCH, probed)
+    assert pred.components["overlap"] < 0.0
+    assert pred.total_s == pytest.approx(sum(pred.components.values()))
+    no_sync = predict_step_time(tables, placements, ClusterTopology(2, 1), BATCH,
+                                dataclasses.replace(probed, dense_sync_bytes=0.0))
+    assert pred.components["overlap"] < no_sync.components["overlap"]  # more all-reduce bytes to hide
+    one = predict_step_time(tables, placements, ClusterTopology(1, 1), BATCH, probed)
+    assert one.components["overlap"] == 0.0
 
 
 def test_fully_hot_table_pinned_hybrid_is_data_parallel():
@@ -179,3 +224,4 @@ def test_combine_averages_ranks_and_keeps_rank0_links():
     assert cal.all_to_all == links["all_to_all"] and cal.num_nodes == 2 and cal.world_size == 2
     # the dense arch's gradient all-reduce (one DDP bucket) joins the fixed step cost
     assert cal.dense_step_s == pytest.approx(5e-3 + links["all_reduce"].time(1e5))
+    assert cal.dense_sync_bytes == pytest.approx(1e5)  # 2 ranks: each sends its whole buffer once

@@ -1,0 +1,52 @@
+"""The pure parts of jobs/bench/multinode.py: the hybrid row's pins and the acceptance verdicts (no cluster)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "jobs", "bench")
+
+
+def _load(name: str):
+    if _BENCH not in sys.path:
+        sys.path.insert(0, _BENCH)
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", os.path.join(_BENCH, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+mn = _load("multinode")
+
+
+def test_hybrid_row_is_the_pooled_plan_with_its_model_parallel_tables_hybrid():
+    pooled = {"C1": "table_wise", "C2": "data_parallel", "C3": "column_wise", "C4": "table_wise"}
+    pins = mn.hybrid_pins(pooled, hot=["C1", "C2", "C3"])  # C4 has no hot set: stays pooled, where it was
+    assert pins == ["planner.tables.C1.hybrid=true", "planner.tables.C2.sharding=data_parallel",
+                    "planner.tables.C3.hybrid=true", "planner.tables.C4.sharding=table_wise"]
+
+
+def _row(bw, variant, sps, pred_ms=None):
+    step = 1024 / sps * 1e3
+    return {"bandwidth_mbit": bw, "variant": variant, "samples_per_s": sps, "step_ms": step,
+            "predicted_over_measured": (pred_ms / step) if pred_ms else None}
+
+
+def test_acceptance_verdicts_per_bandwidth():
+    rows = [_row(100, "auto", 22_000, 50), _row(100, "hybrid", 21_000, 50), _row(100, "no_hybrid", 19_000, 55),
+            _row(100, "table_wise", 6_000, 170), _row(50, "auto", 14_000, 75), _row(50, "hybrid", 14_500, 70),
+            _row(50, "no_hybrid", 10_000, 100), _row(1000, "auto", 40_000, 20), _row(1000, "hybrid", 30_000, 40)]
+    acc = mn.acceptance(rows)
+    assert acc["per_bandwidth"]["100"]["hybrid_vs_pooled"] == pytest.approx(21_000 / 19_000)
+    assert acc["per_bandwidth"]["100"]["hybrid_vs_pooled_pass"] is False  # 1.11 < 1.3
+    assert acc["per_bandwidth"]["50"]["hybrid_vs_pooled_pass"] is True  # 1.45
+    assert "hybrid_vs_pooled_pass" not in acc["per_bandwidth"]["1000"]  # fast links: reported, not judged
+    assert acc["hybrid_vs_pooled_pass"] is False
+    assert acc["per_bandwidth"]["50"]["auto_vs_best"] == pytest.approx(14_000 / 14_500)
+    assert acc["auto_vs_best_pass"] is True  # 0.966 >= 0.95 at 50; auto is the best row elsewhere
+    assert acc["prediction_pass"] is False  # 1000 mbit hybrid: 40 ms predicted vs 34 measured is fine, ...
+    assert acc["per_bandwidth"]["1000"]["worst_prediction_error"] == pytest.approx(abs(20 / (1024 / 40_000 * 1e3) - 1))
