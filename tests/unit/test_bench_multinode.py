@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
 
-_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "jobs", "bench")
-
-
-def _load(name: str):
-    if _BENCH not in sys.path:
-        sys.path.insert(0, _BENCH)
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", os.path.join(_BENCH, f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
+from tests._bench import load_bench as _load
 
 mn = _load("multinode")
 

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 
 import pytest
 
-_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "jobs", "bench")
-
-
-def _load(name: str):
-    if _BENCH not in sys.path:
-        sys.path.insert(0, _BENCH)
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", os.path.join(_BENCH, f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests._bench import BENCH_DIR, load_bench as _load
 
 
 tp = _load("throughput")
@@ -199,7 +188,7 @@ def test_window_rates_and_default_threads():
 def test_peer_imports_nothing_from_rayemb():
     import ast
 
-    with open(os.path.join(_BENCH, "peer_torchrec.py")) as f:
+    with open(os.path.join(BENCH_DIR, "peer_torchrec.py")) as f:
         tree = ast.parse(f.read())
     modules = set()
     for node in ast.walk(tree):
