@@ -150,7 +150,18 @@ def _plan_once(tables: Sequence[TableSpec], topology: ClusterTopology, global_ba
     if engine == "torchrec":
         from rayemb.planner.torchrec_plan import torchrec_plan
 
-        sharding_plan, placed, load = torchrec_plan(tables, choices, pin_map, topology, global_batch, proposer)
+        # a chooser that priced each placement on the live backend (the step-time model) keeps its sharding
+        # types: TorchRec's own perf estimate knows neither the links nor gloo's per-module costs
+        exact = bool(getattr(chooser, "placements_are_final", False))
+        try:
+            sharding_plan, placed, load = torchrec_plan(tables, choices, pin_map, topology, global_batch, proposer,
+                                                        exact=exact)
+        except PlanError:
+            if not exact:
+                raise
+            logger.warning("planner: TorchRec found no ranks for the chosen sharding types as they are; "
+                           "letting it switch pooled types where memory needs it")
+            sharding_plan, placed, load = torchrec_plan(tables, choices, pin_map, topology, global_batch, proposer)
     else:
         ranks, load = (assigner or GreedyRankAssigner()).assign(tables, choices, topology)
         placed = {}

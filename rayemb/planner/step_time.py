@@ -5,7 +5,8 @@ every extra sharded module costs launches, KJT splits and collective
 round-trips; on a 50 mbit link the same bytes cost seconds. So the planner
 prices a plan as (per rank, seconds per step)::
 
-    T = dense + Σ groups (overhead + calls · α_collective) + Σ tables compute + Σ collectives bytes/rank · β + overlap
+    T = dense + Σ groups (overhead + calls · α_collective) + Σ tables compute
+          + Σ collectives bytes/rank · β + overlap
 
 * ``dense``: the dense arch's forward, backward and optimizer on the local batch;
 * groups: one per sharded module TorchRec builds (data-parallel tables, each
@@ -120,6 +121,8 @@ class Calibration:
     probe_rows: int = 2_000
     probe_hot_rows: int = 200
     probe_hot_share: float = 0.55
+    #: rows of the data-parallel probes' tables (small, as replicated tables are; older calibrations: probe_rows)
+    probe_dp_rows: int = 2_000
     backend: str = "gloo"
     source: str = "default"
     world_size: int = 0
@@ -202,27 +205,30 @@ def _bytes(t: TableSpec, p: Placement, global_batch: int, w: int, l: int) -> Dic
 
 def normalize_probes(groups: Mapping[str, Tuple[float, float]], links: Mapping[str, LinkCost],
                      replicated_elem_s: float, local_batch: int, dim: int, world: int, probe_rows: int,
-                     probe_hot_rows: int, probe_hot_share: float) -> Dict[str, Tuple[float, float]]:
+                     probe_hot_rows: int, probe_hot_share: float,
+                     probe_dp_rows: Optional[int] = None) -> Dict[str, Tuple[float, float]]:
     """Probe costs per table minus what the probe's own table moved and replicated, clamped at zero.
 
     A probe's cost per table was measured on the live links, so it holds that table's transfers
     (pooled rows, ids, cold rows at bytes/β) and, for replicated kinds, its rows' all-reduce. Those
     scale with the real table (batch, pooling, hot share, rows), so :func:`predict_step_time` adds
     them for every table in full; what stays here is the per-table compute and launch cost.
+    ``probe_dp_rows``: the data-parallel probes' rows (default ``probe_rows``).
     """
     out: Dict[str, Tuple[float, float]] = {}
     global_batch = local_batch * world
     for kind, (fixed, per_table) in groups.items():
         p = Placement(kind)
         hybrid = p == Placement.HYBRID
-        probe = TableSpec("probe", rows=probe_rows, dim=dim, pooling_factor=1.0,
+        rows = probe_dp_rows or probe_rows if p == Placement.DATA_PARALLEL else probe_rows
+        probe = TableSpec("probe", rows=rows, dim=dim, pooling_factor=1.0,
                           hot_rows=probe_hot_rows if hybrid else 0, hot_share=probe_hot_share if hybrid else 0.0)
         moved = 0.0
         if world > 1:
             for collective, total in _bytes(probe, p, global_batch, world, world).items():
                 if collective != "all_reduce":
                     moved += links[collective if collective in links else "all_to_all"].time(total / world, calls=0)
-        rep_rows = probe_hot_rows if hybrid else probe_rows if p == Placement.DATA_PARALLEL else 0
+        rep_rows = probe_hot_rows if hybrid else rows if p == Placement.DATA_PARALLEL else 0
         moved += rep_rows * dim * replicated_elem_s
         out[kind] = (fixed, max(per_table - moved, 0.0))
     return out
@@ -328,8 +334,14 @@ class StepTimeCostModel(PlacementChooser):
     :class:`~rayemb.planner.cost.BytesCostModel` (whose choice is the
     starting point); then a local search moves one table at a time to the
     placement that lowers the predicted step time most, until no move helps.
-    Hybrid is therefore chosen only where it is predicted faster.
+    Hybrid is therefore chosen only where it is predicted faster. Its sharding
+    types are final (``placements_are_final``): the torchrec engine places
+    their ranks without swapping types by TorchRec's own perf estimate, which
+    does not know the calibrated costs (it turned table-wise into column-wise
+    at random on gloo, where column-wise measured up to 2.8x slower).
     """
+
+    placements_are_final = True
 
     def __init__(self, calibration: Calibration, bytes_model: Optional[BytesCostModel] = None,
                  max_passes: int = 8) -> None:

@@ -60,8 +60,9 @@ def to_torchrec_topology(topology: ClusterTopology) -> Any:
     return TopologyFactory.create_topology(trainer, hardware, kernel)
 
 
-def _sharding_types_for(placement: Placement, pin: Optional[TablePin], topology: ClusterTopology) -> List[str]:
-    if placement == Placement.DATA_PARALLEL or (pin is not None and pin.sharding is not None):
+def _sharding_types_for(placement: Placement, pin: Optional[TablePin], topology: ClusterTopology,
+                        exact: bool = False) -> List[str]:
+    if exact or placement == Placement.DATA_PARALLEL or (pin is not None and pin.sharding is not None):
         return [placement.value]
     # the cost model's split-or-not decision stands (a table it splits for balance is never whole);
     # among the remaining pooled types the proposer chooses by TorchRec's perf estimate
@@ -121,11 +122,13 @@ def torchrec_plan(
     topology: ClusterTopology,
     global_batch: int,
     proposer: Any = None,
+    exact: bool = False,
 ) -> Tuple[Any, Dict[str, Tuple[str, Tuple[int, ...], str]], List[int]]:
     """Runs TorchRec's planner; returns (ShardingPlan, {table: (sharding_type, ranks, kernel)}, per-rank bytes).
 
     Hybrid cold halves are planned row-wise; plain tables may take the pooled
-    types :func:`_sharding_types_for` allows around the cost model's choice.
+    types :func:`_sharding_types_for` allows around the cost model's choice,
+    or (``exact``) keep the chooser's type, TorchRec placing ranks only.
     """
     compressed = compression_of(choices)
     module = _planning_module(tables, choices, compressed)
@@ -134,7 +137,7 @@ def torchrec_plan(
         plain_sharding_types={
             # a compressed table keeps the placement its storage cost was computed for
             t.name: [choices[t.name].placement.value] if t.name in compressed else
-            _sharding_types_for(choices[t.name].placement, pins.get(t.name), topology)
+            _sharding_types_for(choices[t.name].placement, pins.get(t.name), topology, exact)
             for t in tables if choices[t.name].placement != Placement.HYBRID
         },
         compute_kernels={name: pin.compute_kernel for name, pin in pins.items() if pin.compute_kernel},

@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from rayemb.planner.step_time import Calibration, LinkCost, normalize_probes
-from rayemb.train.calibrate_probes import PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_ROWS
+from rayemb.train.calibrate_probes import PROBE_DP_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_ROWS
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, sec
     ar = links["all_reduce"]
     groups = normalize_probes(raw_groups, {"all_reduce": ar, "all_to_all": links["all_to_all"]},
                               mean["replicated_elem_s"], int(shape.get("local_batch", 1)), int(shape.get("dim", 1)),
-                              world, PROBE_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE) if raw_groups else {}
+                              world, PROBE_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_DP_ROWS) if raw_groups else {}
     # the dense arch's gradient all-reduce (DDP, one bucket) belongs to every plan's fixed step cost
     dense_sync_bytes = 2.0 * (world - 1) / world * mean["dense_param_bytes"] if world > 1 else 0.0
     dense_sync = ar.time(dense_sync_bytes) if world > 1 else 0.0
@@ -263,6 +263,7 @@ def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, sec
         dense_lookup_s=mean["dense_lookup_s"], replicated_elem_s=mean["replicated_elem_s"], pool_s=mean["pool_s"],
         group_overhead_s=mean["group_overhead_s"], dense_step_s=mean["dense_step_s"] + dense_sync, groups=groups,
         probe_rows=PROBE_ROWS, probe_hot_rows=PROBE_HOT_ROWS, probe_hot_share=PROBE_HOT_SHARE,
+        probe_dp_rows=PROBE_DP_ROWS,
         backend=backend, source="measured", world_size=world, num_nodes=num_nodes, seconds=seconds,
         dense_sync_bytes=dense_sync_bytes,
     )

@@ -25,6 +25,9 @@ PROBE_ROWS = 2_000
 #: rows of the large replicated table that measures the cost per replicated element
 PROBE_LARGE_ROWS = 50_000
 PROBE_HOT_ROWS = 200
+#: rows of the data-parallel probes: small, as replicated tables are, so that a table's own compute and launch
+#: cost is not buried under its gradient's all-reduce (normalised away, and noisy at PROBE_ROWS x dim elements)
+PROBE_DP_ROWS = 200
 #: share of the probes' lookups that hit hot rows: half drawn from the hot rows, half uniform over all rows
 PROBE_HOT_SHARE = 0.5 + 0.5 * PROBE_HOT_ROWS / PROBE_ROWS
 PROBE_TABLES = (1, 4)
@@ -109,7 +112,8 @@ def probe_groups(local_batch: int, dim: int, device: Any) -> Dict[str, Tuple[flo
     out = {}
     lo, hi = PROBE_TABLES
     for kind in PROBE_KINDS:
-        t_lo, t_hi = _probe(kind, lo, local_batch, dim, device), _probe(kind, hi, local_batch, dim, device)
+        rows = PROBE_DP_ROWS if kind == "data_parallel" else PROBE_ROWS
+        t_lo, t_hi = _probe(kind, lo, local_batch, dim, device, rows), _probe(kind, hi, local_batch, dim, device, rows)
         per_table = max((t_hi - t_lo) / (hi - lo), 0.0)
         out[kind] = (max(t_lo - lo * per_table, 0.0), per_table)
     return out
@@ -123,5 +127,5 @@ def probe_replicated_elem(local_batch: int, dim: int, device: Any) -> float:
     return max((t_large - t_small) / ((PROBE_LARGE_ROWS - PROBE_ROWS) * dim), 0.0)
 
 
-__all__ = ["probe_groups", "probe_replicated_elem", "PROBE_KINDS", "PROBE_ROWS", "PROBE_HOT_ROWS",
+__all__ = ["probe_groups", "probe_replicated_elem", "PROBE_KINDS", "PROBE_ROWS", "PROBE_HOT_ROWS", "PROBE_DP_ROWS",
            "PROBE_HOT_SHARE"]

@@ -225,3 +225,43 @@ def test_combine_averages_ranks_and_keeps_rank0_links():
     # the dense arch's gradient all-reduce (one DDP bucket) joins the fixed step cost
     assert cal.dense_step_s == pytest.approx(5e-3 + links["all_reduce"].time(1e5))
     assert cal.dense_sync_bytes == pytest.approx(1e5)  # 2 ranks: each sends its whole buffer once
+
+
+def test_data_parallel_probes_are_normalised_by_their_own_small_tables():
+    """Data-parallel probes use small tables (PROBE_DP_ROWS): only those rows' all-reduce is taken off, so their
+    per-table compute survives; an older calibration (no probe_dp_rows) normalises by probe_rows as before."""
+    from rayemb.planner.step_time import normalize_probes
+    from rayemb.train.calibrate import combine
+    from rayemb.train.calibrate_probes import PROBE_DP_ROWS, PROBE_ROWS
+
+    elem = 4e-8  # replicated element cost (its all-reduce included)
+    raw = {"data_parallel": (3e-3, 3e-4 + PROBE_DP_ROWS * 16 * elem)}
+    links = {"all_reduce": FAST, "all_to_all": FAST}
+    norm = normalize_probes(raw, links, elem, 256, 16, 2, PROBE_ROWS, 200, 0.55, PROBE_DP_ROWS)
+    assert norm["data_parallel"] == pytest.approx((3e-3, 3e-4))
+    old = normalize_probes(raw, links, elem, 256, 16, 2, PROBE_ROWS, 200, 0.55)  # 2,000 rows taken off: clamped
+    assert PROBE_DP_ROWS < PROBE_ROWS and old["data_parallel"] == (3e-3, 0.0)
+    rank = {"lookup_s": 1e-7, "dense_lookup_s": 1e-7, "replicated_elem_s": elem, "pool_s": 1e-8,
+            "group_overhead_s": 1e-3, "dense_step_s": 5e-3, "dense_param_bytes": 1e5, "groups": raw}
+    cal = combine([{"links": links, "compute": [rank, rank]}, {"links": {}, "compute": []}], "gloo", 2, 1.0,
+                  {"local_batch": 256, "dim": 16})
+    assert cal.probe_dp_rows == PROBE_DP_ROWS and cal.groups["data_parallel"] == pytest.approx((3e-3, 3e-4))
+
+
+def test_torchrec_engine_keeps_the_step_time_models_sharding_types():
+    """The calibrated choice is final: TorchRec's planner places ranks but swaps no table-wise table for
+    column-wise (or row-wise) by its own perf estimate -- it did so at random on gloo, 2.8x slower."""
+    from rayemb.planner import plan
+    from rayemb.planner.torchrec_plan import _sharding_types_for
+
+    tables = [TableSpec(f"t{i}", rows=20_000 + 1000 * i, dim=64) for i in range(6)]
+    tables += [TableSpec(f"s{i}", rows=50, dim=64) for i in range(4)]
+    topo = ClusterTopology(num_nodes=1, devices_per_node=2)
+    model = StepTimeCostModel(_probed(FAST))
+    chosen = {n: c.placement for n, c in model.choose(tables, topo, BATCH, {}).items()}
+    result = plan(tables, topo, BATCH, engine="torchrec", chooser=model)
+    assert {n: tp.placement for n, tp in result.tables.items()} == chosen
+    assert Placement.TABLE_WISE in chosen.values()
+    # without the flag TorchRec may pick among the pooled types around the choice
+    assert _sharding_types_for(Placement.TABLE_WISE, None, topo) == ["table_wise", "row_wise", "column_wise"]
+    assert _sharding_types_for(Placement.TABLE_WISE, None, topo, exact=True) == ["table_wise"]
