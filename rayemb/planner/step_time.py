@@ -269,7 +269,11 @@ def predict_step_time(
         kind = probe_kind(p, cal.groups)
         probed = kind in cal.groups
         if probed:  # measured on real modules at one id per bag; more ids cost fused lookups
-            lookup = cal.groups[kind][1] + max(t.pooling_factor - 1.0, 0.0) * local_batch * cal.lookup_s
+            # never below what the kernels alone cost for one id per bag: a slope under that is noise
+            kernels = local_batch * (cal.dense_lookup_s if p == Placement.DATA_PARALLEL else
+                                     hot * cal.dense_lookup_s + (1.0 - hot) * (cal.lookup_s + cal.pool_s)
+                                     if p == Placement.HYBRID else cal.lookup_s)
+            lookup = max(cal.groups[kind][1], kernels) + max(t.pooling_factor - 1.0, 0.0) * local_batch * cal.lookup_s
             rep_rows = t.hot_rows if p == Placement.HYBRID else t.rows if p == Placement.DATA_PARALLEL else 0
             rep, pool = rep_rows * t.dim * cal.replicated_elem_s, 0.0
         elif p == Placement.DATA_PARALLEL:

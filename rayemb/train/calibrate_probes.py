@@ -6,7 +6,7 @@ live backend) and the hybrid's merge of hot and cold halves. So calibration
 also shards tiny tables exactly as training does — ``DistributedModelParallel``
 over rayemb's :class:`~rayemb.embedding.hybrid.HybridEmbeddingBagCollection`
 with the job's sharders, fused row-wise Adagrad, replicated rows on their own
-optimizer — with 1 and 3 tables per kind, and times forward + backward +
+optimizer — with 1 and 8 tables per kind, and times forward + backward +
 optimizer on the local batch (ids remapped beforehand, as in-memory data is).
 Two points give each kind's fixed cost per step and its cost per table.
 """
@@ -30,8 +30,10 @@ PROBE_HOT_ROWS = 200
 PROBE_DP_ROWS = 200
 #: share of the probes' lookups that hit hot rows: half drawn from the hot rows, half uniform over all rows
 PROBE_HOT_SHARE = 0.5 + 0.5 * PROBE_HOT_ROWS / PROBE_ROWS
-PROBE_TABLES = (1, 4)
-PROBE_STEPS = 8
+#: tables per probe: the per-table slope is (t(8) - t(1)) / 7; with (1, 4) the slope's noise on a loaded
+#: 2-core host (+-0.7 ms) often exceeded it, clamping a hybrid table's cost to 0 and steering whole plans
+PROBE_TABLES = (1, 8)
+PROBE_STEPS = 10
 
 
 def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, rows: int = PROBE_ROWS) -> float:

@@ -265,3 +265,16 @@ def test_torchrec_engine_keeps_the_step_time_models_sharding_types():
     # without the flag TorchRec may pick among the pooled types around the choice
     assert _sharding_types_for(Placement.TABLE_WISE, None, topo) == ["table_wise", "row_wise", "column_wise"]
     assert _sharding_types_for(Placement.TABLE_WISE, None, topo, exact=True) == ["table_wise"]
+
+
+def test_a_probed_table_costs_at_least_its_kernels():
+    """A probe slope clamped to zero (noise) does not make tables free: the micro-benchmarked kernels are a floor."""
+    cal = dataclasses.replace(_probed(FAST), groups={k: (v[0], 0.0) for k, v in _probed(FAST).groups.items()},
+                              lookup_s=1e-6, dense_lookup_s=2e-7, pool_s=1e-7)
+    local = BATCH // 2
+    t = TableSpec("big", rows=200_000, dim=64, hot_rows=100, hot_share=0.75)
+    one = ClusterTopology(1, 2)
+    for p, per_id in ((Placement.TABLE_WISE, 1e-6), (Placement.DATA_PARALLEL, 2e-7),
+                      (Placement.HYBRID, 0.75 * 2e-7 + 0.25 * (1e-6 + 1e-7))):
+        pred = predict_step_time([t], {"big": p}, one, BATCH, cal)
+        assert pred.components["lookup"] == pytest.approx(local * per_id)
