@@ -100,3 +100,15 @@ def assert_same_state(x: dict, y: dict, where: str = "") -> None:
             assert_same_state(x[k], y[k], f"{where}.{k}")
         elif isinstance(x[k], torch.Tensor):
             assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), f"{where}.{k} differs"
+
+
+def reference_rows(ref_sd: dict, remapper, table: str):
+    """(logical table, the unsharded reference's rows) that a sharded table ``table`` holds: a hybrid table's hot
+    or cold half (``<T>__hot`` / ``<T>__cold``, rows in the remapper's order), or every row of a plain table."""
+    logical = table.removesuffix("__hot").removesuffix("__cold")
+    full = ref_sd[f"sparse.embedding_bags.{logical}.weight"]
+    if table.endswith("__hot"):
+        return logical, full[torch.from_numpy(remapper.hot_ids(logical))]
+    if table.endswith("__cold"):
+        return logical, full[torch.from_numpy(remapper.cold_ids(logical))]
+    return logical, full

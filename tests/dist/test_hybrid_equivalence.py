@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from _sparse import kjt_slice, rowwise_adagrad_
+from _sparse import kjt_slice, reference_rows, rowwise_adagrad_
 
 from rayemb.multiprocess import run_multiprocess
 from rayemb.planner.types import HYBRID_COLD_PLACEMENTS
@@ -244,14 +244,7 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, spec,
             torch.testing.assert_close(value, ref_sd[key], atol=ATOL, rtol=0)
             continue
         table = key.split(".")[-2]
-        logical = table.removesuffix("__hot").removesuffix("__cold")
-        ref_full = ref_sd[f"sparse.embedding_bags.{logical}.weight"]
-        if table.endswith("__hot"):
-            ref = ref_full[torch.from_numpy(remapper.hot_ids(logical))]
-        elif table.endswith("__cold"):
-            ref = ref_full[torch.from_numpy(remapper.cold_ids(logical))]
-        else:
-            ref = ref_full
+        logical, ref = reference_rows(ref_sd, remapper, table)
         shards = (
             [(s.tensor, s.metadata.shard_offsets, s.metadata.shard_sizes) for s in value.local_shards()]
             if hasattr(value, "local_shards") else [(value, [0, 0], list(value.shape))]

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import test_export_equivalence as export_eq  # noqa: E402
 import test_hybrid_equivalence as hyb  # noqa: E402
-from _sparse import kjt_slice, rowwise_adagrad_  # noqa: E402
+from _sparse import kjt_slice, reference_rows, rowwise_adagrad_  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
@@ -130,14 +130,7 @@ def _compare_rows(model, reference, remapper, init, configs) -> float:
         if not key.endswith(".weight"):
             continue  # optimizer state or cache bookkeeping exposed as buffers
         table = key.split(".")[-2]
-        logical = table.removesuffix("__hot").removesuffix("__cold")
-        ref_full = ref_sd[f"sparse.embedding_bags.{logical}.weight"]
-        if table.endswith("__hot"):
-            ref = ref_full[torch.from_numpy(remapper.hot_ids(logical))]
-        elif table.endswith("__cold"):
-            ref = ref_full[torch.from_numpy(remapper.cold_ids(logical))]
-        else:
-            ref = ref_full
+        logical, ref = reference_rows(ref_sd, remapper, table)
         for tensor, (r0, c0), (r, c) in _shards(value):
             expect = ref[r0:r0 + r, c0:c0 + c]
             torch.testing.assert_close(tensor, expect, atol=hyb.ATOL, rtol=0, msg=lambda m: f"{key}: {m}")
