@@ -268,21 +268,20 @@ def predict_step_time(
         hot = t.hot_share if p == Placement.HYBRID else 0.0
         kind = probe_kind(p, cal.groups)
         probed = kind in cal.groups
+        # the micro-benchmarked kernels: seconds per id looked up (replicated, fused, or a hybrid's mix) and per
+        # cold id pooled locally; replicated rows (a data-parallel table's, a hybrid's hot set)
+        per_id = (cal.dense_lookup_s if p == Placement.DATA_PARALLEL else
+                  hot * cal.dense_lookup_s + (1.0 - hot) * cal.lookup_s if p == Placement.HYBRID else cal.lookup_s)
+        pool_per_id = (1.0 - hot) * cal.pool_s if p == Placement.HYBRID else 0.0
+        rep_rows = t.hot_rows if p == Placement.HYBRID else t.rows if p == Placement.DATA_PARALLEL else 0
+        rep = rep_rows * t.dim * cal.replicated_elem_s
         if probed:  # measured on real modules at one id per bag; more ids cost fused lookups
             # never below what the kernels alone cost for one id per bag: a slope under that is noise
-            kernels = local_batch * (cal.dense_lookup_s if p == Placement.DATA_PARALLEL else
-                                     hot * cal.dense_lookup_s + (1.0 - hot) * (cal.lookup_s + cal.pool_s)
-                                     if p == Placement.HYBRID else cal.lookup_s)
-            lookup = max(cal.groups[kind][1], kernels) + max(t.pooling_factor - 1.0, 0.0) * local_batch * cal.lookup_s
-            rep_rows = t.hot_rows if p == Placement.HYBRID else t.rows if p == Placement.DATA_PARALLEL else 0
-            rep, pool = rep_rows * t.dim * cal.replicated_elem_s, 0.0
-        elif p == Placement.DATA_PARALLEL:
-            lookup, rep, pool = ids_local * cal.dense_lookup_s, t.rows * t.dim * cal.replicated_elem_s, 0.0
-        elif p == Placement.HYBRID:
-            lookup = ids_local * (hot * cal.dense_lookup_s + (1.0 - hot) * cal.lookup_s)
-            rep, pool = t.hot_rows * t.dim * cal.replicated_elem_s, ids_local * (1.0 - hot) * cal.pool_s
+            lookup = (max(cal.groups[kind][1], local_batch * (per_id + pool_per_id))
+                      + max(t.pooling_factor - 1.0, 0.0) * local_batch * cal.lookup_s)
+            pool = 0.0
         else:
-            lookup, rep, pool = ids_local * cal.lookup_s, 0.0, 0.0
+            lookup, pool = ids_local * per_id, ids_local * pool_per_id
         transfer = 0.0
         if w > 1:
             by_collective = _bytes(t, p, global_batch, w, l)
