@@ -159,7 +159,10 @@ class HugeCTRSplitRule(SplitRule):
     - N = 1, W > 1 (NVLink_SingleNode): ``T = B * sqrt(2 p_dup_max / (M (M - 1)))``
       with M = B / W, so a cold category is duplicated within a rank's batch
       with probability at most ``p_dup_max``;
-    - W = 1: nothing is communicated, so nothing is hot (T = inf).
+    - W = 1: nothing is communicated, so nothing is hot (T = inf);
+    - ``threshold`` given (W > 1): T is that, e.g. the break-even of the
+      calibrated step-time model (:func:`rayemb.planner.step_time.hot_threshold`,
+      which :func:`rayemb.planner.tables.split_rule` uses across nodes).
 
     HugeCTR states T per ``num_iterations`` batches and compares raw counts;
     dividing by the number of batches ``rows / B`` gives the per-batch form above.
@@ -191,6 +194,7 @@ class HugeCTRSplitRule(SplitRule):
         embedding_dim: Union[int, Mapping[str, int]] = 16,
         bytes_per_element: int = DEFAULT_BYTES_PER_ELEMENT,
         optimizer_bytes_per_row: int = 0,
+        threshold: Optional[float] = None,
     ) -> None:
         num_nodes = world_size if num_nodes is None else num_nodes
         checks = [
@@ -201,6 +205,7 @@ class HugeCTRSplitRule(SplitRule):
             (efficiency > 0, f"efficiency={efficiency} must be positive"),
             (0 < p_dup_max < 1, f"p_dup_max={p_dup_max} must lie in (0, 1)"),
             (memory_budget_bytes is None or memory_budget_bytes >= 0, "memory_budget_bytes must be >= 0"),
+            (threshold is None or threshold > 0, f"threshold={threshold} must be positive"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -216,12 +221,16 @@ class HugeCTRSplitRule(SplitRule):
         self.embedding_dim = embedding_dim
         self.bytes_per_element = bytes_per_element
         self.optimizer_bytes_per_row = optimizer_bytes_per_row
+        #: T given outright (e.g. the calibrated break-even, rayemb.planner.step_time.hot_threshold), else HugeCTR's
+        self.given_threshold = threshold
 
     def threshold(self) -> float:
         """T: expected occurrences per global batch from which a category is hot."""
         n, w, b = self.num_nodes, self.world_size, self.global_batch_size
         if w == 1:
             return math.inf
+        if self.given_threshold is not None:
+            return self.given_threshold
         if n > 1:
             return n * (self.bw_all_to_all / self.bw_all_reduce) * self.efficiency * n / (n - 1)
         m = b / w
@@ -269,7 +278,7 @@ class HugeCTRSplitRule(SplitRule):
                 limited_by=limited[name],
                 complete=int(t.error_bound) < thr_count,
             )
-        out = FrequentSplit(tables, w, b, "hugectr", self._params())
+        out = FrequentSplit(tables, w, b, "hugectr" if self.given_threshold is None else "calibrated", self._params())
         for t in tables.values():
             if not t.complete:
                 logger.warning(

@@ -321,6 +321,25 @@ def predict_step_time(
     return StepTimePrediction(sum(comp.values()), comp, per_table)
 
 
+def hot_threshold(cal: Calibration, world_size: int, dim: int, elem_bytes: int = 4, id_bytes: int = 8) -> float:
+    """Occurrences per global batch from which one row of a hybrid table is predicted cheaper replicated (hot).
+
+    The break-even of :func:`predict_step_time`'s hybrid terms, per rank and step. A hot row costs its
+    replicated update with its gradient's all-reduce, ``D·replicated_elem_s`` (probed with the all-reduce on
+    the live links; never below that all-reduce's own ``2q·D·s`` bytes at its β). Each occurrence of a cold
+    id in the global batch costs a rank 1/W of its all-to-all bytes ``q·(id + 2·D·s)`` at the all-to-all's
+    β and of a fused lookup and local pool in place of a replicated lookup (q = (W-1)/W). inf on one rank.
+    """
+    w = world_size
+    if w <= 1:
+        return math.inf
+    q = (w - 1) / w
+    hot_row = dim * max(cal.replicated_elem_s, 2.0 * q * elem_bytes * cal.all_reduce.seconds_per_byte)
+    cold = (q * (id_bytes + 2.0 * dim * elem_bytes) * cal.all_to_all.seconds_per_byte
+            + max(cal.lookup_s + cal.pool_s - cal.dense_lookup_s, 0.0)) / w
+    return hot_row / cold if cold > 0 else math.inf
+
+
 def _overlap(sent: Mapping[str, float], cal: Calibration) -> float:
     """Seconds saved (<= 0) because the all-reduce and all-to-all families share the wire (module docstring)."""
     t_ar = cal.all_reduce.time(sent["all_reduce"], calls=0)

@@ -13,18 +13,33 @@ from typing import Any, Dict, List, Tuple
 from rayemb.constants import CRITEO_1TB_CARDINALITIES
 from rayemb.planner.cost import DEFAULT_REPLICATED_FRACTION, OPTIMIZER_STATE_BYTES
 from rayemb.planner.split import HugeCTRSplitRule
+from rayemb.planner.step_time import hot_threshold
 from rayemb.planner.types import ClusterTopology, TableSpec
 
 
-def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: int, bytes_per_element: int = 4):
-    """The default frequent-category rule for ``topology``: HugeCTR's, with its bandwidths and a replicated-row budget."""
+def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: int, bytes_per_element: int = 4,
+               calibration: Any = None):
+    """The frequent-category rule for ``topology``: HugeCTR's, with its bandwidths and a replicated-row budget.
+
+    Across nodes with a measured ``calibration`` (:class:`rayemb.planner.step_time.Calibration`), an id is hot
+    from the step-time model's break-even (:func:`~rayemb.planner.step_time.hot_threshold`) instead of
+    HugeCTR's bandwidth formula. That formula makes an id hot from N²/(N-1) occurrences per global batch at
+    equal bandwidths (4 on 2 nodes), while by the bytes rayemb's hybrid really moves a hot row costs about
+    what one cold occurrence does; and gloo's all-to-all moves half the all-reduce's bytes/s on a shaped
+    link, which halves the break-even again (docs/planner.md). On one node HugeCTR's duplication rule stays:
+    there the exchange is nearly free and the model's compute terms decide.
+    """
     bw = topology.inter_node_bw if topology.num_nodes > 1 else topology.intra_node_bw
+    calibrated = (calibration is not None and getattr(calibration, "source", None) == "measured"
+                  and topology.num_nodes > 1)
     return HugeCTRSplitRule(
         topology.world_size, global_batch, num_nodes=topology.num_nodes,
         bw_all_to_all=bw, bw_all_reduce=bw,
         memory_budget_bytes=int(DEFAULT_REPLICATED_FRACTION * topology.capacity_bytes),
         embedding_dim=embedding_dim, bytes_per_element=bytes_per_element,
         optimizer_bytes_per_row=embedding_dim * OPTIMIZER_STATE_BYTES,
+        threshold=hot_threshold(calibration, topology.world_size, embedding_dim, bytes_per_element)
+        if calibrated else None,
     )
 
 

@@ -64,7 +64,7 @@ def numeric_metrics(report: Dict[str, Any]) -> Dict[str, float]:
 class QueueDrainer:
     """Driver-side thread: drains forwarded reports into a RunLogger and keeps the latest values."""
 
-    def __init__(self, queue: Any, run_logger: Any, poll_s: float = 0.2, progress: Optional[Any] = None) -> None:
+    def __init__(self, queue: Any, run_logger: Any, poll_s: float = 1.0, progress: Optional[Any] = None) -> None:
         self.queue = queue
         self.run_logger = run_logger
         #: e.g. a :class:`rayemb.train.progress.ProgressPrinter`: ``update(report)`` per report

@@ -30,6 +30,8 @@ from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, count_rows, load_checked, parquet_files
 from rayemb.errors import DataError, TrainingError, find_user_error
 from rayemb.logs import redact_uri
+from rayemb.planner.tables import split_rule
+from rayemb.planner.topology import resize_topology
 from rayemb.planner.types import parse_pins
 from rayemb.train.artifacts import log_charts, log_plan, log_stats_and_split, to_json
 from rayemb.train.metrics import best_and_last_checkpoint, step_time_check
@@ -182,7 +184,6 @@ def compute_statistics(inputs: JobInputs, topology: Any) -> Tuple[Any, Any]:
     from rayemb.data.checks import check_ids, check_values
     from rayemb.data.stats import compute_stats
     from rayemb.data.stats_io import load_or_compute_stats
-    from rayemb.planner.tables import split_rule
 
     cfg, data_dir, schema = inputs.cfg, inputs.data_dir, inputs.schema
     t0 = time.monotonic()
@@ -211,6 +212,11 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
     cfg = inputs.cfg
     resources = worker_resources(cfg, inputs.schema, stats, inputs.train_rows, inputs.valid_rows)
     calibration = calibrate(inputs, topology, resources)
+    rule = split_rule(topology, cfg.data.batch_size * topology.world_size, cfg.model.embedding_dim,
+                      calibration=calibration)
+    if rule.given_threshold is not None:  # across nodes: hot from the calibrated break-even (split_rule)
+        split = rule.split(stats)
+        print(f"rayemb: hot from {rule.given_threshold:.2f} per batch (calibrated):\n{split.summary_table()}", flush=True)
     try:
         job_plan = ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(cfg, inputs.schema, stats, split, topology,
                                                                         calibration))
@@ -223,18 +229,14 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
     # what shards the model, not what was measured on the way (a resumed job re-calibrates)
     fingerprint = hashlib.sha1(to_json({k: v for k, v in summary.items() if k not in MEASURED_PLAN_KEYS})
                                .encode()).hexdigest()[:12]
-    placements = [t["placement"] for t in summary["tables"].values()]
-    print(f"rayemb: plan {fingerprint}: " + ", ".join(f"{p} x{placements.count(p)}" for p in sorted(set(placements)))
+    print(f"rayemb: plan {fingerprint}: " + ", ".join(f"{p} x{n}" for p, n in _placement_counts(summary).items())
           + f"; predicted {1e3 * summary['predicted_step_time_s']:.1f} ms/step ({summary['objective']} objective)",
           flush=True)
-    from rayemb.planner.tables import split_rule
-
-    from rayemb.planner.topology import resize_topology
-
     plans = {inputs.world_size: job_plan}
     for world in elastic_worlds(cfg):  # an elastic job restarts on fewer ranks: a plan (and hot set) for each
         topo = resize_topology(topology, world)
-        world_split = split_rule(topo, cfg.data.batch_size * world, cfg.model.embedding_dim).split(stats)
+        world_split = split_rule(topo, cfg.data.batch_size * world, cfg.model.embedding_dim,
+                                 calibration=calibration).split(stats)
         plans[world] = ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(cfg, inputs.schema, stats, world_split,
                                                                            topo, calibration))
         print(f"rayemb: elastic plan for {world} ranks: " + ", ".join(
