@@ -211,8 +211,12 @@ class PlannerConfig:
     objective: str = "step_time"
     #: measure the step-time model's constants on the live cluster at job start (false: built-in defaults)
     calibrate: bool = True
+    #: one node: a plan placing every table alike wins when predicted within this fraction of the best mix
+    tie_margin: float = 0.05
 
     def __post_init__(self) -> None:
+        _require(0.0 <= self.tie_margin < 1.0, "planner.tie_margin", f"{self.tie_margin!r} is not in [0, 1)",
+                 "Use a fraction such as 0.05 (0: always the lowest prediction).")
         _require(self.engine in PLANNER_ENGINES, "planner.engine", f"{self.engine!r} is unknown",
                  f"Use one of {PLANNER_ENGINES}.")
         _require(self.objective in PLANNER_OBJECTIVES, "planner.objective", f"{self.objective!r} is unknown",

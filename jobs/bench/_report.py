@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+import statistics
+import time
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 #: (header, alignment+width as in format specs, value format)
 Column = Tuple[str, str, str]
@@ -39,6 +41,23 @@ def format_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[Column], k
             cells.append(f"{(fmt.format(value) if value is not None else '-'):{width}}")
         lines.append(" ".join(cells))
     return "\n".join(lines)
+
+
+def alternating_rounds(sides: Mapping[str, Callable[[], Any]], rounds: int, iters: int) -> List[Dict[str, Any]]:
+    """Times each side ``iters`` calls per round, the sides alternating round by round (so a slow phase of a
+    shared host hits all of them); one row per side: median and min seconds per call in ms, and the speedup
+    of its median over the first side's."""
+    times: Dict[str, List[float]] = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, fn in sides.items():
+            fn()  # warm
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            times[name].append((time.perf_counter() - t0) / iters)
+    base = statistics.median(next(iter(times.values())))
+    return [{"side": name, "ms": 1e3 * statistics.median(ts), "ms_min": 1e3 * min(ts),
+             "speedup": base / statistics.median(ts)} for name, ts in times.items()]
 
 
 def print_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[Column], keys: Sequence[str],

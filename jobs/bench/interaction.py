@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from typing import List, Optional, Sequence
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(os.path.dirname(_HERE))]
 
-from _report import report  # noqa: E402
+from _report import alternating_rounds, report  # noqa: E402
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -65,17 +63,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     ref, got = grads(sides["torchrec InteractionArch"]), grads(sides["rayemb PairwiseDotInteraction"])
     max_diff = max(float((a - b).abs().max()) for a, b in zip(ref, got))
-    times = {name: [] for name in sides}
-    for _ in range(args.rounds):
-        for name, fn in sides.items():
-            grads(fn)  # warm
-            t0 = time.perf_counter()
-            for _ in range(args.iters):
-                grads(fn)
-            times[name].append((time.perf_counter() - t0) / args.iters)
-    base = statistics.median(times["torchrec InteractionArch"])
-    rows = [{"side": name, "ms": 1e3 * statistics.median(ts), "ms_min": 1e3 * min(ts),
-             "speedup": base / statistics.median(ts)} for name, ts in times.items()]
+    rows = alternating_rounds({name: (lambda fn=fn: grads(fn)) for name, fn in sides.items()}, args.rounds, args.iters)
     doc = {"schema_version": 1, "benchmark": "interaction", "config": vars(args), "rows": rows,
            "max_abs_diff_output_and_grads": max_diff}
     columns = [("side", "<31", "{}"), ("ms fwd+bwd", ">10", "{:.3f}"), ("min ms", ">8", "{:.3f}"),

@@ -229,7 +229,8 @@ def calibrate_rank(rank: int, world: int, master: str, backend: str, threads: in
         if world > 1:
             from rayemb.train.calibrate_probes import probe_groups, probe_replicated_elem
 
-            compute["groups"] = probe_groups(shape["local_batch"], shape["dim"], device)
+            compute["groups"] = probe_groups(shape["local_batch"], shape["dim"], device,
+                                             int(shape.get("num_sparse", 8)))
             # replaces the kernel-only figure: includes the gradient's all-reduce on the live links
             compute["replicated_elem_s"] = probe_replicated_elem(shape["local_batch"], shape["dim"], device)
         parts: List[Any] = [None] * world

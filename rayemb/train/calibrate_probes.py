@@ -30,14 +30,19 @@ PROBE_HOT_ROWS = 200
 PROBE_DP_ROWS = 200
 #: share of the probes' lookups that hit hot rows: half drawn from the hot rows, half uniform over all rows
 PROBE_HOT_SHARE = 0.5 + 0.5 * PROBE_HOT_ROWS / PROBE_ROWS
-#: tables per probe: the per-table slope is (t(8) - t(1)) / 7; with (1, 4) the slope's noise on a loaded
-#: 2-core host (+-0.7 ms) often exceeded it, clamping a hybrid table's cost to 0 and steering whole plans
+#: tables per probe: the per-table slope is (t(hi) - t(1)) / (hi - 1) with hi the job's own table count, clamped
+#: to [8, 32]. With (1, 4) the slope's noise on a loaded 2-core host (+-0.7 ms) often exceeded it, clamping a
+#: hybrid table's cost to 0 and steering whole plans; with (1, 8) a 26-table plan extrapolated the 8-table probe
+#: 3x, and 6 back-to-back calibrations put table-wise's slope anywhere in 0-0.39 ms and swapped the chosen plan
 PROBE_TABLES = (1, 8)
-PROBE_STEPS = 10
+PROBE_MAX_TABLES = 32
+PROBE_STEPS = 20
 
 
-def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, rows: int = PROBE_ROWS) -> float:
-    """Median seconds of one training step of ``n_tables`` tiny tables placed as ``kind``."""
+def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, rows: int = PROBE_ROWS,
+           mixed_with: str = "") -> float:
+    """Median seconds of one training step of ``n_tables`` tiny tables placed as ``kind`` (``mixed_with``: the
+    second half of them placed so instead, in one module as a job's plan mixes placements)."""
     import torch
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -49,6 +54,7 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
 
     from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, replicated_embedding_parameters
     from rayemb.embedding.sharders import cpu_capable_sharders
+    from rayemb.train.optim import MultiTensorRowWiseAdagrad
     from rayemb.planner.cost import column_shards
 
     class _Sum(torch.nn.Module):
@@ -65,7 +71,8 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
     module = HybridEmbeddingBagCollection(configs, hot, device=torch.device("meta"))
     src = _Sum(module)
     apply_optimizer_in_backward(RowWiseAdagrad, module.parameters(), {"lr": 0.01})
-    plain = {} if kind == "hybrid" else {c.name: [kind] for c in configs}
+    plain = {} if kind == "hybrid" else {
+        c.name: [mixed_with if mixed_with and i >= n_tables // 2 else kind] for i, c in enumerate(configs)}
     world = dist.get_world_size()
     # column-wise in as many column shards as the job would cut (rayemb.planner.cost.column_shards)
     constraints = module.parameter_constraints("row_wise", plain)
@@ -78,7 +85,8 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
     plan = planner.collective_plan(src, sharders, dist.GroupMember.WORLD)
     model = DistributedModelParallel(src, device=device, plan=plan, sharders=sharders)
     replicated = replicated_embedding_parameters(model)
-    opt = RowWiseAdagrad(list(replicated.values()), lr=0.01) if replicated else None
+    # the job's replicated optimizer (rayemb.train.loop.sharded_model)
+    opt = MultiTensorRowWiseAdagrad(list(replicated.values()), lr=0.01) if replicated else None
     gen = np.random.default_rng(dist.get_rank())
     # half the lookups hit the hot rows (a hybrid table's typical share), the rest spread over all rows
     values = np.where(gen.random(n_tables * local_batch) < 0.5, gen.integers(0, PROBE_HOT_ROWS, n_tables * local_batch),
@@ -109,10 +117,15 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
     return statistics.median(times)
 
 
-def probe_groups(local_batch: int, dim: int, device: Any) -> Dict[str, Tuple[float, float]]:
-    """kind -> (fixed seconds per step of the kind's module group(s), seconds per table) on this rank."""
+def probe_groups(local_batch: int, dim: int, device: Any, num_tables: int = PROBE_TABLES[1]
+                 ) -> Dict[str, Tuple[float, float]]:
+    """kind -> (fixed seconds per step of the kind's module group(s), seconds per table) on this rank.
+
+    ``num_tables``: the job's tables; the large probe has as many (within [8, 32]), so that a plan putting every
+    table in one group is priced at a measured point, not an extrapolated one.
+    """
     out = {}
-    lo, hi = PROBE_TABLES
+    lo, hi = PROBE_TABLES[0], min(max(PROBE_TABLES[1], num_tables), PROBE_MAX_TABLES)
     for kind in PROBE_KINDS:
         rows = PROBE_DP_ROWS if kind == "data_parallel" else PROBE_ROWS
         t_lo, t_hi = _probe(kind, lo, local_batch, dim, device, rows), _probe(kind, hi, local_batch, dim, device, rows)

@@ -25,13 +25,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _embedding_optimizer(name: str):
-    import torch
-    from torchrec.optim import RowWiseAdagrad
-
-    return {"rowwise_adagrad": RowWiseAdagrad, "adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD}[name]
-
-
 def _all_have(has_batch: bool, device) -> bool:
     import torch
     import torch.distributed as dist
@@ -173,12 +166,14 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
 
     from rayemb.embedding.hybrid import replicated_embedding_parameters
     from rayemb.embedding.sharders import cpu_capable_sharders
+    from rayemb.train.optim import embedding_optimizer
     from rayemb.train.sharding import build_model
 
     model = build_model(cfg, schema, job_plan.placements, job_plan.hot_ids,
                         embedding_device=torch.device("meta"), dense_device=device)
     remapper = model.embedding.remapper
-    emb_opt_cls = _embedding_optimizer(cfg.train.embedding_optimizer)
+    emb_opt_cls = embedding_optimizer(cfg.train.embedding_optimizer)
+    rep_opt_cls = embedding_optimizer(cfg.train.embedding_optimizer, replicated=True)
     for module in (model.embedding, getattr(model, "sequence", None)):  # sequence: the history tables, if any
         if module is not None:
             # only TorchRec's table modules (fused in sharding); projections and replicated rows stay dense
@@ -192,7 +187,7 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     optimizers = [model.fused_optimizer,
                   KeyedOptimizerWrapper(dense, lambda params: torch.optim.Adagrad(params, lr=cfg.train.dense_lr))]
     if replicated:
-        optimizers.append(KeyedOptimizerWrapper(replicated, lambda params: emb_opt_cls(params, lr=cfg.train.embedding_lr)))
+        optimizers.append(KeyedOptimizerWrapper(replicated, lambda params: rep_opt_cls(params, lr=cfg.train.embedding_lr)))
     return model, CombinedOptimizer(optimizers), remapper
 
 

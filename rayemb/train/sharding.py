@@ -166,7 +166,9 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
     global_batch = cfg.data.batch_size * topology.world_size
     specs = tables_from_schema(schema, cfg.model.embedding_dim, topology, global_batch, stats, split=split)
     calibration = calibration or DEFAULT_CALIBRATION
-    chooser = StepTimeCostModel(calibration) if cfg.planner.objective == "step_time" else None
+    # ties to one module group on one node only: measured there (docs/planner.md, "Ties")
+    tie_margin = cfg.planner.tie_margin if topology.num_nodes == 1 else 0.0
+    chooser = StepTimeCostModel(calibration, tie_margin=tie_margin) if cfg.planner.objective == "step_time" else None
     # Training needs a TorchRec plan of the real module, so the torchrec engine; "fast" is for what-if plans.
     result = plan(specs, topology, global_batch, pins=pins_of(cfg, schema.sparse_names), engine="torchrec",
                   chooser=chooser)

@@ -278,3 +278,24 @@ def test_a_probed_table_costs_at_least_its_kernels():
                       (Placement.HYBRID, 0.75 * 2e-7 + 0.25 * (1e-6 + 1e-7))):
         pred = predict_step_time([t], {"big": p}, one, BATCH, cal)
         assert pred.components["lookup"] == pytest.approx(local * per_id)
+
+
+def test_ties_go_to_one_module_group():
+    """Within tie_margin of the best mix, the plan placing every table alike wins; beyond it, the mix stays."""
+    cal = dataclasses.replace(_probed(FAST), groups={"data_parallel": (0.002, 0.00005), "table_wise": (0.004, 0.0002),
+                                                     "row_wise": (0.009, 0.0004), "hybrid": (0.02, 0.001)})
+    tables = ([TableSpec(f"s{i}", rows=100, dim=16) for i in range(21)]
+              + [TableSpec(f"b{i}", rows=50_000, dim=16) for i in range(5)])
+
+    def chosen(margin):
+        model = StepTimeCostModel(cal, tie_margin=margin)
+        return {n: c.placement for n, c in model.choose(tables, TOPO, BATCH, {}).items()}, model.prediction.total_s
+
+    mix, t_mix = chosen(0.0)
+    assert set(mix.values()) == {Placement.DATA_PARALLEL, Placement.TABLE_WISE}  # the lowest prediction: a mix
+    t_tw = predict_step_time(tables, {t.name: Placement.TABLE_WISE for t in tables}, TOPO, BATCH, cal).total_s
+    gap = t_tw / t_mix - 1
+    assert 0 < gap < 0.2
+    assert chosen(gap * 0.9)[0] == mix
+    uniform, t = chosen(gap * 1.1)
+    assert set(uniform.values()) == {Placement.TABLE_WISE} and t == pytest.approx(t_tw)

@@ -251,3 +251,10 @@ def test_non_numeric_float_still_rejected(tmp_path):
         load_config(str(path), ["train.dense_lr=abc"])
     with pytest.raises(ConfigError, match="train.dense_lr"):
         config_from_dict(BASE, ["train.dense_lr=-1e-3"])  # coerced, then validated: not positive
+
+
+def test_planner_tie_margin_is_a_fraction():
+    assert config_from_dict(BASE).planner.tie_margin == 0.05
+    assert config_from_dict(BASE, ["planner.tie_margin=0"]).planner.tie_margin == 0.0
+    with pytest.raises(ConfigError, match=r"planner\.tie_margin: 1\.5 is not in \[0, 1\)"):
+        config_from_dict(BASE, ["planner.tie_margin=1.5"])

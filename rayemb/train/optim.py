@@ -1,0 +1,88 @@
+"""Optimizers of the training loop's embedding rows: fused in the backward for sharded tables, multi-tensor for
+replicated ones.
+
+Replicated embedding rows (data-parallel tables, hybrid hot halves) are dense parameters, one per table.
+TorchRec's ``RowWiseAdagrad`` updates them one parameter at a time, about ten small ops each: with 21
+data-parallel tables that was 1.1 ms of a 16-18 ms step on a 2-core host (torch profile of
+``jobs/bench/step_profile.py``), a cost per table that no calibration probe sees the same way.
+:class:`MultiTensorRowWiseAdagrad` takes the same step for all of them at once: one concatenated row mean per
+embedding width, then ``torch._foreach_*`` ops. Same state (``sum`` ``[rows, 1]``, ``step``), same
+``state_dict``, the same values bit for bit (``tests/unit/test_optim.py``).
+
+Example::
+
+    >>> import torch
+    >>> p = torch.nn.Parameter(torch.ones(4, 2))
+    >>> opt = MultiTensorRowWiseAdagrad([p], lr=0.1)
+    >>> p.grad = torch.ones(4, 2)
+    >>> _ = opt.step()
+    >>> round(float(p[0, 0]), 4)
+    0.9
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import torch
+from torchrec.optim import RowWiseAdagrad
+
+
+class MultiTensorRowWiseAdagrad(RowWiseAdagrad):
+    """``torchrec.optim.RowWiseAdagrad`` with its step taken for every parameter at once (module docstring).
+
+    Falls back to TorchRec's per-parameter step where the group asks for what the fast path does not do
+    (weight decay, lr decay, maximize, complex or sparse gradients).
+    """
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            if (group["weight_decay"] or group["lr_decay"] or group["maximize"]
+                    or any(g.is_sparse or g.is_complex() or g.dim() != 2 for g in grads)):
+                self._step_group_per_param(group)
+                continue
+            states = [self.state[p] for p in params]
+            torch._foreach_add_([s["step"] for s in states], 1)
+            sums = [s["sum"] for s in states]
+            by_width: Dict[int, List[int]] = {}
+            for i, g in enumerate(grads):
+                by_width.setdefault(g.shape[1], []).append(i)
+            for idx in by_width.values():
+                # the rows' mean square of every table of this width in one op; mean over dim 1 row by row, as
+                # RowWiseAdagrad's grad.pow(2).mean(axis=1)
+                square = torch.cat([grads[i] for i in idx]).pow(2).mean(dim=1, keepdim=True)
+                torch._foreach_add_([sums[i] for i in idx],
+                                    list(square.split([grads[i].shape[0] for i in idx])))
+            std = torch._foreach_sqrt(sums)
+            torch._foreach_add_(std, group["eps"])
+            torch._foreach_addcdiv_(params, grads, std, value=-group["lr"])
+        return loss
+
+    def _step_group_per_param(self, group: Dict[str, Any]) -> None:
+        """TorchRec's own step for one parameter group."""
+        saved = self.param_groups
+        self.param_groups = [group]
+        try:
+            RowWiseAdagrad.step(self)
+        finally:
+            self.param_groups = saved
+
+
+def embedding_optimizer(name: str, replicated: bool = False) -> Any:
+    """The optimizer class of ``train.embedding_optimizer``: for sharded tables (TorchRec maps the class onto
+    FBGEMM's fused optimizer) or, ``replicated``, for replicated embedding rows."""
+    if name == "rowwise_adagrad":
+        return MultiTensorRowWiseAdagrad if replicated else RowWiseAdagrad
+    return {"adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD}[name]
+
+
+__all__ = ["MultiTensorRowWiseAdagrad", "embedding_optimizer"]
