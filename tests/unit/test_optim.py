@@ -15,7 +15,7 @@ def _tables(seed: int, shapes):
 @pytest.mark.parametrize("kwargs", [{"lr": 0.05}, {"lr": 0.05, "eps": 1e-8},
                                     {"lr": 0.05, "weight_decay": 0.01}, {"lr": 0.05, "lr_decay": 0.1}])
 def test_same_values_and_state_as_torchrec_bit_for_bit(kwargs):
-    shapes = [(3, 16), (200, 16), (1, 16), (57, 8), (9, 8)]  # two widths, sizes as small replicated tables
+    shapes = [(3, 16), (200, 16), (1, 16), (57, 8), (9, 8), (5000, 16)]  # two widths; one large (in place)
     ref, fast = _tables(0, shapes), _tables(0, shapes)
     ref_opt, fast_opt = RowWiseAdagrad(ref, **kwargs), MultiTensorRowWiseAdagrad(fast, **kwargs)
     gen = torch.Generator().manual_seed(1)
