@@ -431,14 +431,14 @@ class StepTimeCostModel(PlacementChooser):
                     best, choice, improved = cost, trial, True
             if not improved:
                 break
-        # Ties go to one module group (docs/planner.md): the probes, one kind at a time, miss what mixing costs
-        # (data_parallel x21 + table_wise x5 stepped 7 % slower than table_wise x26, predicted 0-6 % faster)
+        # Ties go to one module group (docs/planner.md, "Ties"): the probes, one kind at a time, miss what mixing costs
         groups = lambda ch: len({g for p in ch.values() for g in _group_of(p)})  # noqa: E731
-        for trial in sorted(({n: dst for n in choice} for dst in {c.placement for cs in options.values() for c in cs}
-                             if all(dst in [c.placement for c in options[n]] for n in choice)), key=total):
-            if groups(trial) < groups(choice) and total(trial) <= best * (1 + self.tie_margin) and not (
+        kinds = {c.placement for cs in options.values() for c in cs}
+        for cost, trial in sorted(((total(t), t) for t in ({n: d for n in choice} for d in kinds if all(
+                d in [c.placement for c in options[n]] for n in choice))), key=lambda x: x[0]):
+            if groups(trial) < groups(choice) and cost <= best * (1 + self.tie_margin) and not (
                     replicated(trial) > budget and replicated(trial) > replicated(choice)):
-                best, choice = total(trial), trial
+                best, choice = cost, trial
                 break
         self.prediction = predict_step_time(tables, choice, topology, global_batch, self.calibration, stored)
         logger.info("step-time model: %.2f ms/step predicted (%s)", 1e3 * best,

@@ -6,8 +6,8 @@ TorchRec's ``RowWiseAdagrad`` updates them one parameter at a time, about ten sm
 data-parallel tables that was 1.1 ms of a 16-18 ms step on a 2-core host (torch profile of
 ``jobs/bench/step_profile.py``), a cost per table that no calibration probe sees the same way.
 :class:`MultiTensorRowWiseAdagrad` takes the same step for all of them at once: one concatenated row mean per
-embedding width (small tables; large ones in place), then ``torch._foreach_*`` ops. Same state (``sum`` ``[rows, 1]``, ``step``), same
-``state_dict``, the same values bit for bit (``tests/unit/test_optim.py``).
+embedding width (small tables; large ones in place), then ``torch._foreach_*`` ops. Same state (``sum``
+``[rows, 1]``, ``step``), same ``state_dict``, the same values bit for bit (``tests/unit/test_optim.py``).
 
 Example::
 
