@@ -70,8 +70,8 @@ def _zipf_sampler(num_rows: int, alpha: float, seed: int):
 
 def _lengths(batch: int, pooling: float, r: np.random.Generator) -> np.ndarray:
     if pooling == 1.0:
-        return np.ones(batch, dtype=np.int64)
-    return r.integers(1, int(2 * pooling), size=batch).astype(np.int64)  # uniform 1..2P-1, mean P
+        return np.ones(batch, dtype=np.int32)  # int32 bag lengths, as the data path makes them
+    return r.integers(1, int(2 * pooling), size=batch).astype(np.int32)  # uniform 1..2P-1, mean P
 
 
 def _make_batches(cfg: Dict[str, Any], n: int, seed: int) -> List[Dict[str, tuple]]:

@@ -67,6 +67,8 @@ def _profile_rank(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: A
     cc = CommCounter() if counter else None
     prof = None
     for i, b in enumerate(batches[: steps + warmup]):
+        if i == warmup and cc:
+            cc.reset()  # per-step comm figures from the timed steps only
         if i == warmup and torch_profile and rank == 0:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             prof.__enter__()
@@ -92,8 +94,20 @@ def _profile_rank(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: A
     if prof is not None:
         prof.__exit__(None, None, None)
         top = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    n = max(1, len(phases["step"]))
+    comm = None if cc is None else {
+        "bytes_per_step": {p: {c: v / n for c, v in d.items()} for p, d in cc.bytes_by_phase().items()},
+        "calls_per_step": {c: k / n for c, k in cc.calls().items()}}
     return {"ms": {k: 1e3 * statistics.median(v) for k, v in phases.items()}, "steps": len(phases["step"]),
-            "top_ops": top}
+            "top_ops": top, "comm": comm}
+
+
+def _comm_summary(per_rank: List[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
+    """Collective family -> calls (rank 0) and bytes per phase summed over ranks, per step."""
+    fams = sorted({c for r in per_rank for d in r["bytes_per_step"].values() for c in d})
+    return {c: {"calls": per_rank[0]["calls_per_step"].get(c, 0.0),
+                **{p: sum(r["bytes_per_step"][p].get(c, 0.0) for r in per_rank) for p in ("forward", "backward")}}
+            for c in fams}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -139,9 +153,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      "samples_per_s": global_batch / (ms["step"] / 1e3)})
         if res[0].get("top_ops"):
             print(res[0]["top_ops"])
+        if counter:
+            comm = _comm_summary([r["comm"] for r in res])
+    print("collectives per step (bytes sent off-rank summed over ranks; calls on rank 0):")
+    for fam, d in comm.items():
+        print(f"  {fam:<15} calls {d['calls']:5.1f}   forward {d['forward']/1e3:9.1f} kB   "
+              f"backward {d['backward']/1e3:9.1f} kB")
     placements = [t["placement"] for t in job_plan.summary["tables"].values()]
     plan = ", ".join(f"{p} x{placements.count(p)}" for p in sorted(set(placements)))
     doc = {"schema_version": 1, "benchmark": "step_profile", "plan": plan, "overrides": args.overrides,
+           "comm_per_step": comm,
            "threads": args.threads, "world": args.world, "rows": rows,
            "predicted_step_time_s": job_plan.summary.get("predicted_step_time_s")}
     columns = [("counter", "<8", "{}"), ("fwd ms", ">7", "{:.2f}"), ("bwd ms", ">7", "{:.2f}"),

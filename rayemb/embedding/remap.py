@@ -31,6 +31,9 @@ from rayemb.errors import ConfigError, DataError
 HOT_SUFFIX = "__hot"
 #: suffix of the sharded cold-row table / feature made from a hybrid table
 COLD_SUFFIX = "__cold"
+#: bag lengths of the remapped KJT, as the data path makes them (:mod:`rayemb.data.batching`): the
+#: row-wise cold exchange sends every bag's length to every rank, so int64 would double those bytes
+LENGTH_DTYPE = np.int32
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,7 @@ class HybridRemapper:
                 )
             values, lengths, weights = features[f]
             values = np.asarray(values, dtype=np.int64)
-            lengths = np.asarray(lengths, dtype=np.int64)
+            lengths = np.asarray(lengths, dtype=LENGTH_DTYPE)
             table = self._feature_table[f]
             if values.size and (values.min() < 0 or values.max() >= self._num_embeddings[table]):
                 raise DataError(
@@ -211,14 +214,14 @@ class HybridRemapper:
             if ht.num_hot > 0:
                 out[f + HOT_SUFFIX] = (
                     pos[is_hot],
-                    np.bincount(bag[is_hot], minlength=lengths.size).astype(np.int64),
+                    np.bincount(bag[is_hot], minlength=lengths.size).astype(LENGTH_DTYPE),
                     None if w is None else w[is_hot],
                 )
             if ht.num_cold > 0:
                 cold = ~is_hot
                 out[f + COLD_SUFFIX] = (
                     values[cold] - pos[cold],
-                    np.bincount(bag[cold], minlength=lengths.size).astype(np.int64),
+                    np.bincount(bag[cold], minlength=lengths.size).astype(LENGTH_DTYPE),
                     None if w is None else w[cold],
                 )
         return out
@@ -244,7 +247,7 @@ class HybridRemapper:
         """Assemble :meth:`remap_arrays` output into one KJT in :attr:`output_keys` order."""
         keys = self.output_keys
         values = np.concatenate([remapped[k][0] for k in keys]) if keys else np.zeros(0, np.int64)
-        lengths = np.concatenate([remapped[k][1] for k in keys]) if keys else np.zeros(0, np.int64)
+        lengths = np.concatenate([remapped[k][1] for k in keys]) if keys else np.zeros(0, LENGTH_DTYPE)
         w = None
         if weighted:
             w = torch.from_numpy(

@@ -23,7 +23,8 @@ hybrid             all-reduce 2·(W-1)·|F|·D·s, cold ids q·(1-h)·B·P·id +
                    k column shards), cold rows 2·q·(1-h)·B·P·D·s
 =================  ==========================================================
 
-Metadata all-to-alls (per-rank split sizes, W·(W-1)·features·8 bytes) are
+Lengths are int32 (``len`` = 4 bytes), as :mod:`rayemb.data.batching` and the
+hybrid remapper make them; ids are int64. Metadata all-to-alls (per-rank split sizes, W·(W-1)·features·8 bytes) are
 included except for table_row_wise; weighted features add 4 bytes per
 exchanged id. DP/TW/RW/CW and hybrid are checked against measured collective
 bytes by ``jobs/bench/hybrid_comm.py`` (within 1.5 %); table_row_wise is an
@@ -68,7 +69,7 @@ def predict_table_bytes(
     num_features: int = 1,
     elem_bytes: int = 4,
     id_bytes: int = 8,
-    length_bytes: int = 8,
+    length_bytes: int = 4,
     weighted: bool = False,
     column_shards: int = 1,
     devices_per_node: int = 1,

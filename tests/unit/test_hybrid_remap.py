@@ -55,6 +55,9 @@ def test_remap_kjt_key_order_and_segments() -> None:
     out = r.remap(kjt)
     assert out.keys() == r.output_keys
     assert out.stride() == 2
+    # int32 bag lengths whatever the input's (the data path's dtype): the row-wise cold exchange sends every
+    # bag's length to every rank, and rayemb.planner.traffic prices them at 4 bytes
+    assert out.lengths().dtype == torch.int32 and out.lengths().tolist() == [1, 0, 1, 0, 1, 0, 1, 0, 0, 1]
     r2 = pickle.loads(pickle.dumps(r))
     assert torch.equal(r2.remap(kjt).values(), out.values())
 

@@ -30,7 +30,8 @@ def test_cost_formulas_follow_design_table():
     assert table_bytes(t, Placement.DATA_PARALLEL, w, 8, b) == 2 * (w - 1) * 1000 * 16 * 4
     tw = table_bytes(t, Placement.TABLE_WISE, w, 8, b)
     q = (w - 1) / w
-    assert tw == pytest.approx(q * b * 8 + q * b * 8 + w * (w - 1) * 8 + 2 * q * b * 16 * 4)
+    # int64 ids, int32 lengths, the per-rank split sizes, pooled rows forward and gradients backward
+    assert tw == pytest.approx(q * b * 8 + q * b * 4 + w * (w - 1) * 8 + 2 * q * b * 16 * 4)
     hyb = table_bytes(t, Placement.HYBRID, w, 8, b)
     # one-hot, h=0.9: the hybrid moves ~(1-h) of the pooled rows plus the hot all-reduce
     assert hyb < tw
