@@ -161,7 +161,8 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
     from torchrec.distributed.types import ShardingPlan
 
     from rayemb.planner import plan, tables_from_schema
-    from rayemb.planner.step_time import DEFAULT_CALIBRATION, StepTimeCostModel, predict_step_time
+    from rayemb.planner.chooser import StepTimeCostModel
+    from rayemb.planner.step_time import DEFAULT_CALIBRATION, predict_step_time
 
     global_batch = cfg.data.batch_size * topology.world_size
     specs = tables_from_schema(schema, cfg.model.embedding_dim, topology, global_batch, stats, split=split)

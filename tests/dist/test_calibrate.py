@@ -30,7 +30,8 @@ def _rank(rank, world_size):
 def test_calibration_on_two_gloo_ranks_prices_plans():
     import json
 
-    from rayemb.planner.step_time import Calibration, StepTimeCostModel, predict_step_time
+    from rayemb.planner.chooser import StepTimeCostModel
+    from rayemb.planner.step_time import Calibration, predict_step_time
     from rayemb.planner.types import ClusterTopology, Placement, TableSpec
     from rayemb.train.calibrate import combine
     from rayemb.train.calibrate_probes import PROBE_KINDS

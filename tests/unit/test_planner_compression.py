@@ -27,7 +27,8 @@ from rayemb.planner.compression import (
 from rayemb.planner.cost import BytesCostModel, storage_cost
 from rayemb.planner.planner import plan
 from rayemb.planner.report import load_plan_json, save_plan_json, summary_table
-from rayemb.planner.step_time import DEFAULT_CALIBRATION, StepTimeCostModel
+from rayemb.planner.chooser import StepTimeCostModel
+from rayemb.planner.step_time import DEFAULT_CALIBRATION
 from rayemb.planner.topology import described_topology
 from rayemb.planner.types import STORAGE_REMEDIES, Placement, TablePin, TableSpec
 

@@ -4,11 +4,11 @@ import dataclasses
 
 import pytest
 
+from rayemb.planner.chooser import StepTimeCostModel
 from rayemb.planner.step_time import (
     DEFAULT_CALIBRATION,
     Calibration,
     LinkCost,
-    StepTimeCostModel,
     predict_step_time,
     probe_kind,
 )
