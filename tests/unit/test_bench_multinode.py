@@ -36,3 +36,16 @@ def test_acceptance_verdicts_per_bandwidth():
     assert acc["auto_vs_best_pass"] is True  # 0.966 >= 0.95 at 50; auto is the best row elsewhere
     assert acc["prediction_pass"] is False  # 1000 mbit hybrid: 40 ms predicted vs 34 measured is fine, ...
     assert acc["per_bandwidth"]["1000"]["worst_prediction_error"] == pytest.approx(abs(20 / (1024 / 40_000 * 1e3) - 1))
+
+
+def test_repeats_make_one_row_of_medians():
+    runs = [dict(_row(100, "auto", sps, 45.0), predicted_ms=pred, plan_summary=plan, mb_per_step=0.6)
+            for sps, pred, plan in ((20_000, 45.0, "a"), (26_000, 47.0, "a"), (24_000, 50.0, "b"))]
+    row = mn.median_row(runs)
+    assert row["repeats"] == 3 and row["samples_per_s_runs"] == [20_000, 26_000, 24_000]
+    assert row["samples_per_s"] == 24_000 and row["predicted_ms"] == 47.0
+    assert row["step_ms"] == pytest.approx(1024 / 24_000 * 1e3)  # the median step is the median run's
+    assert row["predicted_over_measured"] == pytest.approx(47.0 / (1024 / 24_000 * 1e3))
+    assert row["plans"] == ["a", "b"] and row["variant"] == "auto"
+    failed = mn.median_row([{"bandwidth_mbit": 50, "variant": "hybrid", "samples_per_s": None}])
+    assert failed["samples_per_s"] is None and failed["predicted_over_measured"] is None
