@@ -12,12 +12,16 @@ row of one bandwidth:
 * ``no_hybrid``: the plan without hybrid (data-parallel small tables, pooled
   model-parallel large ones: what TorchRec's planner builds), and ``table_wise``:
   every table pooled table-wise — the best of the two is "the best TorchRec pooled plan";
-* ``hybrid``: ``no_hybrid``'s plan with its model-parallel tables made hybrid
-  (those with a hot set and a cold remainder); its data-parallel tables stay
-  data-parallel, so the two rows differ only in pooled vs hybrid for the large
-  tables -- HugeCTR's hybrid embedding, like for like. (Until 2026-11-24 this row
-  pinned hybrid on *every* table with a hot set, 3-row tables included: see
-  ``hybrid_all``, still runnable with ``--variants``);
+* ``hybrid``: HugeCTR's hybrid embedding -- one frequency threshold over every
+  table: each table with infrequent rows (the ``auto`` run's ``split.json`` at
+  this bandwidth: a hot set the threshold sized and a cold remainder) is made
+  hybrid, every other table stays where ``no_hybrid`` put it (tables whose rows
+  are all frequent stay data-parallel);
+* ``hybrid_mp``: narrower -- only ``no_hybrid``'s *model-parallel* tables with a
+  hot set made hybrid, its data-parallel tables left data-parallel even where
+  they have infrequent rows (this was the ``hybrid`` row on 2026-11-23/24; the
+  first rows pinned hybrid on *every* table with a hot set, 3-row tables' rounding
+  remainders included: ``hybrid_all``, still runnable with ``--variants``);
 * ``data_parallel``: every table replicated.
 
 Per row: samples/s (median of log windows after the first), the measured step
@@ -40,6 +44,7 @@ Usage (root: network namespaces)::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -56,13 +61,16 @@ from throughput import (  # noqa: E402
     AUTO,
     CONFIG,
     ensure_data,
+    infrequent_tables_of,
     reuse_auto_outputs,
     run_rayemb,
     schema_tables,
 )
 
 SCHEMA_VERSION = 1
-VARIANTS = (AUTO, "no_hybrid", "hybrid", "table_wise", "data_parallel")
+VARIANTS = (AUTO, "no_hybrid", "hybrid", "hybrid_mp", "table_wise", "data_parallel")
+#: the rows built from the no_hybrid row's plan (run after it)
+TWINS = ("hybrid", "hybrid_mp")
 #: not run by default: every table with a hot set pinned hybrid (the ``hybrid`` row before 2026-11-24)
 HYBRID_ALL = "hybrid_all"
 POOLED = ("no_hybrid", "table_wise")
@@ -86,6 +94,8 @@ def acceptance(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
             if bw <= SLOW_LINK_MBIT:
                 entry["hybrid_vs_pooled_pass"] = entry["hybrid_vs_pooled"] >= TARGET_HYBRID_VS_POOLED
                 all_ok["hybrid_vs_pooled"] &= entry["hybrid_vs_pooled_pass"]
+        if "hybrid_mp" in mine and pooled:  # reported, not judged: the narrower twin
+            entry["hybrid_mp_vs_pooled"] = mine["hybrid_mp"]["samples_per_s"] / pooled
         if AUTO in mine and best:
             entry["auto_vs_best"] = mine[AUTO]["samples_per_s"] / best
             entry["auto_vs_best_pass"] = entry["auto_vs_best"] >= TARGET_AUTO_VS_BEST
@@ -100,12 +110,21 @@ def acceptance(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     return out
 
 
-def hybrid_pins(pooled_plan: Mapping[str, str], hot: Sequence[str]) -> List[str]:
-    """Overrides turning a pooled plan into its hybrid twin: model-parallel tables with a hot set hybrid, every
-    other table pinned where the pooled plan put it."""
+def hybrid_tables(name: str, pooled_plan: Mapping[str, str], hot: Sequence[str],
+                  infrequent: Sequence[str]) -> List[str]:
+    """The tables a twin row makes hybrid: ``hybrid`` every table with infrequent rows, ``hybrid_mp`` only the
+    pooled plan's model-parallel tables with a hot set."""
+    if name == "hybrid":
+        return [t for t in infrequent if t in pooled_plan]
+    return [t for t in hot if pooled_plan.get(t, "data_parallel") != "data_parallel"]
+
+
+def hybrid_pins(pooled_plan: Mapping[str, str], hybrid: Sequence[str]) -> List[str]:
+    """Overrides turning a pooled plan into a hybrid one: the ``hybrid`` tables hybrid, every other table pinned
+    where the pooled plan put it."""
     out = []
     for t, p in sorted(pooled_plan.items()):
-        if p != "data_parallel" and t in hot:
+        if t in hybrid:
             out.append(f"planner.tables.{t}.hybrid=true")
         else:
             out.append(f"planner.tables.{t}.sharding={p}")
@@ -114,23 +133,37 @@ def hybrid_pins(pooled_plan: Mapping[str, str], hot: Sequence[str]) -> List[str]
 
 def run_variant(name: str, args: argparse.Namespace, tmp: str, tables: Sequence[str], hot: Optional[List[str]],
                 stats_path: Optional[str], pooled_plan: Optional[Mapping[str, str]], cluster: Any,
-                extra: Sequence[str], bw: float, repeat: int = 0) -> Optional[Dict[str, Any]]:
+                extra: Sequence[str], bw: float, repeat: int = 0,
+                infrequent: Sequence[str] = ()) -> Optional[Dict[str, Any]]:
     """One row's ``rayemb train`` run on ``cluster``; None when the row cannot be built (said why)."""
     tag = f"-{bw:g}mbit"
-    if name in ("hybrid", HYBRID_ALL) and not hot:
+    if name in (*TWINS, HYBRID_ALL) and not hot:
         print(f"multinode: skipping {name} (no table with a hot set and a cold remainder)")
         return None
-    if name == "hybrid":
+    if name in TWINS:
         if not pooled_plan:
-            print("multinode: skipping hybrid (it needs the no_hybrid row's plan: run no_hybrid first)")
+            print(f"multinode: skipping {name} (it needs the no_hybrid row's plan: run no_hybrid first)")
             return None
-        # the auto variant's run with the hybrid twin's pins (the variant name only names the run's folder)
+        pins = hybrid_pins(pooled_plan, hybrid_tables(name, pooled_plan, hot, infrequent))
+        if not any(p.endswith(".hybrid=true") for p in pins):
+            print(f"multinode: skipping {name} at {bw:g} mbit (no table to make hybrid)")
+            return None
+        # the auto variant's run with the row's pins (the variant name only names the run's folder)
         run = run_rayemb(AUTO, args, tmp, repeat, tables, hot, stats_path, wrap=cluster.exec_argv,
-                         extra_overrides=[*extra, *hybrid_pins(pooled_plan, hot)], tag=f"-hybrid{tag}")
-        run.update(variant="hybrid", kind="forced", overrides=hybrid_pins(pooled_plan, hot))
+                         extra_overrides=[*extra, *pins], tag=f"-{name}{tag}")
+        run.update(variant=name, kind="forced", overrides=pins)
         return run
     return run_rayemb("hybrid" if name == HYBRID_ALL else name, args, tmp, repeat, tables, hot, stats_path,
                       wrap=cluster.exec_argv, extra_overrides=extra, tag=tag)
+
+
+def split_tables(run: Mapping[str, Any]) -> Optional[List[str]]:
+    """The tables with infrequent rows in an auto run's ``split.json`` (None without one)."""
+    path = os.path.join(run.get("job_dir") or "", "split.json")
+    if not run.get("job_dir") or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return infrequent_tables_of(json.load(f))
 
 
 def row_of(run: Mapping[str, Any], bandwidth: float) -> Dict[str, Any]:
@@ -242,9 +275,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if AUTO in variants:
         variants.remove(AUTO)
     variants.insert(0, AUTO)  # its split.json names the hybrid tables, its stats.json serves the rest
-    if "hybrid" in variants and "no_hybrid" in variants:  # the hybrid row is no_hybrid's plan made hybrid
-        variants.remove("hybrid")
-        variants.insert(variants.index("no_hybrid") + 1, "hybrid")
+    for twin in reversed(TWINS):  # the hybrid rows are no_hybrid's plan made hybrid: run after it
+        if twin in variants and "no_hybrid" in variants:
+            variants.remove(twin)
+            variants.insert(variants.index("no_hybrid") + 1, twin)
     unknown = set(variants) - set(VARIANTS) - {HYBRID_ALL}
     if unknown:
         ap.error(f"unknown --variants {sorted(unknown)}; known: {', '.join(VARIANTS + (HYBRID_ALL,))}")
@@ -258,6 +292,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows: List[Dict[str, Any]] = []
     hot: Optional[List[str]] = None
     stats_path: Optional[str] = None
+    infrequent_by_bw: Dict[str, Optional[List[str]]] = {}
     t0 = time.monotonic()
     extra = ["scaling.placement_strategy=SPREAD", "scaling.cpus_per_worker=1"]
     try:
@@ -269,16 +304,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             cluster.up(replace=True)
             try:
                 pooled_plan: Optional[Dict[str, str]] = None
+                infrequent: Optional[List[str]] = None  # from this bandwidth's first auto split
                 per_variant: Dict[str, List[Dict[str, Any]]] = {}
                 for rep in range(args.repeats):
                     for name in variants:
                         run = run_variant(name, args, tmp, tables, hot, stats_path, pooled_plan, cluster, extra,
-                                          bw, repeat=rep)
+                                          bw, repeat=rep, infrequent=infrequent or ())
                         if run is None:
                             continue
                         run["variant"], run["bandwidth_mbit"], run["repeat"] = name, bw, rep
                         if name == AUTO:
                             hot, stats_path = reuse_auto_outputs(run, tmp, hot, stats_path)
+                            if infrequent is None:
+                                infrequent = split_tables(run)
+                                infrequent_by_bw[f"{bw:g}"] = infrequent
                         if name == "no_hybrid" and pooled_plan is None:
                             pooled_plan = run.get("plan")  # the hybrid twin of the first no_hybrid plan, every round
                         runs.append(run)
@@ -309,7 +348,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       "cpus_per_node": args.cpus_per_node, "steps": args.steps, "window": args.window,
                       "batch_size": args.batch_size, "global_batch": args.batch_size * args.world,
                       "repeats": args.repeats,
-                      "variants": variants, "hot_tables": hot, "wall_s": time.monotonic() - t0,
+                      "variants": variants, "hot_tables": hot,
+                      "infrequent_tables": infrequent_by_bw, "wall_s": time.monotonic() - t0,
                       "cpu_count": os.cpu_count()},
            "results": rows, "acceptance": acc, "chart": png, "runs": runs}
     footer = (f"hybrid >= {TARGET_HYBRID_VS_POOLED}x best pooled at <= {SLOW_LINK_MBIT} mbit: "

@@ -158,6 +158,20 @@ def hot_tables_of(split: Mapping[str, Any]) -> List[str]:
     return sorted(names, key=_natural_key)
 
 
+def infrequent_tables_of(split: Mapping[str, Any]) -> List[str]:
+    """Tables of a ``split.json`` document with *infrequent* rows: a hot set and a cold remainder that the
+    frequency threshold left (``limited_by`` ``threshold`` or ``memory``), in table order.
+
+    These are the tables HugeCTR's hybrid embedding splits: it applies one
+    frequency threshold to every category of every table. A table whose hot set
+    was cut short by the candidate list (``limited_by`` ``candidates``: e.g. a
+    3-row table at W = 2, whose 3 frequent rows round down to 2) has no
+    infrequent row, only a rounding remainder, and stays as it was.
+    """
+    return [name for name in hot_tables_of(split)
+            if split["tables"][name].get("limited_by", "threshold") != "candidates"]
+
+
 def _natural_key(name: str) -> Tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 

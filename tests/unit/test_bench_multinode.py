@@ -9,11 +9,30 @@ from tests._bench import load_bench as _load
 mn = _load("multinode")
 
 
-def test_hybrid_row_is_the_pooled_plan_with_its_model_parallel_tables_hybrid():
-    pooled = {"C1": "table_wise", "C2": "data_parallel", "C3": "column_wise", "C4": "table_wise"}
-    pins = mn.hybrid_pins(pooled, hot=["C1", "C2", "C3"])  # C4 has no hot set: stays pooled, where it was
+def test_hybrid_rows_pin_their_tables_hybrid_and_the_rest_where_the_pooled_plan_put_them():
+    pooled = {"C1": "table_wise", "C2": "data_parallel", "C3": "column_wise", "C4": "table_wise", "C5": "data_parallel"}
+    hot = ["C1", "C2", "C3", "C5"]  # C4 has no hot set
+    infrequent = ["C1", "C2", "C3"]  # C5's cold remainder is only rounding: all its rows are frequent
+    # hybrid (HugeCTR's rule): every table with infrequent rows, data-parallel ones included
+    assert mn.hybrid_tables("hybrid", pooled, hot, infrequent) == ["C1", "C2", "C3"]
+    # hybrid_mp: only the pooled plan's model-parallel tables with a hot set
+    assert mn.hybrid_tables("hybrid_mp", pooled, hot, infrequent) == ["C1", "C3"]
+    pins = mn.hybrid_pins(pooled, mn.hybrid_tables("hybrid_mp", pooled, hot, infrequent))
     assert pins == ["planner.tables.C1.hybrid=true", "planner.tables.C2.sharding=data_parallel",
-                    "planner.tables.C3.hybrid=true", "planner.tables.C4.sharding=table_wise"]
+                    "planner.tables.C3.hybrid=true", "planner.tables.C4.sharding=table_wise",
+                    "planner.tables.C5.sharding=data_parallel"]
+    pins = mn.hybrid_pins(pooled, mn.hybrid_tables("hybrid", pooled, hot, infrequent))
+    assert pins[1] == "planner.tables.C2.hybrid=true" and pins[4] == "planner.tables.C5.sharding=data_parallel"
+
+
+def test_split_tables_reads_the_auto_runs_split(tmp_path):
+    import json
+
+    (tmp_path / "split.json").write_text(json.dumps({"tables": {
+        "C1": {"num_hot": 94, "num_embeddings": 45834, "limited_by": "threshold"},
+        "C13": {"num_hot": 2, "num_embeddings": 3, "limited_by": "candidates"}}}))
+    assert mn.split_tables({"job_dir": str(tmp_path)}) == ["C1"]
+    assert mn.split_tables({"job_dir": str(tmp_path / "missing")}) is None and mn.split_tables({}) is None
 
 
 def _row(bw, variant, sps, pred_ms=None):
@@ -24,11 +43,13 @@ def _row(bw, variant, sps, pred_ms=None):
 
 def test_acceptance_verdicts_per_bandwidth():
     rows = [_row(100, "auto", 22_000, 50), _row(100, "hybrid", 21_000, 50), _row(100, "no_hybrid", 19_000, 55),
+            _row(100, "hybrid_mp", 20_000, 50),
             _row(100, "table_wise", 6_000, 170), _row(50, "auto", 14_000, 75), _row(50, "hybrid", 14_500, 70),
             _row(50, "no_hybrid", 10_000, 100), _row(1000, "auto", 40_000, 20), _row(1000, "hybrid", 30_000, 40)]
     acc = mn.acceptance(rows)
     assert acc["per_bandwidth"]["100"]["hybrid_vs_pooled"] == pytest.approx(21_000 / 19_000)
     assert acc["per_bandwidth"]["100"]["hybrid_vs_pooled_pass"] is False  # 1.11 < 1.3
+    assert acc["per_bandwidth"]["100"]["hybrid_mp_vs_pooled"] == pytest.approx(20_000 / 19_000)  # reported only
     assert acc["per_bandwidth"]["50"]["hybrid_vs_pooled_pass"] is True  # 1.45
     assert "hybrid_vs_pooled_pass" not in acc["per_bandwidth"]["1000"]  # fast links: reported, not judged
     assert acc["hybrid_vs_pooled_pass"] is False

@@ -97,6 +97,15 @@ def test_hot_tables_of_split_json_in_natural_order():
     assert tp.hot_tables_of(split) == ["C1", "C10"]
 
 
+def test_infrequent_tables_leave_out_rounding_remainders():
+    split = {"tables": {"C1": {"num_hot": 94, "num_embeddings": 45834, "limited_by": "threshold"},
+                        "C12": {"num_hot": 132, "num_embeddings": 346, "limited_by": "memory"},
+                        "C13": {"num_hot": 2, "num_embeddings": 3, "limited_by": "candidates"},  # 3 frequent rows, W=2
+                        "C15": {"num_hot": 12, "num_embeddings": 12, "limited_by": "threshold"}}}  # all hot
+    assert tp.hot_tables_of(split) == ["C1", "C12", "C13"]
+    assert tp.infrequent_tables_of(split) == ["C1", "C12"]
+
+
 def test_round_order_starts_with_peer_then_auto_and_rotates():
     variants = ["auto", "data_parallel", "hybrid"]
     assert tp.round_order(variants, 0) == ["peer", "auto", "data_parallel", "hybrid"]
