@@ -61,6 +61,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=0.05, help="dense and embedding learning rate")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="result JSON (written by rank 0)")
+    ap.add_argument("--torch-profile", action="store_true",
+                    help="run the timed window under the torch profiler and print rank 0's top operators")
     return ap.parse_args(argv)
 
 
@@ -225,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ---- warm-up, then the timed window ---- #
     losses = [step(i) for i in range(args.warmup)]
     dist.barrier()
+    prof = None
+    if args.torch_profile and rank == 0:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        prof.__enter__()
     step_s: List[float] = []
     t0 = time.perf_counter()
     for i in range(args.warmup, args.warmup + args.steps):
@@ -233,6 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         step_s.append(time.perf_counter() - s0)
     dist.barrier()
     elapsed = time.perf_counter() - t0
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), flush=True)
 
     # the slowest rank's window sets the pace
     el = torch.tensor([elapsed], dtype=torch.float64)

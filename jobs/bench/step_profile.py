@@ -120,6 +120,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     ap.add_argument("--torch-profile", action="store_true", help="print rank 0's top operators")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="alternating rounds of counter on/off (the table adds each row's median over rounds)")
     ap.add_argument("--out", default=os.path.join(_REPO, "bench-results", "step_profile.json"))
     args = ap.parse_args(argv)
 
@@ -144,17 +146,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     split = split_rule(topology, global_batch, cfg.model.embedding_dim).split(stats)
     job_plan = make_job_plan(cfg, schema, stats, split, topology)
     rows = []
-    for counter in (True, False):
+    # alternate the order each round so neither side always runs first on a warming host
+    order = [c for r in range(args.rounds) for c in ((True, False) if r % 2 == 0 else (False, True))]
+    for i, counter in enumerate(order):
         res = run_multiprocess(_profile_rank, args.world, cfg=cfg, schema=schema, job_plan=job_plan,
                                steps=args.steps, warmup=args.warmup, threads=args.threads, counter=counter,
-                               torch_profile=args.torch_profile and not counter)
+                               torch_profile=args.torch_profile and not counter and i < 2)
         ms = {k: statistics.fmean(r["ms"][k] for r in res) for k in res[0]["ms"]}
-        rows.append({"comm_counter": counter, **{f"{k}_ms": v for k, v in ms.items()},
+        rows.append({"comm_counter": counter, "round": i // 2, **{f"{k}_ms": v for k, v in ms.items()},
                      "samples_per_s": global_batch / (ms["step"] / 1e3)})
         if res[0].get("top_ops"):
             print(res[0]["top_ops"])
         if counter:
             comm = _comm_summary([r["comm"] for r in res])
+    if args.rounds > 1:
+        for counter in (True, False):
+            mine = [r for r in rows if r["comm_counter"] is counter]
+            rows.append({"comm_counter": counter, "round": "median",
+                         **{k: statistics.median(r[k] for r in mine) for k in mine[0] if k.endswith(("_ms", "_s"))}})
     print("collectives per step (bytes sent off-rank summed over ranks; calls on rank 0):")
     for fam, d in comm.items():
         print(f"  {fam:<15} calls {d['calls']:5.1f}   forward {d['forward']/1e3:9.1f} kB   "
@@ -165,9 +174,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
            "comm_per_step": comm,
            "threads": args.threads, "world": args.world, "rows": rows,
            "predicted_step_time_s": job_plan.summary.get("predicted_step_time_s")}
-    columns = [("counter", "<8", "{}"), ("fwd ms", ">7", "{:.2f}"), ("bwd ms", ">7", "{:.2f}"),
+    columns = [("counter", "<8", "{}"), ("round", ">6", "{}"), ("fwd ms", ">7", "{:.2f}"), ("bwd ms", ">7", "{:.2f}"),
                ("opt ms", ">7", "{:.2f}"), ("step ms", ">8", "{:.2f}"), ("samples/s", ">10", "{:,.0f}")]
-    keys = ["comm_counter", "forward_ms", "backward_ms", "optimizer_ms", "step_ms", "samples_per_s"]
+    keys = ["comm_counter", "round", "forward_ms", "backward_ms", "optimizer_ms", "step_ms", "samples_per_s"]
     return report(args.out, doc, rows, columns, keys, footer=f"plan: {plan}")
 
 
