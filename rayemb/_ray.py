@@ -6,6 +6,8 @@ import logging
 import os
 
 ADDRESS_ENV_VAR = "RAY_ADDRESS"
+#: run in every worker process of the private local Ray (rayemb.logs.quiet_local_ray_worker)
+LOCAL_WORKER_SETUP_HOOK = "rayemb.logs.quiet_local_ray_worker"
 
 
 def init_ray() -> None:
@@ -32,5 +34,6 @@ def init_ray() -> None:
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
     else:
+        # no dashboard (CPU a 2-core box needs), so no state API: the setup hook quiets what polls it
         ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                 logging_level=logging.WARNING)
+                 logging_level=logging.WARNING, runtime_env={"worker_process_setup_hook": LOCAL_WORKER_SETUP_HOOK})

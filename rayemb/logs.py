@@ -89,6 +89,22 @@ def quiet_third_party_logs() -> None:
             lg.setLevel(logging.WARNING)
 
 
+#: loggers of Ray internals that only repeat a known, harmless failure on the private local Ray: Ray Train's
+#: PlacementGroupCleaner asks the state API (served by the dashboard) every second whether the controller lives,
+#: and the private local Ray runs without a dashboard, so each ask logs "Failed to query Ray Train Controller
+#: actor state" -- once a second for the whole job, relayed into the user's terminal
+LOCAL_RAY_NOISY_LOGGERS = ("ray.train.v2._internal.execution.controller.placement_group_cleaner",)
+
+
+def quiet_local_ray_worker() -> None:
+    """Worker-process setup hook of the private local Ray (:func:`rayemb._ray.init_ray`): its known noise off.
+
+    Only :data:`LOCAL_RAY_NOISY_LOGGERS` drop to ERROR; a cleanup that really fails still logs at ERROR.
+    """
+    for name in LOCAL_RAY_NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def _scrub_secrets(text: str) -> str:
     """``text`` with the value of every set secret environment variable replaced by ``***``."""
     for name in SECRET_ENV_VARS:
