@@ -196,9 +196,8 @@ def compute_statistics(inputs: JobInputs, topology: Any) -> Tuple[Any, Any]:
     check_values(valid_values, schema.label, f"{data_dir}/{VALID_SPLIT}")
     global_batch = cfg.data.batch_size * topology.world_size
     split = split_rule(topology, global_batch, cfg.model.embedding_dim).split(stats)
-    print(f"rayemb: statistics of {stats.rows:,} rows in {time.monotonic() - t0:.1f}s; frequent-category split:",
-          flush=True)
-    print(split.summary_table(), flush=True)
+    # the split's table is printed by plan_job, once: across nodes the calibrated break-even replaces this split
+    print(f"rayemb: statistics of {stats.rows:,} rows in {time.monotonic() - t0:.1f}s", flush=True)
     return stats, split
 
 
@@ -216,7 +215,8 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
                       calibration=calibration)
     if rule.given_threshold is not None:  # across nodes: hot from the calibrated break-even (split_rule)
         split = rule.split(stats)
-        print(f"rayemb: hot from {rule.given_threshold:.2f} per batch (calibrated):\n{split.summary_table()}", flush=True)
+    print(f"rayemb: frequent-category split ({split.rule} threshold, W={split.world_size}, "
+          f"B={split.global_batch_size}):\n{split.summary_table()}", flush=True)
     try:
         job_plan = ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(cfg, inputs.schema, stats, split, topology,
                                                                         calibration))

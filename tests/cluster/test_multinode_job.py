@@ -81,6 +81,9 @@ def test_default_job_on_three_nodes_matches_one_node(tiny_data, tmp_path):
         cluster.down()
     assert multi["status"] == "FINISHED"
     assert "rayemb: calibrated" in out  # the step-time model was measured across the nodes
+    # one split table, the final one: across nodes the hot sets come from the calibrated break-even
+    assert out.count("rayemb: frequent-category split (") == 1, out[-4000:]
+    assert "rayemb: frequent-category split (calibrated threshold" in out
     auc_one, auc_multi = one["metrics"]["best_valid_auc"], multi["metrics"]["best_valid_auc"]
     assert auc_one > 0.7
     assert abs(auc_multi - auc_one) <= 0.01, (auc_one, auc_multi)

@@ -14,6 +14,9 @@ def test_sweep_makes_child_runs_under_one_parent(ray_2_cpus, tiny_data, tmp_path
                "--set", "tracking.experiment=sweep", "--set", "train.max_steps_per_epoch=8",
                "--set", "train.log_every_n_steps=4", "--sweep", "train.dense_lr=0.02,0.1"])
     assert rc == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    # each child job prints its split once, after planning (one node: HugeCTR's threshold)
+    assert out.count("rayemb: frequent-category split (hugectr threshold, W=2, B=") == 2, out[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     exp = client.get_experiment_by_name("sweep")
     runs = client.search_runs([exp.experiment_id])
