@@ -126,6 +126,9 @@ class TrainConfig:
     #: checkpoints Ray Train keeps (the newest); older ones are deleted. At least 2, so a corrupt newest one
     #: has a predecessor to fall back to
     keep_checkpoints: int = 3
+    #: start the next batch's sparse input exchange (split sizes) before this batch's backward
+    #: (rayemb.embedding.prefetch; the same numbers, a shorter step); false: the plain TorchRec forward
+    prefetch_input_dist: bool = True
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train.epochs", f"{self.epochs} < 1", "Train at least one epoch.")

@@ -61,11 +61,11 @@ def rowwise_adagrad_(p: torch.Tensor, state: dict, key, lr: float, eps: float, c
         p -= lr * g / (s.sqrt() + eps)
 
 
-def checkpoint_step(dmp, opt, remapper, tables: dict, local_batch: int, step: int, rank: int, world_size: int) -> float:
-    """One step of the checkpoint tests on global batch ``step`` (the same rows whatever the world size).
+def checkpoint_batch(remapper, tables: dict, local_batch: int, step: int, rank: int, world_size: int):
+    """(remapped KJT, labels) of this rank's slice of global batch ``step`` (the same rows whatever the world size).
 
     ``tables``: name -> (rows, dim); feature ``f_<name>`` gets 1-3 ids per bag. The global batch is
-    ``6 * local_batch`` (divisible by 2 and 3), this rank trains its slice; returns the mean loss over ranks.
+    ``6 * local_batch`` (divisible by 2 and 3).
     """
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -83,7 +83,13 @@ def checkpoint_step(dmp, opt, remapper, tables: dict, local_batch: int, step: in
     labels = torch.from_numpy(rng.integers(0, 2, size=global_batch).astype(np.float32))[lo:hi]
     kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.from_numpy(np.concatenate(values)),
                                               lengths=torch.from_numpy(np.concatenate(lengths)))
-    loss = torch.nn.functional.binary_cross_entropy_with_logits(dmp(remapper.remap(kjt)), labels)
+    return remapper.remap(kjt), labels
+
+
+def checkpoint_step(dmp, opt, remapper, tables: dict, local_batch: int, step: int, rank: int, world_size: int) -> float:
+    """One step of the checkpoint tests on :func:`checkpoint_batch` ``step``; returns the mean loss over ranks."""
+    kjt, labels = checkpoint_batch(remapper, tables, local_batch, step, rank, world_size)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(dmp(kjt), labels)
     opt.zero_grad()
     loss.backward()
     opt.step()

@@ -47,10 +47,11 @@ def _rank_batches(cfg: Any, schema: Any, remap: Any, rank: int, world: int, max_
 
 
 def _profile_rank(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: Any, steps: int, warmup: int,
-                  threads: int, counter: bool, torch_profile: bool) -> Dict[str, Any]:
+                  threads: int, counter: bool, torch_profile: bool, prefetch: bool = False) -> Dict[str, Any]:
     import torch
 
     from rayemb.embedding.comm import CommCounter, instrument_ddp
+    from rayemb.embedding.prefetch import StepPrefetch
     from rayemb.logs import quiet_third_party_logs
     from rayemb.train.loop import sharded_model
 
@@ -63,10 +64,12 @@ def _profile_rank(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: A
         instrument_ddp(model)
     batches = _rank_batches(cfg, schema, remapper.remap, rank, world_size, steps + warmup)
     loss_fn = torch.nn.BCEWithLogitsLoss()
+    pre = StepPrefetch(model) if prefetch else None
     phases: Dict[str, List[float]] = {"forward": [], "backward": [], "optimizer": [], "step": []}
     cc = CommCounter() if counter else None
     prof = None
-    for i, b in enumerate(batches[: steps + warmup]):
+    batches = batches[: steps + warmup]
+    for i, b in enumerate(batches):
         if i == warmup and cc:
             cc.reset()  # per-step comm figures from the timed steps only
         if i == warmup and torch_profile and rank == 0:
@@ -77,6 +80,8 @@ def _profile_rank(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: A
             cc.__enter__()
         loss = loss_fn(model(b.dense, b.sparse), b.labels)
         float(loss.detach())
+        if pre is not None and i + 1 < len(batches):
+            pre.start(batches[i + 1].sparse)  # the next batch's input exchange runs during this backward
         t1 = time.perf_counter()
         optimizer.zero_grad()
         loss.backward()
@@ -99,7 +104,7 @@ def _profile_rank(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: A
         "bytes_per_step": {p: {c: v / n for c, v in d.items()} for p, d in cc.bytes_by_phase().items()},
         "calls_per_step": {c: k / n for c, k in cc.calls().items()}}
     return {"ms": {k: 1e3 * statistics.median(v) for k, v in phases.items()}, "steps": len(phases["step"]),
-            "top_ops": top, "comm": comm}
+            "top_ops": top, "comm": comm, "prefetch_hits": None if pre is None else pre.hits}
 
 
 def _comm_summary(per_rank: List[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
@@ -121,7 +126,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     ap.add_argument("--torch-profile", action="store_true", help="print rank 0's top operators")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="alternating rounds of counter on/off (the table adds each row's median over rounds)")
+                    help="alternating rounds of --ab on/off (the table adds each row's median over rounds)")
+    ap.add_argument("--ab", choices=("counter", "prefetch"), default="counter",
+                    help="what each round runs with and without: the collective byte counter (default), or the "
+                         "next batch's input exchange started before this backward (rayemb.embedding.prefetch; "
+                         "counter off)")
     ap.add_argument("--out", default=os.path.join(_REPO, "bench-results", "step_profile.json"))
     args = ap.parse_args(argv)
 
@@ -148,35 +157,41 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows = []
     # alternate the order each round so neither side always runs first on a warming host
     order = [c for r in range(args.rounds) for c in ((True, False) if r % 2 == 0 else (False, True))]
-    for i, counter in enumerate(order):
+    comm: Dict[str, Dict[str, float]] = {}
+    for i, on in enumerate(order):
+        counter = on and args.ab == "counter"
         res = run_multiprocess(_profile_rank, args.world, cfg=cfg, schema=schema, job_plan=job_plan,
                                steps=args.steps, warmup=args.warmup, threads=args.threads, counter=counter,
-                               torch_profile=args.torch_profile and not counter and i < 2)
+                               torch_profile=args.torch_profile and not on and i < 2,
+                               prefetch=on and args.ab == "prefetch")
         ms = {k: statistics.fmean(r["ms"][k] for r in res) for k in res[0]["ms"]}
-        rows.append({"comm_counter": counter, "round": i // 2, **{f"{k}_ms": v for k, v in ms.items()},
+        if on and args.ab == "prefetch" and not res[0]["prefetch_hits"]:
+            print("warning: no forward used a prefetched input exchange (nothing sharded to prefetch?)")
+        rows.append({args.ab: on, "round": i // 2, **{f"{k}_ms": v for k, v in ms.items()},
                      "samples_per_s": global_batch / (ms["step"] / 1e3)})
         if res[0].get("top_ops"):
             print(res[0]["top_ops"])
         if counter:
             comm = _comm_summary([r["comm"] for r in res])
     if args.rounds > 1:
-        for counter in (True, False):
-            mine = [r for r in rows if r["comm_counter"] is counter]
-            rows.append({"comm_counter": counter, "round": "median",
+        for on in (True, False):
+            mine = [r for r in rows if r[args.ab] is on]
+            rows.append({args.ab: on, "round": "median",
                          **{k: statistics.median(r[k] for r in mine) for k in mine[0] if k.endswith(("_ms", "_s"))}})
-    print("collectives per step (bytes sent off-rank summed over ranks; calls on rank 0):")
+    if comm:
+        print("collectives per step (bytes sent off-rank summed over ranks; calls on rank 0):")
     for fam, d in comm.items():
         print(f"  {fam:<15} calls {d['calls']:5.1f}   forward {d['forward']/1e3:9.1f} kB   "
               f"backward {d['backward']/1e3:9.1f} kB")
     placements = [t["placement"] for t in job_plan.summary["tables"].values()]
     plan = ", ".join(f"{p} x{placements.count(p)}" for p in sorted(set(placements)))
-    doc = {"schema_version": 1, "benchmark": "step_profile", "plan": plan, "overrides": args.overrides,
+    doc = {"schema_version": 1, "benchmark": "step_profile", "plan": plan, "overrides": args.overrides, "ab": args.ab,
            "comm_per_step": comm,
            "threads": args.threads, "world": args.world, "rows": rows,
            "predicted_step_time_s": job_plan.summary.get("predicted_step_time_s")}
-    columns = [("counter", "<8", "{}"), ("round", ">6", "{}"), ("fwd ms", ">7", "{:.2f}"), ("bwd ms", ">7", "{:.2f}"),
+    columns = [(args.ab, "<8", "{}"), ("round", ">6", "{}"), ("fwd ms", ">7", "{:.2f}"), ("bwd ms", ">7", "{:.2f}"),
                ("opt ms", ">7", "{:.2f}"), ("step ms", ">8", "{:.2f}"), ("samples/s", ">10", "{:,.0f}")]
-    keys = ["comm_counter", "round", "forward_ms", "backward_ms", "optimizer_ms", "step_ms", "samples_per_s"]
+    keys = [args.ab, "round", "forward_ms", "backward_ms", "optimizer_ms", "step_ms", "samples_per_s"]
     return report(args.out, doc, rows, columns, keys, footer=f"plan: {plan}")
 
 

@@ -70,7 +70,9 @@ PEER_SCRIPT = os.path.join(_HERE, "peer_torchrec.py")
 #: rayemb variants: the cost-model plan, then the forced plans it is compared against
 AUTO = "auto"
 FORCED = ("no_hybrid", "data_parallel", "table_wise", "hybrid")
-EXTRA = ("row_wise",)
+#: table_wise_no_prefetch: the table_wise plan with the next batch's input exchange not prefetched
+#: (train.prefetch_input_dist=false), to measure what the prefetch brings on one plan
+EXTRA = ("row_wise", "table_wise_no_prefetch")
 PEER = "peer"
 DEFAULT_VARIANTS = (AUTO,) + FORCED
 TARGET_VS_PEER = 1.0
@@ -121,6 +123,8 @@ def variant_overrides(variant: str, tables: Sequence[str], hot_tables: Optional[
         return ["planner.hybrid=false"]
     if variant in ("data_parallel", "table_wise", "row_wise"):
         return [f"planner.tables.{t}.sharding={variant}" for t in tables]
+    if variant == "table_wise_no_prefetch":
+        return variant_overrides("table_wise", tables) + ["train.prefetch_input_dist=false"]
     if variant == "hybrid":
         if hot_tables is None:
             raise ValueError("the hybrid variant needs the tables with a hot set (from an auto run's split.json)")

@@ -55,6 +55,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from rayemb.embedding.compressed import CompressedEmbeddingBagCollection
 from rayemb.embedding.compression_math import CompressionSpec, storage_spec
+from rayemb.embedding.prefetch import InputDistPrefetch
 from rayemb.embedding.remap import COLD_SUFFIX, HOT_SUFFIX, HybridRemapper
 from rayemb.errors import ConfigError, DataError
 from rayemb.planner.types import HYBRID_COLD_PLACEMENTS
@@ -168,6 +169,8 @@ class HybridEmbeddingBagCollection(nn.Module):
             f for t in tables if t.name in hybrid and t.pooling == PoolingType.MEAN for f in t.feature_names
         }
         self._dims = {f: int(t.embedding_dim) for t in tables for f in t.feature_names}
+        #: the next batch's input exchange of the sharded children (rayemb.embedding.prefetch); not state
+        self.prefetch = InputDistPrefetch()
         logger.debug(
             "hybrid EBC: %d plain, %d hot, %d cold tables", len(plain_cfgs), len(hot_cfgs),
             sum(len(v) for v in cold_cfgs.values()),
@@ -297,32 +300,54 @@ class HybridEmbeddingBagCollection(nn.Module):
 
     # -- forward --
 
+    def _parts(self, features: KeyedJaggedTensor) -> List[KeyedJaggedTensor]:
+        """``features`` (made by :attr:`remapper`) split into the plain, hot and per-dim cold parts."""
+        keys = self.remapper.output_keys
+        if features.keys() != keys:
+            raise DataError(f"HybridEmbeddingBagCollection got features {features.keys()} but expects {keys}. "
+                            "Pass the batch through module.remapper.remap(kjt) first.")
+        return features.split(self.remapper.segments)
+
+    def _child_inputs(self, parts: List[KeyedJaggedTensor]) -> List[Tuple[str, nn.Module, KeyedJaggedTensor]]:
+        """(name, child, the KJT the child looks up) for every table child, in forward order."""
+        out: List[Tuple[str, nn.Module, KeyedJaggedTensor]] = []
+        if self.plain is not None:
+            out.append(("plain", self.plain, parts[0]))
+        if self.hot is not None:
+            out.append(("hot", self.hot, parts[1]))
+        for i, d in enumerate(self.remapper.cold_dims):
+            part = parts[2 + i]
+            # EmbeddingCollection carries no per-id weights: rows are looked up unweighted, weighted in forward
+            ids = KeyedJaggedTensor(keys=part.keys(), values=part.values(), lengths=part.lengths())
+            out.append((f"cold.d{d}", self.cold[f"d{d}"], ids))
+        return out
+
+    def sharded_inputs(self, features: KeyedJaggedTensor) -> List[Tuple[str, nn.Module, KeyedJaggedTensor]]:
+        """What :meth:`forward` will give each table child for ``features``: for ``self.prefetch.start``."""
+        return self._child_inputs(self._parts(features))
+
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         r = self.remapper
-        if features.keys() != r.output_keys:
-            raise DataError(
-                f"HybridEmbeddingBagCollection got features {features.keys()} but expects "
-                f"{r.output_keys}. Pass the batch through module.remapper.remap(kjt) first."
-            )
         batch = features.stride()
-        parts = features.split(r.segments)
+        parts = self._parts(features)
+        inputs = {name: (child, kjt) for name, child, kjt in self._child_inputs(parts)}
+
+        def lookup(name: str):  # the child's output; its input exchange may have been prefetched
+            return self.prefetch.lookup(features, name, *inputs[name])
         pooled: Dict[str, torch.Tensor] = {}
         counts: Dict[str, torch.Tensor] = {}
         if self.plain is not None:
-            pooled.update(self.plain(parts[0]).to_dict())
+            pooled.update(lookup("plain").to_dict())
         if self.hot is not None:
             hot_kjt = parts[1]
-            for key, t in self.hot(hot_kjt).to_dict().items():
+            for key, t in lookup("hot").to_dict().items():
                 f = key[: -len(HOT_SUFFIX)]
                 pooled[f] = t
             for key, ln in zip(hot_kjt.keys(), hot_kjt.lengths().view(len(hot_kjt.keys()), -1)):
                 counts[key[: -len(HOT_SUFFIX)]] = ln
         for i, d in enumerate(r.cold_dims):
             part = parts[2 + i]
-            # EmbeddingCollection carries no per-id weights: look rows up
-            # unweighted and apply the weights here, locally.
-            ids = KeyedJaggedTensor(keys=part.keys(), values=part.values(), lengths=part.lengths())
-            rows = self.cold[f"d{d}"](ids)
+            rows = lookup(f"cold.d{d}")  # unweighted rows; the weights are applied here, locally
             # pool every cold feature of this dim at once: the rows in KJT (key-major) order, one
             # index_add into a (keys x batch) bag grid
             keys = part.keys()
@@ -403,7 +428,6 @@ def hybrid_from_placements(
     return module, module.parameter_constraints(cold_types, plain_types)
 
 
-
 def replicated_embedding_parameters(model: nn.Module) -> Dict[str, nn.Parameter]:
     """Embedding parameters DMP left dense and data-parallel (hybrid hot halves, data-parallel tables).
 
@@ -420,12 +444,5 @@ def replicated_embedding_parameters(model: nn.Module) -> Dict[str, nn.Parameter]
     }
 
 
-__all__ = [
-    "COLD_SHARDING_TYPES",
-    "COLD_SUFFIX",
-    "HOT_SUFFIX",
-    "HybridEmbeddingBagCollection",
-    "HybridRemapper",
-    "hybrid_from_placements",
-    "replicated_embedding_parameters",
-]
+__all__ = ["COLD_SHARDING_TYPES", "COLD_SUFFIX", "HOT_SUFFIX", "HybridEmbeddingBagCollection", "HybridRemapper",
+           "hybrid_from_placements", "replicated_embedding_parameters"]

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -145,6 +145,20 @@ def evaluate(model, data, device, max_steps: Optional[int] = None) -> Dict[str, 
     return {"valid_auc": auc(y, z), "valid_logloss": logloss(y, z), "valid_rows": float(y.size)}
 
 
+class _DeviceBatch(NamedTuple):
+    """One step's tensors on the device."""
+
+    dense: Any
+    sparse: Any
+    labels: Any
+    sequence: Any
+
+    @classmethod
+    def of(cls, batch, device) -> "_DeviceBatch":
+        return cls(batch.dense.to(device), batch.sparse.to(device), batch.labels.to(device),
+                   _sequence_of(batch, device))
+
+
 def _sequence_of(batch, device):
     """The batch's sequence-feature KJT on ``device`` (None without sequence features)."""
     return None if batch.sequence is None else batch.sequence.to(device)
@@ -205,6 +219,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
 
     from rayemb.data.batching import BatchConverter
     from rayemb.embedding.comm import COLLECTIVES, CommCounter, instrument_ddp
+    from rayemb.embedding.prefetch import StepPrefetch
     from rayemb.logs import quiet_third_party_logs
     from rayemb.model.dlrm import sequence_features, table_configs
     from rayemb.train.data_loader import RankBatches
@@ -232,6 +247,9 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     job_plan = (loop_config.get("plans") or {}).get(world, loop_config["plan"])
     model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device)
     instrument_ddp(model)
+    # the next batch's input exchange starts before this batch's backward (rayemb.embedding.prefetch)
+    prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
+    prefetch = prefetch if prefetch is not None and prefetch.enabled else None
     loss_fn = torch.nn.BCEWithLogitsLoss()
     converter = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap,
                                sequence=cfg.model.sequence_tower != "none")
@@ -273,19 +291,35 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
         timer = StepTimer()
         counter = CommCounter()
-        for _ in range(max(0, (steps_per_epoch if agreed is None else agreed) - skip)):
+        remaining = max(0, (steps_per_epoch if agreed is None else agreed) - skip)
+
+        def fetch(k: int) -> Optional[_DeviceBatch]:
+            """Batch ``k`` of the remaining steps, on the device; None past the end or when a rank ran dry."""
+            if k >= remaining:
+                return None
             batch = next(it, None)
             if agreed is None and not _all_have(batch is not None, device):
-                logger.warning("rank %d: a rank ran out of data at step %d; ending the epoch early", rank, step)
+                logger.warning("rank %d: a rank ran out of data at step %d; ending the epoch early", rank, step + 1)
+                return None
+            return _DeviceBatch.of(batch, device)
+
+        nxt = fetch(0)
+        for k in range(remaining):
+            cur = nxt
+            if cur is None:
                 break
-            dense, sparse, labels = batch.dense.to(device), batch.sparse.to(device), batch.labels.to(device)
             timer.lap("data_wait")
             with counter:  # bytes of the model's own collectives only
-                logits = model(dense, sparse, _sequence_of(batch, device))
-                loss = loss_fn(logits, labels)
-                loss_value = float(loss.detach())
-                check_finite_loss(loss_value, step + 1, epoch, rank)
-                timer.lap("forward")
+                logits = model(cur.dense, cur.sparse, cur.sequence)
+                loss = loss_fn(logits, cur.labels)
+            loss_value = float(loss.detach())
+            check_finite_loss(loss_value, step + 1, epoch, rank)
+            timer.lap("forward")
+            nxt = fetch(k + 1)
+            timer.lap("data_wait")
+            with counter:
+                if prefetch is not None and nxt is not None:
+                    prefetch.start(nxt.sparse)  # its split sizes travel during this backward
                 optimizer.zero_grad()
                 loss.backward()  # also applies the fused embedding optimizer
                 timer.lap("backward")

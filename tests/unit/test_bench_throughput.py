@@ -65,7 +65,8 @@ def test_variant_overrides_pin_every_table():
         tp.variant_overrides("column_wize", TABLES)
 
 
-@pytest.mark.parametrize("variant", ["auto", "no_hybrid", "data_parallel", "table_wise", "hybrid", "row_wise"])
+@pytest.mark.parametrize("variant", ["auto", "no_hybrid", "data_parallel", "table_wise", "hybrid", "row_wise",
+                                     "table_wise_no_prefetch"])
 def test_overrides_make_a_valid_config_with_the_pins(variant, tmp_path):
     from rayemb.config import load_config
     from rayemb.train.sharding import pins_of
@@ -80,6 +81,7 @@ def test_overrides_make_a_valid_config_with_the_pins(variant, tmp_path):
     assert cfg.data.batch_size * cfg.scaling.num_workers == 1024
     assert cfg.tracking.output_dir == str(tmp_path)
     pins = pins_of(cfg, TABLES)
+    assert cfg.train.prefetch_input_dist is (variant != "table_wise_no_prefetch")
     if variant == "auto":
         assert pins == {}
     elif variant == "no_hybrid":
@@ -87,7 +89,8 @@ def test_overrides_make_a_valid_config_with_the_pins(variant, tmp_path):
     elif variant == "hybrid":
         assert set(pins) == {"C1", "C2"} and all(p.hybrid is True for p in pins.values())
     else:
-        assert set(pins) == set(TABLES) and all(p.sharding.value == variant for p in pins.values())
+        plan = variant.removesuffix("_no_prefetch")
+        assert set(pins) == set(TABLES) and all(p.sharding.value == plan for p in pins.values())
 
 
 def test_hot_tables_of_split_json_in_natural_order():
