@@ -223,6 +223,8 @@ def calibrate_rank(rank: int, world: int, master: str, backend: str, threads: in
     device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
+    shape = dict(shape)
+    prefetch = bool(shape.pop("prefetch_input_dist", False))  # the probes step as the job's loop will
     try:
         links = measure_collectives(device, world) if world > 1 else {}
         compute = measure_compute(device, **shape)
@@ -230,7 +232,7 @@ def calibrate_rank(rank: int, world: int, master: str, backend: str, threads: in
             from rayemb.train.calibrate_probes import probe_groups, probe_replicated_elem
 
             compute["groups"] = probe_groups(shape["local_batch"], shape["dim"], device,
-                                             int(shape.get("num_sparse", 8)))
+                                             int(shape.get("num_sparse", 8)), prefetch=prefetch)
             # replaces the kernel-only figure: includes the gradient's all-reduce on the live links
             compute["replicated_elem_s"] = probe_replicated_elem(shape["local_batch"], shape["dim"], device)
         parts: List[Any] = [None] * world

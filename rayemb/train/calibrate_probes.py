@@ -40,9 +40,11 @@ PROBE_STEPS = 20
 
 
 def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, rows: int = PROBE_ROWS,
-           mixed_with: str = "") -> float:
+           mixed_with: str = "", prefetch: bool = False) -> float:
     """Median seconds of one training step of ``n_tables`` tiny tables placed as ``kind`` (``mixed_with``: the
-    second half of them placed so instead, in one module as a job's plan mixes placements)."""
+    second half of them placed so instead, in one module as a job's plan mixes placements; ``prefetch``: each
+    step starts the next one's input exchange before its backward, as the job's loop does with
+    ``train.prefetch_input_dist``)."""
     import torch
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -53,6 +55,7 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, replicated_embedding_parameters
+    from rayemb.embedding.prefetch import StepPrefetch
     from rayemb.embedding.sharders import cpu_capable_sharders
     from rayemb.train.optim import MultiTensorRowWiseAdagrad
     from rayemb.planner.cost import column_shards
@@ -96,11 +99,15 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
                                               lengths=torch.ones(n_tables * local_batch, dtype=torch.int32))
     kjt = module.remapper.remap(kjt).to(device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    pre = StepPrefetch(model) if prefetch else None
 
     def step() -> None:
         if opt is not None:
             opt.zero_grad()
-        model(kjt).backward()
+        loss = model(kjt)
+        if pre is not None:
+            pre.start(kjt)  # every step looks up the same KJT: this is the next step's exchange
+        loss.backward()
         if opt is not None:
             opt.step()
 
@@ -117,18 +124,20 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
     return statistics.median(times)
 
 
-def probe_groups(local_batch: int, dim: int, device: Any, num_tables: int = PROBE_TABLES[1]
-                 ) -> Dict[str, Tuple[float, float]]:
+def probe_groups(local_batch: int, dim: int, device: Any, num_tables: int = PROBE_TABLES[1],
+                 prefetch: bool = False) -> Dict[str, Tuple[float, float]]:
     """kind -> (fixed seconds per step of the kind's module group(s), seconds per table) on this rank.
 
     ``num_tables``: the job's tables; the large probe has as many (within [8, 32]), so that a plan putting every
-    table in one group is priced at a measured point, not an extrapolated one.
+    table in one group is priced at a measured point, not an extrapolated one. ``prefetch``: step as the job
+    will (``train.prefetch_input_dist``).
     """
     out = {}
     lo, hi = PROBE_TABLES[0], min(max(PROBE_TABLES[1], num_tables), PROBE_MAX_TABLES)
     for kind in PROBE_KINDS:
         rows = PROBE_DP_ROWS if kind == "data_parallel" else PROBE_ROWS
-        t_lo, t_hi = _probe(kind, lo, local_batch, dim, device, rows), _probe(kind, hi, local_batch, dim, device, rows)
+        t_lo = _probe(kind, lo, local_batch, dim, device, rows, prefetch=prefetch)
+        t_hi = _probe(kind, hi, local_batch, dim, device, rows, prefetch=prefetch)
         per_table = max((t_hi - t_lo) / (hi - lo), 0.0)
         out[kind] = (max(t_lo - lo * per_table, 0.0), per_table)
     return out

@@ -273,7 +273,8 @@ def calibrate(inputs: JobInputs, topology: Any, resources: WorkerResources) -> A
 
     shape = dict(local_batch=cfg.data.batch_size, num_dense=len(inputs.schema.dense),
                  num_sparse=len(inputs.schema.sparse), dim=cfg.model.embedding_dim,
-                 bottom_mlp=list(cfg.model.bottom_mlp), top_mlp=list(cfg.model.top_mlp))
+                 bottom_mlp=list(cfg.model.bottom_mlp), top_mlp=list(cfg.model.top_mlp),
+                 prefetch_input_dist=cfg.train.prefetch_input_dist)
     print(f"rayemb: calibrating the step-time model on {inputs.world_size} ranks ...", flush=True)
     try:
         cal = calibrate_cluster(inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,

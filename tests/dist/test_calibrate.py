@@ -20,7 +20,7 @@ def _rank(rank, world_size):
     device = torch.device("cpu")
     links = measure_collectives(device, world_size)
     compute = measure_compute(device, **SHAPE)
-    compute["groups"] = probe_groups(SHAPE["local_batch"], SHAPE["dim"], device)
+    compute["groups"] = probe_groups(SHAPE["local_batch"], SHAPE["dim"], device, prefetch=True)  # as jobs step
     compute["replicated_elem_s"] = probe_replicated_elem(SHAPE["local_batch"], SHAPE["dim"], device)
     parts = [None] * world_size
     dist.all_gather_object(parts, compute)
