@@ -271,10 +271,9 @@ def calibrate(inputs: JobInputs, topology: Any, resources: WorkerResources) -> A
         return None
     from rayemb.train.calibrate import calibrate_cluster
 
-    shape = dict(local_batch=cfg.data.batch_size, num_dense=len(inputs.schema.dense),
-                 num_sparse=len(inputs.schema.sparse), dim=cfg.model.embedding_dim,
-                 bottom_mlp=list(cfg.model.bottom_mlp), top_mlp=list(cfg.model.top_mlp),
-                 prefetch_input_dist=cfg.train.prefetch_input_dist)
+    shape = dict(local_batch=cfg.data.batch_size, num_dense=len(inputs.schema.dense), dim=cfg.model.embedding_dim,
+                 num_sparse=len(inputs.schema.sparse), bottom_mlp=list(cfg.model.bottom_mlp),
+                 top_mlp=list(cfg.model.top_mlp), prefetch_input_dist=cfg.train.prefetch_input_dist)
     print(f"rayemb: calibrating the step-time model on {inputs.world_size} ranks ...", flush=True)
     try:
         cal = calibrate_cluster(inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,
