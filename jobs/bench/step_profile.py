@@ -68,8 +68,7 @@ def _profile_rank(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: A
     phases: Dict[str, List[float]] = {"forward": [], "backward": [], "optimizer": [], "step": []}
     cc = CommCounter() if counter else None
     prof = None
-    batches = batches[: steps + warmup]
-    for i, b in enumerate(batches):
+    for i, b in enumerate(batches):  # _rank_batches made at most steps + warmup
         if i == warmup and cc:
             cc.reset()  # per-step comm figures from the timed steps only
         if i == warmup and torch_profile and rank == 0:

@@ -60,8 +60,7 @@ class InputDistPrefetch:
 
     def start(self, key: Any, inputs: Sequence[Tuple[str, nn.Module, Any]]) -> None:
         """Starts ``input_dist`` of each sharded child on its input; ``key`` is the KJT the forward will get."""
-        self.dropped += len(self._pending)  # started, never used
-        self._pending = {}
+        self.clear()  # one started and never used is dropped
         for name, module, kjt in inputs:
             if _is_sharded(module):
                 ctx = module.create_context()
@@ -71,7 +70,6 @@ class InputDistPrefetch:
     def lookup(self, key: Any, name: str, module: nn.Module, kjt: Any) -> Any:
         """``module(kjt)``, with the prefetched input exchange when ``key`` is the prefetched KJT."""
         if key is not self._key:
-            self.dropped += len(self._pending)
             self.clear()
         entry = self._pending.pop(name, None)
         if entry is None:
@@ -81,6 +79,8 @@ class InputDistPrefetch:
         return module.compute_and_output_dist(ctx, splits.wait().wait())
 
     def clear(self) -> None:
+        """Drops the pending exchanges (counted in :attr:`dropped`)."""
+        self.dropped += len(self._pending)
         self._key, self._pending = None, {}
 
 
@@ -98,10 +98,6 @@ class StepPrefetch:
         """Starts the input exchange of the batch whose (device) KJT ``sparse`` the next forward gets."""
         for owner in self.owners:
             owner.prefetch.start(sparse, owner.sharded_inputs(sparse))
-
-    def clear(self) -> None:
-        for owner in self.owners:
-            owner.prefetch.clear()
 
     @property
     def hits(self) -> int:
