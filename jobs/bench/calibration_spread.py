@@ -63,7 +63,8 @@ def rows_of(cals: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for name, get in (("all_reduce ns/B", lambda c: 1e9 * c["all_reduce"]["seconds_per_byte"]),
                       ("all_to_all ns/B", lambda c: 1e9 * c["all_to_all"]["seconds_per_byte"]),
                       ("replicated ns/elem", lambda c: 1e9 * c["replicated_elem_s"]),
-                      ("dense step ms", lambda c: 1e3 * c["dense_step_s"])):
+                      ("dense step ms", lambda c: 1e3 * c["dense_step_s"]),
+                      ("ddp wrapper ms", lambda c: 1e3 * c.get("ddp_step_s", 0.0))):
         vals = [float(get(c)) for c in cals]
         rows.append({"figure": name, "values": vals, "median": statistics.median(vals), "spread": spread(vals)})
     return rows

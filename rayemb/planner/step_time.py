@@ -5,10 +5,15 @@ every extra sharded module costs launches, KJT splits and collective
 round-trips; on a 50 mbit link the same bytes cost seconds. So the planner
 prices a plan as (per rank, seconds per step)::
 
-    T = dense + Σ groups (overhead + calls · α_collective) + Σ tables compute
+    T = dense + ddp + Σ groups (overhead + calls · α_collective) + Σ tables compute
           + Σ collectives bytes/rank · β + overlap
 
 * ``dense``: the dense arch's forward, backward and optimizer on the local batch;
+* ``ddp``: the one ``DistributedDataParallel`` wrapper every job has (dense arch,
+  data-parallel tables and hybrid hot rows share its buckets): its hooks and its
+  all-reduce's round trip, once per step. The data-parallel and hybrid probes
+  each held a wrapper of their own, so :func:`normalize_probes` takes it off their
+  fixed costs; priced once, a plan with both kinds no longer pays it twice;
 * groups: one per sharded module TorchRec builds (data-parallel tables, each
   pooled sharding type, hybrid hot halves, hybrid cold halves), each with a
   fixed per-step overhead and its collective calls (:data:`GROUP_CALLS`);
@@ -57,6 +62,8 @@ from rayemb.planner.types import ClusterTopology, Placement, TableSpec
 
 #: DDP's gradient bucket size: a replicated group all-reduces in ceil(bytes / this) calls
 DDP_BUCKET_BYTES = 25 * 2**20
+#: probe kinds whose probes hold replicated parameters, so a DistributedDataParallel wrapper of their own
+REPLICATED_KINDS = (Placement.DATA_PARALLEL.value, Placement.HYBRID.value)
 #: collective calls per step (forward + backward) of one sharded module group, by collective family
 GROUP_CALLS: Dict[str, Dict[str, int]] = {
     # KJT all-to-all (splits, lengths, values), pooled output forward, gradient backward
@@ -123,6 +130,10 @@ class Calibration:
     seconds: float = 0.0
     #: bytes one rank sends in the dense arch's gradient all-reduce (its time is inside ``dense_step_s``)
     dense_sync_bytes: float = 0.0
+    #: seconds per step of the job's one DistributedDataParallel wrapper (hooks, its all-reduce's round trip),
+    #: measured by :func:`rayemb.train.calibrate_probes.probe_ddp`; 0: not measured (older calibrations, and
+    #: then the probes' fixed costs still hold it)
+    ddp_step_s: float = 0.0
 
     def link(self, collective: str) -> LinkCost:
         return self.all_reduce if collective == "all_reduce" else self.all_to_all
@@ -198,14 +209,16 @@ def _bytes(t: TableSpec, p: Placement, global_batch: int, w: int, l: int) -> Dic
 def normalize_probes(groups: Mapping[str, Tuple[float, float]], links: Mapping[str, LinkCost],
                      replicated_elem_s: float, local_batch: int, dim: int, world: int, probe_rows: int,
                      probe_hot_rows: int, probe_hot_share: float,
-                     probe_dp_rows: Optional[int] = None) -> Dict[str, Tuple[float, float]]:
+                     probe_dp_rows: Optional[int] = None, ddp_s: float = 0.0) -> Dict[str, Tuple[float, float]]:
     """Probe costs per table minus what the probe's own table moved and replicated, clamped at zero.
 
     A probe's cost per table was measured on the live links, so it holds that table's transfers
     (pooled rows, ids, cold rows at bytes/β) and, for replicated kinds, its rows' all-reduce. Those
     scale with the real table (batch, pooling, hot share, rows), so :func:`predict_step_time` adds
     them for every table in full; what stays here is the per-table compute and launch cost.
-    ``probe_dp_rows``: the data-parallel probes' rows (default ``probe_rows``).
+    ``probe_dp_rows``: the data-parallel probes' rows (default ``probe_rows``). ``ddp_s``: the seconds one
+    DistributedDataParallel wrapper costs a step; taken off the fixed cost of the kinds whose probe held one
+    (:data:`REPLICATED_KINDS`), as :func:`predict_step_time` prices the job's one wrapper once.
     """
     out: Dict[str, Tuple[float, float]] = {}
     global_batch = local_batch * world
@@ -222,6 +235,8 @@ def normalize_probes(groups: Mapping[str, Tuple[float, float]], links: Mapping[s
                     moved += links[collective if collective in links else "all_to_all"].time(total / world, calls=0)
         rep_rows = probe_hot_rows if hybrid else rows if p == Placement.DATA_PARALLEL else 0
         moved += rep_rows * dim * replicated_elem_s
+        if kind in REPLICATED_KINDS:
+            fixed = max(fixed - ddp_s, 0.0)
         out[kind] = (fixed, max(per_table - moved, 0.0))
     return out
 
@@ -236,7 +251,7 @@ def predict_step_time(
     """
     cal, w, l = calibration, topology.world_size, topology.devices_per_node
     local_batch = global_batch / w
-    comp = {"dense": cal.dense_step_s, "lookup": 0.0, "replicated": 0.0, "pool": 0.0, "overhead": 0.0,
+    comp = {"dense": cal.dense_step_s, "ddp": cal.ddp_step_s if w > 1 else 0.0, "lookup": 0.0, "replicated": 0.0, "pool": 0.0, "overhead": 0.0,
             "latency": 0.0, "transfer": 0.0}
     per_table: Dict[str, float] = {}
     groups: Dict[str, float] = {}  # group -> bytes per rank (replicated groups: for bucket counting)
@@ -342,4 +357,4 @@ def _overlap(sent: Mapping[str, float], cal: Calibration) -> float:
 
 
 __all__ = ["Calibration", "LinkCost", "DEFAULT_CALIBRATION", "StepTimePrediction", "predict_step_time",
-           "GROUP_CALLS", "DDP_BUCKET_BYTES", "probe_kind", "normalize_probes"]
+           "GROUP_CALLS", "DDP_BUCKET_BYTES", "REPLICATED_KINDS", "probe_kind", "normalize_probes"]

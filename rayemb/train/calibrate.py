@@ -229,10 +229,11 @@ def calibrate_rank(rank: int, world: int, master: str, backend: str, threads: in
         links = measure_collectives(device, world) if world > 1 else {}
         compute = measure_compute(device, **shape)
         if world > 1:
-            from rayemb.train.calibrate_probes import probe_groups, probe_replicated_elem
+            from rayemb.train.calibrate_probes import probe_ddp, probe_groups, probe_replicated_elem
 
             compute["groups"] = probe_groups(shape["local_batch"], shape["dim"], device,
                                              int(shape.get("num_sparse", 8)), prefetch=prefetch)
+            compute["ddp_step_s"] = probe_ddp(shape["local_batch"], shape["dim"], device)
             # replaces the kernel-only figure: includes the gradient's all-reduce on the live links
             compute["replicated_elem_s"] = probe_replicated_elem(shape["local_batch"], shape["dim"], device)
         parts: List[Any] = [None] * world
@@ -255,12 +256,15 @@ def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, sec
     world = len(compute)
     links = first["links"] or {"all_reduce": LinkCost(0.0, 0.0), "all_to_all": LinkCost(0.0, 0.0)}
     ar = links["all_reduce"]
+    ddp = mean.get("ddp_step_s", 0.0)
     groups = normalize_probes(raw_groups, {"all_reduce": ar, "all_to_all": links["all_to_all"]},
                               mean["replicated_elem_s"], int(shape.get("local_batch", 1)), int(shape.get("dim", 1)),
-                              world, PROBE_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_DP_ROWS) if raw_groups else {}
-    # the dense arch's gradient all-reduce (DDP, one bucket) belongs to every plan's fixed step cost
+                              world, PROBE_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_DP_ROWS,
+                              ddp_s=ddp) if raw_groups else {}
+    # the dense arch's gradient all-reduce (DDP, one bucket) belongs to every plan's fixed step cost; its round
+    # trip is in ddp_step_s when that was measured, so then only its bytes are added here
     dense_sync_bytes = 2.0 * (world - 1) / world * mean["dense_param_bytes"] if world > 1 else 0.0
-    dense_sync = ar.time(dense_sync_bytes) if world > 1 else 0.0
+    dense_sync = ar.time(dense_sync_bytes, calls=0 if ddp > 0 else 1) if world > 1 else 0.0
     return Calibration(
         all_reduce=ar, all_to_all=links["all_to_all"], lookup_s=mean["lookup_s"],
         dense_lookup_s=mean["dense_lookup_s"], replicated_elem_s=mean["replicated_elem_s"], pool_s=mean["pool_s"],
@@ -268,7 +272,7 @@ def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, sec
         probe_rows=PROBE_ROWS, probe_hot_rows=PROBE_HOT_ROWS, probe_hot_share=PROBE_HOT_SHARE,
         probe_dp_rows=PROBE_DP_ROWS,
         backend=backend, source="measured", world_size=world, num_nodes=num_nodes, seconds=seconds,
-        dense_sync_bytes=dense_sync_bytes,
+        dense_sync_bytes=dense_sync_bytes, ddp_step_s=ddp,
     )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
@@ -111,6 +111,13 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
         if opt is not None:
             opt.step()
 
+    return _median_step(step, sync)
+
+
+def _median_step(step: Callable[[], None], sync: Callable[[], None]) -> float:
+    """Median seconds of ``step`` over PROBE_STEPS after two warm-up steps, the ranks lined up before each."""
+    import torch.distributed as dist
+
     step()
     step()
     sync()
@@ -122,6 +129,36 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def probe_ddp(local_batch: int, dim: int, device: Any) -> float:
+    """Seconds per step one ``DistributedDataParallel`` wrapper costs: its hooks and gradient all-reduce round
+    trip on the live links, for a tiny dense layer wrapped as ``DistributedModelParallel`` wraps a job's
+    replicated parameters, minus the same layer's step unwrapped; clamped at zero.
+
+    A job has one such wrapper (dense arch, data-parallel tables and hybrid hot rows share its buckets), while
+    the data-parallel and hybrid probes each hold one of their own: the planner takes this off their fixed
+    costs and counts it once per step (:func:`rayemb.planner.step_time.normalize_probes`).
+    """
+    import torch
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingPlan
+
+    class _Dense(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(dim, 1, device=device)
+
+        def forward(self, x: Any) -> Any:
+            return self.linear(x).sum()
+
+    x = torch.randn(local_batch, dim, device=device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    local = _Dense()
+    wrapped = DistributedModelParallel(_Dense(), device=device, plan=ShardingPlan({}), sharders=[])
+    t_local = _median_step(lambda: local(x).backward(), sync)
+    t_wrapped = _median_step(lambda: wrapped(x).backward(), sync)
+    return max(t_wrapped - t_local, 0.0)
 
 
 def probe_groups(local_batch: int, dim: int, device: Any, num_tables: int = PROBE_TABLES[1],
@@ -151,5 +188,5 @@ def probe_replicated_elem(local_batch: int, dim: int, device: Any) -> float:
     return max((t_large - t_small) / ((PROBE_LARGE_ROWS - PROBE_ROWS) * dim), 0.0)
 
 
-__all__ = ["probe_groups", "probe_replicated_elem", "PROBE_KINDS", "PROBE_ROWS", "PROBE_HOT_ROWS", "PROBE_DP_ROWS",
+__all__ = ["probe_groups", "probe_replicated_elem", "probe_ddp", "PROBE_KINDS", "PROBE_ROWS", "PROBE_HOT_ROWS", "PROBE_DP_ROWS",
            "PROBE_HOT_SHARE"]

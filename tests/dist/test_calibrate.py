@@ -14,7 +14,7 @@ def _rank(rank, world_size):
     import torch.distributed as dist
 
     from rayemb.train.calibrate import measure_collectives, measure_compute
-    from rayemb.train.calibrate_probes import probe_groups, probe_replicated_elem
+    from rayemb.train.calibrate_probes import probe_ddp, probe_groups, probe_replicated_elem
 
     torch.set_num_threads(1)
     device = torch.device("cpu")
@@ -22,6 +22,7 @@ def _rank(rank, world_size):
     compute = measure_compute(device, **SHAPE)
     compute["groups"] = probe_groups(SHAPE["local_batch"], SHAPE["dim"], device, prefetch=True)  # as jobs step
     compute["replicated_elem_s"] = probe_replicated_elem(SHAPE["local_batch"], SHAPE["dim"], device)
+    compute["ddp_step_s"] = probe_ddp(SHAPE["local_batch"], SHAPE["dim"], device)
     parts = [None] * world_size
     dist.all_gather_object(parts, compute)
     return {"links": links, "compute": parts}
@@ -42,6 +43,8 @@ def test_calibration_on_two_gloo_ranks_prices_plans():
     # every figure measured and positive where it must be: a step costs time, bytes cost time
     assert cal.all_reduce.seconds_per_byte > 0 and cal.all_to_all.seconds_per_byte > 0
     assert cal.dense_step_s > 0 and cal.lookup_s > 0 and cal.replicated_elem_s > 0
+    # the DDP wrapper's hooks and all-reduce round trip cost something, and less than a whole probe step
+    assert 0 < cal.ddp_step_s < max(fixed + 8 * per for fixed, per in cal.groups.values())
     assert set(cal.groups) == set(PROBE_KINDS)
     assert all(fixed >= 0 and per >= 0 for fixed, per in cal.groups.values())
     assert any(fixed > 0 for fixed, _ in cal.groups.values())

@@ -248,6 +248,57 @@ def test_data_parallel_probes_are_normalised_by_their_own_small_tables():
     assert cal.probe_dp_rows == PROBE_DP_ROWS and cal.groups["data_parallel"] == pytest.approx((3e-3, 3e-4))
 
 
+def test_one_ddp_wrapper_per_step_however_many_kinds_replicate():
+    """The data-parallel and hybrid probes each held a DistributedDataParallel wrapper; a job has one. Measured
+    apart (ddp_s), it comes off those two kinds' fixed costs and is priced once per step: a plan with both kinds
+    pays it once, not twice, and a plan with neither still pays the dense arch's."""
+    from rayemb.planner.step_time import normalize_probes
+
+    ddp = 0.003
+    raw = {"data_parallel": (0.004 + ddp, 0.0), "hybrid": (0.009 + ddp, 0.0), "table_wise": (0.002, 0.0)}
+    args = ({"all_reduce": SLOW, "all_to_all": SLOW}, 1e-9, BATCH // 2, 64, 2, 2_000, 200, 0.55)
+    norm = normalize_probes(raw, *args, ddp_s=ddp)
+    expected = {"data_parallel": (0.004, 0.0), "hybrid": (0.009, 0.0), "table_wise": (0.002, 0.0)}
+    assert set(norm) == set(expected) and all(norm[k] == pytest.approx(v) for k, v in expected.items())
+    assert normalize_probes({"hybrid": (0.001, 0.0)}, *args, ddp_s=ddp)["hybrid"] == (0.0, 0.0)  # clamped
+    split = dataclasses.replace(_probed(SLOW), groups=norm, ddp_step_s=ddp)
+    old = dataclasses.replace(_probed(SLOW), groups=normalize_probes(raw, *args))  # each probe's wrapper counted
+    tables = _tables()
+    plans = {
+        "both": {"small": Placement.DATA_PARALLEL, "big1": Placement.HYBRID, "big2": Placement.HYBRID},
+        "data_parallel": {t.name: Placement.DATA_PARALLEL for t in tables},
+        "neither": {t.name: Placement.TABLE_WISE for t in tables},
+    }
+    delta = {name: predict_step_time(tables, p, TOPO, BATCH, split).total_s
+             - predict_step_time(tables, p, TOPO, BATCH, old).total_s for name, p in plans.items()}
+    assert delta == pytest.approx({"both": -ddp, "data_parallel": 0.0, "neither": ddp})
+    assert predict_step_time(tables, plans["both"], TOPO, BATCH, split).components["ddp"] == ddp
+    one_rank = predict_step_time(tables, plans["both"], ClusterTopology(1, 1), BATCH, split)
+    assert one_rank.components["ddp"] == 0.0  # one rank: no wrapper
+    assert Calibration.from_dict(split.to_dict()) == split
+    legacy = split.to_dict()
+    del legacy["ddp_step_s"]  # plan.json files from before the field: nothing measured, nothing priced
+    assert Calibration.from_dict(legacy).ddp_step_s == 0.0
+
+
+def test_combine_takes_the_measured_ddp_wrapper_off_the_replicating_probes():
+    from rayemb.train.calibrate import combine
+
+    links = {"all_reduce": LinkCost(1e-4, 1e-9), "all_to_all": LinkCost(2e-4, 2e-9)}
+    rank = {"lookup_s": 1e-7, "dense_lookup_s": 1e-7, "replicated_elem_s": 1e-9, "pool_s": 1e-8,
+            "group_overhead_s": 1e-3, "dense_step_s": 5e-3, "dense_param_bytes": 1e5,
+            "groups": {"data_parallel": (4e-3, 0.0), "table_wise": (2e-3, 0.0)}}
+    shape = {"local_batch": 64, "dim": 8}
+    without = combine([{"links": links, "compute": [rank, rank]}], "gloo", 2, 1.0, shape)
+    ranks = [dict(rank, ddp_step_s=1e-3), dict(rank, ddp_step_s=2e-3)]
+    cal = combine([{"links": links, "compute": ranks}], "gloo", 2, 1.0, shape)
+    assert without.ddp_step_s == 0.0 and cal.ddp_step_s == pytest.approx(1.5e-3)
+    assert cal.groups["data_parallel"][0] == pytest.approx(without.groups["data_parallel"][0] - 1.5e-3)
+    assert cal.groups["table_wise"] == without.groups["table_wise"]
+    # the dense arch's all-reduce round trip is inside ddp_step_s now: only its bytes stay in the dense step
+    assert without.dense_step_s - cal.dense_step_s == pytest.approx(links["all_reduce"].latency_s)
+
+
 def test_torchrec_engine_keeps_the_step_time_models_sharding_types():
     """The calibrated choice is final: TorchRec's planner places ranks but swaps no table-wise table for
     column-wise (or row-wise) by its own perf estimate -- it did so at random on gloo, 2.8x slower."""
