@@ -70,3 +70,25 @@ def test_repeats_make_one_row_of_medians():
     assert row["plans"] == ["a", "b"] and row["variant"] == "auto"
     failed = mn.median_row([{"bandwidth_mbit": 50, "variant": "hybrid", "samples_per_s": None}])
     assert failed["samples_per_s"] is None and failed["predicted_over_measured"] is None
+
+
+def test_by_plan_pools_the_runs_of_identical_plans():
+    """auto and hybrid running the same placements are one plan: their runs pool, and auto's plan is then the
+    best plan however their rows' medians fell; each plan's median is over every run of it."""
+    same, pooled = {"C1": "hybrid", "C2": "data_parallel"}, {"C1": "table_wise", "C2": "data_parallel"}
+    runs = [{"bandwidth_mbit": 100.0, "variant": v, "samples_per_s": sps, "plan": dict(plan), "plan_summary": v}
+            for v, sps, plan in (("auto", 19_000, same), ("auto", 20_000, same), ("auto", 25_000, same),
+                                 ("hybrid", 27_000, same), ("hybrid", 26_000, same), ("hybrid", 18_000, same),
+                                 ("no_hybrid", 18_000, pooled), ("no_hybrid", 17_000, pooled),
+                                 ("no_hybrid", None, pooled))]
+    e = mn.by_plan(runs)["100.0"]
+    assert [(p["variants"], len(p["runs"])) for p in e["plans"]] == [(["auto", "hybrid"], 6), (["no_hybrid"], 2)]
+    assert e["plans"][0]["samples_per_s"] == 22_500 and e["plans"][1]["samples_per_s"] == 17_500
+    assert e["auto_plan_vs_best_plan"] == 1.0
+    assert e["hybrid_plan_vs_pooled_plan"] == pytest.approx(22_500 / 17_500)
+    rows = [mn.median_row([r for r in runs if r["variant"] == v]) for v in ("auto", "hybrid", "no_hybrid")]
+    assert mn.acceptance(rows)["per_bandwidth"]["100.0"]["auto_vs_best"] == pytest.approx(20_000 / 26_000)
+    runs[0]["plan"] = dict(pooled)  # a run that chose another plan is another plan's run
+    e = mn.by_plan(runs)["100.0"]
+    assert [sorted(p["runs"]) for p in e["plans"]] == [[17_000, 18_000, 19_000], [18_000, 20_000, 25_000, 26_000, 27_000]]
+    assert e["auto_plan_vs_best_plan"] == 1.0  # auto's plan: the one 2 of its 3 runs chose
