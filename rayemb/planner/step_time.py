@@ -251,8 +251,8 @@ def predict_step_time(
     """
     cal, w, l = calibration, topology.world_size, topology.devices_per_node
     local_batch = global_batch / w
-    comp = {"dense": cal.dense_step_s, "ddp": cal.ddp_step_s if w > 1 else 0.0, "lookup": 0.0, "replicated": 0.0, "pool": 0.0, "overhead": 0.0,
-            "latency": 0.0, "transfer": 0.0}
+    comp = {"dense": cal.dense_step_s, "ddp": cal.ddp_step_s if w > 1 else 0.0, "lookup": 0.0, "replicated": 0.0,
+            "pool": 0.0, "overhead": 0.0, "latency": 0.0, "transfer": 0.0}
     per_table: Dict[str, float] = {}
     groups: Dict[str, float] = {}  # group -> bytes per rank (replicated groups: for bucket counting)
     sent = {"all_reduce": calibration.dense_sync_bytes, "all_to_all": 0.0}  # bytes per rank, by link family

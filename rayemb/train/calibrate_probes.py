@@ -188,5 +188,5 @@ def probe_replicated_elem(local_batch: int, dim: int, device: Any) -> float:
     return max((t_large - t_small) / ((PROBE_LARGE_ROWS - PROBE_ROWS) * dim), 0.0)
 
 
-__all__ = ["probe_groups", "probe_replicated_elem", "probe_ddp", "PROBE_KINDS", "PROBE_ROWS", "PROBE_HOT_ROWS", "PROBE_DP_ROWS",
-           "PROBE_HOT_SHARE"]
+__all__ = ["probe_groups", "probe_replicated_elem", "probe_ddp", "PROBE_KINDS", "PROBE_ROWS", "PROBE_HOT_ROWS",
+           "PROBE_DP_ROWS", "PROBE_HOT_SHARE"]

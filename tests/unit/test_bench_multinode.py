@@ -90,5 +90,6 @@ def test_by_plan_pools_the_runs_of_identical_plans():
     assert mn.acceptance(rows)["per_bandwidth"]["100.0"]["auto_vs_best"] == pytest.approx(20_000 / 26_000)
     runs[0]["plan"] = dict(pooled)  # a run that chose another plan is another plan's run
     e = mn.by_plan(runs)["100.0"]
-    assert [sorted(p["runs"]) for p in e["plans"]] == [[17_000, 18_000, 19_000], [18_000, 20_000, 25_000, 26_000, 27_000]]
+    assert [sorted(p["runs"]) for p in e["plans"]] == [[17_000, 18_000, 19_000],
+                                                       [18_000, 20_000, 25_000, 26_000, 27_000]]
     assert e["auto_plan_vs_best_plan"] == 1.0  # auto's plan: the one 2 of its 3 runs chose
