@@ -114,11 +114,10 @@ def by_plan(runs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     """Runs of identical plans pooled, per bandwidth: reported beside the verdicts, which compare rows.
 
     ``auto`` and ``hybrid`` often run the very same placements; their rows then differ only by when they ran
-    (on this host one plan's rounds spread up to 50 %). Pooled, "auto within 5 % of the best" asks what it
-    means, whether auto chose the fastest plan, and the hybrid/pooled ratio uses every run of each plan.
-    Per bandwidth: each plan's variants, runs and median samples/s; ``auto_plan_vs_best_plan`` (auto's plan:
-    the one most of its runs chose);
-    ``hybrid_plan_vs_pooled_plan`` (the best pooled variant's plan)."""
+    (on this host one plan's rounds spread up to 50 %). Pooled, "auto within 5 % of the best" asks whether
+    auto chose the fastest plan, and the hybrid/pooled ratio uses every run of each plan. Per bandwidth: each
+    plan's variants, runs and median samples/s; ``auto_plan_vs_best_plan`` (auto's plan: the one most of its
+    runs chose); ``hybrid_plan_vs_pooled_plan`` (against the best pooled variant's plan)."""
     import statistics
 
     out: Dict[str, Any] = {}
