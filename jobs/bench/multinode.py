@@ -26,7 +26,9 @@ row of one bandwidth:
 
 Per row: samples/s (median of log windows after the first), the measured step
 time (median window) and the step time the calibrated model predicted for that
-plan (plan.json), their ratio, bytes per step as counted from the collectives.
+plan (plan.json), their ratio, bytes per step as counted from the collectives, and
+where the cores went in the run's timed windows (``host_cpu.py``: % of a core for
+its ranks, for every other process, idle; and the host's speed, ``canary ms``).
 With ``--repeats R`` every variant runs R times per bandwidth, in alternating
 rounds (auto, no_hybrid, hybrid, ..., then again), and each row holds the
 medians (``samples_per_s_runs`` lists every round): one run of a plan varies by
@@ -57,6 +59,7 @@ _REPO = os.path.dirname(os.path.dirname(_HERE))
 sys.path[:0] = [_HERE, _REPO]
 
 from _report import report  # noqa: E402
+from host_cpu import CLASSES, HostCpu  # noqa: E402
 from throughput import (  # noqa: E402
     AUTO,
     CONFIG,
@@ -204,10 +207,20 @@ def split_tables(run: Mapping[str, Any]) -> Optional[List[str]]:
         return infrequent_tables_of(json.load(f))
 
 
+def cpu_shares(host_cpu: Optional[Mapping[str, float]]) -> Dict[str, Optional[float]]:
+    """% of one core during a run's timed windows: its ranks, every other process, idle; and the host's
+    speed then (``canary_ms``: lower is faster; host_cpu.canary). None where unsampled."""
+    if not host_cpu:
+        return {"ranks_cpu": None, "others_cpu": None, "idle_cpu": None, "canary_ms": None}
+    others = sum(host_cpu.get(k, 0.0) for k in CLASSES if k != "rank")
+    return {"ranks_cpu": host_cpu.get("rank"), "others_cpu": round(others, 1), "idle_cpu": host_cpu.get("idle"),
+            "canary_ms": host_cpu.get("canary_ms")}
+
+
 def row_of(run: Mapping[str, Any], bandwidth: float) -> Dict[str, Any]:
     pred, meas = run.get("predicted_step_time_s"), run.get("step_time_s")
     cal = run.get("calibration") or {}
-    return {
+    return {**cpu_shares(run.get("host_cpu")),
         "bandwidth_mbit": bandwidth, "variant": run["variant"], "samples_per_s": run.get("samples_per_s"),
         "step_ms": 1e3 * meas if meas else None, "predicted_ms": 1e3 * pred if pred else None,
         "predicted_over_measured": pred / meas if pred and meas else None,
@@ -229,7 +242,8 @@ def median_row(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     out["repeats"] = len(rows)
     out["samples_per_s_runs"] = [r.get("samples_per_s") for r in rows]
     out["plans"] = sorted({r["plan_summary"] for r in rows if r.get("plan_summary")})
-    for key in ("samples_per_s", "step_ms", "predicted_ms", "bytes_per_step", "mb_per_step"):
+    for key in ("samples_per_s", "step_ms", "predicted_ms", "bytes_per_step", "mb_per_step", "ranks_cpu",
+                "others_cpu", "idle_cpu", "canary_ms"):
         vals = [r[key] for r in ok if r.get(key) is not None]
         out[key] = statistics.median(vals) if vals else None
     out["predicted_over_measured"] = (out["predicted_ms"] / out["step_ms"]
@@ -281,9 +295,11 @@ def plot(rows: Sequence[Mapping[str, Any]], png: str) -> Optional[str]:
 
 COLUMNS = [("mbit", ">6", "{:g}"), ("row", "<14", "{}"), ("samples/s", ">10", "{:,.0f}"), ("step ms", ">8", "{:.1f}"),
            ("pred ms", ">8", "{:.1f}"), ("pred/meas", ">9", "{:.2f}"), ("MB/step", ">8", "{:.2f}"),
-           ("plan", "<34", "{}")]
+           ("ranks %", ">7", "{:.0f}"), ("others %", ">8", "{:.0f}"), ("idle %", ">6", "{:.0f}"),
+           ("canary ms", ">9", "{:.2f}"), ("plan", "<34", "{}")]
 KEYS = ["bandwidth_mbit", "variant", "samples_per_s", "step_ms", "predicted_ms", "predicted_over_measured",
-        "mb_per_step", "plan_summary"]
+        "mb_per_step", "ranks_cpu", "others_cpu", "idle_cpu", "canary_ms",
+        "plan_summary"]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -333,6 +349,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     infrequent_by_bw: Dict[str, Optional[List[str]]] = {}
     t0 = time.monotonic()
     extra = ["scaling.placement_strategy=SPREAD", "scaling.cpus_per_worker=1"]
+    host_cpu = HostCpu()  # where the cores went during each run's timed windows (host_cpu.py)
+    host_cpu.start()
     try:
         for bw in args.bandwidth_mbit:
             cluster = EmulatedCluster(name="rayemb-bench", nodes=args.nodes, cpus_per_node=args.cpus_per_node,
@@ -351,6 +369,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         if run is None:
                             continue
                         run["variant"], run["bandwidth_mbit"], run["repeat"] = name, bw, rep
+                        if run.get("steady_span_s"):
+                            run["host_cpu"] = host_cpu.summary(*run["steady_span_s"])
                         if name == AUTO:
                             hot, stats_path = reuse_auto_outputs(run, tmp, hot, stats_path)
                             if infrequent is None:
@@ -368,6 +388,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               + (f", step {row['step_ms']:.1f} ms vs predicted {row['predicted_ms']:.1f} ms"
                                  if row.get("step_ms") and row.get("predicted_ms") else "")
                               + (f", plan {run['plan_summary']}" if run.get("plan_summary") else "")
+                              + (", cpu % ranks {ranks_cpu:.0f} others {others_cpu:.0f} idle {idle_cpu:.0f},"
+                                 " canary {canary_ms} ms".format(**cpu_shares(run["host_cpu"]))
+                                 if run.get("host_cpu") else "")
                               + f" ({run['wall_s']:.0f}s)", flush=True)
                         if run.get("error"):
                             print("multinode:   error:\n" + run["error"], flush=True)
@@ -375,6 +398,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             finally:
                 cluster.down()
     finally:
+        host_cpu.stop()
         if args.keep:
             print(f"multinode: outputs kept in {tmp}")
         else:

@@ -331,6 +331,8 @@ def run_peer(args: argparse.Namespace, tmp: str, r: int) -> Dict[str, Any]:
 
 
 def _read_mlflow(tracking_uri: str, run_id: Optional[str]) -> Tuple[Optional[str], List[Dict[str, Any]], Dict[str, str]]:
+    """(run id, step-ordered reports, params); params gain ``_steady_span_s``: the wall-clock seconds from the
+    end of the warm-up window to the last window (what :func:`steady_windows` measures), when there are two."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -341,8 +343,12 @@ def _read_mlflow(tracking_uri: str, run_id: Optional[str]) -> Tuple[Optional[str
         if not runs:
             return None, [], {}
         run_id = runs[0].info.run_id
-    histories = {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in RUN_METRICS}
-    params = client.get_run(run_id).data.params
+    points = {k: client.get_metric_history(run_id, k) for k in RUN_METRICS}
+    histories = {k: [(m.step, m.value) for m in ms] for k, ms in points.items()}
+    params = dict(client.get_run(run_id).data.params)
+    stamps = [m.timestamp / 1000.0 for m in sorted(points.get("samples_per_s", []), key=lambda m: m.step)]
+    if len(stamps) > 1:
+        params["_steady_span_s"] = [stamps[0], stamps[-1]]
     return run_id, reports_from_histories(histories), params
 
 
@@ -392,6 +398,7 @@ def run_rayemb(variant: str, args: argparse.Namespace, tmp: str, r: int, tables:
         auc = [x["valid_auc"] for x in reports if "valid_auc" in x]
         run["valid_auc"] = auc[-1] if auc else None
         run["cpus_per_worker"] = params.get("scaling.cpus_per_worker_resolved")
+        run["steady_span_s"] = params.get("_steady_span_s")
         if run["samples_per_s"] is None:
             run["error"] = "the run reported no samples_per_s (fewer steps than train.log_every_n_steps?)"
     elif p.returncode == 0:
