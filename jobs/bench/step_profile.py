@@ -8,9 +8,14 @@ per phase (forward, backward, optimizer), with the collective byte counter
 on and off, and the torch profiler's top operators on request. Use it to find
 what to cut; throughput claims come from ``throughput.py``.
 
+``--ab`` compares two sides (the counter, the prefetch, one DDP against TorchRec's DDPs); with
+``--interleave`` both sides live in the same ranks and take turns step by step, the fair comparison on a
+host whose speed drifts.
+
 Usage::
 
     python jobs/bench/step_profile.py --stats runs/jobs/<job>/stats.json --set planner.hybrid=false --steps 100
+    python jobs/bench/step_profile.py --stats stats.json --ab one_ddp --interleave --rounds 3 --steps 150
 """
 
 from __future__ import annotations
@@ -46,64 +51,86 @@ def _rank_batches(cfg: Any, schema: Any, remap: Any, rank: int, world: int, max_
     return [conv(mine.slice(i * bs, bs)) for i in range(min(per_rank // bs, max_batches))]
 
 
-def _profile_rank(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: Any, steps: int, warmup: int,
-                  threads: int, counter: bool, torch_profile: bool, prefetch: bool = False) -> Dict[str, Any]:
-    import torch
+class _Variant:
+    """One model of a rank, built and stepped as the job does, with its own timers (and counter, prefetch)."""
 
-    from rayemb.embedding.comm import CommCounter, instrument_ddp
-    from rayemb.embedding.prefetch import StepPrefetch
-    from rayemb.logs import quiet_third_party_logs
-    from rayemb.train.loop import sharded_model
+    def __init__(self, cfg: Any, schema: Any, job_plan: Any, counter: bool, prefetch: bool, one_ddp: bool) -> None:
+        import torch
 
-    quiet_third_party_logs()
-    torch.set_num_threads(threads)
-    torch.manual_seed(cfg.train.seed)
-    device = torch.device("cpu")
-    model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device)
-    if counter:
-        instrument_ddp(model)
-    batches = _rank_batches(cfg, schema, remapper.remap, rank, world_size, steps + warmup)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    pre = StepPrefetch(model) if prefetch else None
-    phases: Dict[str, List[float]] = {"forward": [], "backward": [], "optimizer": [], "step": []}
-    cc = CommCounter() if counter else None
-    prof = None
-    for i, b in enumerate(batches):  # _rank_batches made at most steps + warmup
-        if i == warmup and cc:
-            cc.reset()  # per-step comm figures from the timed steps only
-        if i == warmup and torch_profile and rank == 0:
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-            prof.__enter__()
+        from rayemb.embedding.comm import CommCounter, instrument_ddp
+        from rayemb.embedding.prefetch import StepPrefetch
+        from rayemb.train.loop import sharded_model
+
+        torch.manual_seed(cfg.train.seed)
+        self.model, self.optimizer, self.remapper = sharded_model(cfg, schema, job_plan, torch.device("cpu"),
+                                                                  one_ddp=one_ddp)
+        if counter:
+            instrument_ddp(self.model)
+        self.cc = CommCounter() if counter else None
+        self.pre = StepPrefetch(self.model) if prefetch else None
+        self.phases: Dict[str, List[float]] = {"forward": [], "backward": [], "optimizer": [], "step": []}
+        self.loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def step(self, b: Any, following: Optional[Any], timed: bool) -> None:
+        cc, pre = self.cc, self.pre
         t0 = time.perf_counter()
         if cc:
             cc.__enter__()
-        loss = loss_fn(model(b.dense, b.sparse), b.labels)
+        loss = self.loss_fn(self.model(b.dense, b.sparse), b.labels)
         float(loss.detach())
-        if pre is not None and i + 1 < len(batches):
-            pre.start(batches[i + 1].sparse)  # the next batch's input exchange runs during this backward
+        if pre is not None and following is not None:
+            pre.start(following.sparse)  # the next batch's input exchange runs during this backward
         t1 = time.perf_counter()
-        optimizer.zero_grad()
+        self.optimizer.zero_grad()
         loss.backward()
         t2 = time.perf_counter()
         if cc:
             cc.__exit__(None, None, None)
-        optimizer.step()
+        self.optimizer.step()
         t3 = time.perf_counter()
-        if i >= warmup:
-            phases["forward"].append(t1 - t0)
-            phases["backward"].append(t2 - t1)
-            phases["optimizer"].append(t3 - t2)
-            phases["step"].append(t3 - t0)
-    top = None
+        if timed:
+            for k, v in zip(("forward", "backward", "optimizer", "step"), (t1 - t0, t2 - t1, t3 - t2, t3 - t0)):
+                self.phases[k].append(v)
+
+    def result(self) -> Dict[str, Any]:
+        n = max(1, len(self.phases["step"]))
+        comm = None if self.cc is None else {
+            "bytes_per_step": {p: {c: v / n for c, v in d.items()} for p, d in self.cc.bytes_by_phase().items()},
+            "calls_per_step": {c: k / n for c, k in self.cc.calls().items()}}
+        return {"ms": {k: 1e3 * statistics.median(v) for k, v in self.phases.items()}, "steps": len(self.phases["step"]),
+                "comm": comm, "prefetch_hits": None if self.pre is None else self.pre.hits}
+
+
+def _profile_rank(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: Any, steps: int, warmup: int,
+                  threads: int, variants: Sequence[Dict[str, bool]], torch_profile: bool) -> List[Dict[str, Any]]:
+    """Each of ``variants`` (``counter``, ``prefetch``, ``one_ddp`` flags) as a model of its own on this rank;
+    with two or more they take turns step by step on the same batches (the order flipped every step), so a
+    host whose speed drifts slows them alike."""
+    import torch
+
+    from rayemb.logs import quiet_third_party_logs
+
+    quiet_third_party_logs()
+    torch.set_num_threads(threads)
+    runs = [_Variant(cfg, schema, job_plan, **v) for v in variants]
+    batches = _rank_batches(cfg, schema, runs[0].remapper.remap, rank, world_size, steps + warmup)
+    prof = None
+    for i, b in enumerate(batches):  # _rank_batches made at most steps + warmup
+        if i == warmup:
+            for r in runs:
+                if r.cc:
+                    r.cc.reset()  # per-step comm figures from the timed steps only
+            if torch_profile and rank == 0:
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                prof.__enter__()
+        following = batches[i + 1] if i + 1 < len(batches) else None
+        for r in (runs if i % 2 == 0 else runs[::-1]):
+            r.step(b, following, timed=i >= warmup)
+    out = [r.result() for r in runs]
     if prof is not None:
         prof.__exit__(None, None, None)
-        top = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
-    n = max(1, len(phases["step"]))
-    comm = None if cc is None else {
-        "bytes_per_step": {p: {c: v / n for c, v in d.items()} for p, d in cc.bytes_by_phase().items()},
-        "calls_per_step": {c: k / n for c, k in cc.calls().items()}}
-    return {"ms": {k: 1e3 * statistics.median(v) for k, v in phases.items()}, "steps": len(phases["step"]),
-            "top_ops": top, "comm": comm, "prefetch_hits": None if pre is None else pre.hits}
+        out[0]["top_ops"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    return out
 
 
 def _comm_summary(per_rank: List[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
@@ -126,10 +153,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--torch-profile", action="store_true", help="print rank 0's top operators")
     ap.add_argument("--rounds", type=int, default=1,
                     help="alternating rounds of --ab on/off (the table adds each row's median over rounds)")
-    ap.add_argument("--ab", choices=("counter", "prefetch"), default="counter",
-                    help="what each round runs with and without: the collective byte counter (default), or the "
+    ap.add_argument("--ab", choices=("counter", "prefetch", "one_ddp"), default="counter",
+                    help="what each round runs with and without: the collective byte counter (default), the "
                          "next batch's input exchange started before this backward (rayemb.embedding.prefetch; "
-                         "counter off)")
+                         "counter off), or one DDP for every replicated parameter against TorchRec's DDP per "
+                         "data-parallel lookup (rayemb.embedding.data_parallel; counter off)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="run both sides of --ab in the same ranks, alternating step by step on the same batches "
+                         "(each --rounds one spawn): this host's speed drifts by up to 2x within minutes, which "
+                         "separate runs cannot tell from an effect")
     ap.add_argument("--out", default=os.path.join(_REPO, "bench-results", "step_profile.json"))
     args = ap.parse_args(argv)
 
@@ -154,24 +186,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     split = split_rule(topology, global_batch, cfg.model.embedding_dim).split(stats)
     job_plan = make_job_plan(cfg, schema, stats, split, topology)
     rows = []
-    # alternate the order each round so neither side always runs first on a warming host
-    order = [c for r in range(args.rounds) for c in ((True, False) if r % 2 == 0 else (False, True))]
-    comm: Dict[str, Dict[str, float]] = {}
-    for i, on in enumerate(order):
-        counter = on and args.ab == "counter"
-        res = run_multiprocess(_profile_rank, args.world, cfg=cfg, schema=schema, job_plan=job_plan,
-                               steps=args.steps, warmup=args.warmup, threads=args.threads, counter=counter,
-                               torch_profile=args.torch_profile and not on and i < 2,
-                               prefetch=on and args.ab == "prefetch")
+    def flags(on: bool) -> Dict[str, bool]:
+        return {"counter": on and args.ab == "counter", "prefetch": on and args.ab == "prefetch",
+                "one_ddp": on or args.ab != "one_ddp"}
+
+    def add_row(on: bool, rnd: Any, res: List[Dict[str, Any]]) -> None:
         ms = {k: statistics.fmean(r["ms"][k] for r in res) for k in res[0]["ms"]}
         if on and args.ab == "prefetch" and not res[0]["prefetch_hits"]:
             print("warning: no forward used a prefetched input exchange (nothing sharded to prefetch?)")
-        rows.append({args.ab: on, "round": i // 2, **{f"{k}_ms": v for k, v in ms.items()},
+        rows.append({args.ab: on, "round": rnd, **{f"{k}_ms": v for k, v in ms.items()},
                      "samples_per_s": global_batch / (ms["step"] / 1e3)})
         if res[0].get("top_ops"):
             print(res[0]["top_ops"])
-        if counter:
+        if on and args.ab == "counter":
+            nonlocal comm
             comm = _comm_summary([r["comm"] for r in res])
+
+    comm: Dict[str, Dict[str, float]] = {}
+    common = dict(cfg=cfg, schema=schema, job_plan=job_plan, steps=args.steps, warmup=args.warmup,
+                  threads=args.threads)
+    if args.interleave:  # both sides on each rank, taking turns step by step: host drift hits them alike
+        for r in range(args.rounds):
+            res = run_multiprocess(_profile_rank, args.world, variants=[flags(True), flags(False)],
+                                   torch_profile=False, **common)
+            for j, on in enumerate((True, False)):
+                add_row(on, r, [per_rank[j] for per_rank in res])
+    else:
+        # alternate the order each round so neither side always runs first on a warming host
+        order = [c for r in range(args.rounds) for c in ((True, False) if r % 2 == 0 else (False, True))]
+        for i, on in enumerate(order):
+            res = run_multiprocess(_profile_rank, args.world, variants=[flags(on)],
+                                   torch_profile=args.torch_profile and not on and i < 2, **common)
+            add_row(on, i // 2, [per_rank[0] for per_rank in res])
     if args.rounds > 1:
         for on in (True, False):
             mine = [r for r in rows if r[args.ab] is on]
@@ -185,6 +231,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     placements = [t["placement"] for t in job_plan.summary["tables"].values()]
     plan = ", ".join(f"{p} x{placements.count(p)}" for p in sorted(set(placements)))
     doc = {"schema_version": 1, "benchmark": "step_profile", "plan": plan, "overrides": args.overrides, "ab": args.ab,
+           "interleaved": args.interleave,
            "comm_per_step": comm,
            "threads": args.threads, "world": args.world, "rows": rows,
            "predicted_step_time_s": job_plan.summary.get("predicted_step_time_s")}

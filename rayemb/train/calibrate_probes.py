@@ -54,6 +54,7 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+    from rayemb.embedding.data_parallel import OneDataParallelWrapper
     from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, replicated_embedding_parameters
     from rayemb.embedding.prefetch import StepPrefetch
     from rayemb.embedding.sharders import cpu_capable_sharders
@@ -86,7 +87,9 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device=device.type),
                                        constraints=constraints)
     plan = planner.collective_plan(src, sharders, dist.GroupMember.WORLD)
-    model = DistributedModelParallel(src, device=device, plan=plan, sharders=sharders)
+    # the job's wrapper; a probe has no dense parameters, so a replicated kind keeps its lookup's own DDP
+    model = DistributedModelParallel(src, device=device, plan=plan, sharders=sharders,
+                                     data_parallel_wrapper=OneDataParallelWrapper())
     replicated = replicated_embedding_parameters(model)
     # the job's replicated optimizer (rayemb.train.loop.sharded_model)
     opt = MultiTensorRowWiseAdagrad(list(replicated.values()), lr=0.01) if replicated else None
@@ -136,13 +139,16 @@ def probe_ddp(local_batch: int, dim: int, device: Any) -> float:
     trip on the live links, for a tiny dense layer wrapped as ``DistributedModelParallel`` wraps a job's
     replicated parameters, minus the same layer's step unwrapped; clamped at zero.
 
-    A job has one such wrapper (dense arch, data-parallel tables and hybrid hot rows share its buckets), while
-    the data-parallel and hybrid probes each hold one of their own: the planner takes this off their fixed
-    costs and counts it once per step (:func:`rayemb.planner.step_time.normalize_probes`).
+    A job has one such wrapper (dense arch, data-parallel tables and hybrid hot rows share its buckets:
+    :class:`~rayemb.embedding.data_parallel.OneDataParallelWrapper`), while the data-parallel and hybrid
+    probes each hold one of their own: the planner takes this off their fixed costs and counts it once per
+    step (:func:`rayemb.planner.step_time.normalize_probes`).
     """
     import torch
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingPlan
+
+    from rayemb.embedding.data_parallel import OneDataParallelWrapper
 
     class _Dense(torch.nn.Module):
         def __init__(self) -> None:
@@ -155,7 +161,8 @@ def probe_ddp(local_batch: int, dim: int, device: Any) -> float:
     x = torch.randn(local_batch, dim, device=device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     local = _Dense()
-    wrapped = DistributedModelParallel(_Dense(), device=device, plan=ShardingPlan({}), sharders=[])
+    wrapped = DistributedModelParallel(_Dense(), device=device, plan=ShardingPlan({}), sharders=[],
+                                       data_parallel_wrapper=OneDataParallelWrapper())
     t_local = _median_step(lambda: local(x).backward(), sync)
     t_wrapped = _median_step(lambda: wrapped(x).backward(), sync)
     return max(t_wrapped - t_local, 0.0)

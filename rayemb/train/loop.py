@@ -164,12 +164,15 @@ def _sequence_of(batch, device):
     return None if batch.sequence is None else batch.sequence.to(device)
 
 
-def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device: Any) -> Tuple[Any, Any, Any]:
+def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device: Any,
+                  one_ddp: bool = True) -> Tuple[Any, Any, Any]:
     """The job's DLRM sharded by ``job_plan`` under ``DistributedModelParallel``, its optimizer and id remapper.
 
     Sharded tables update in their backward (fused FBGEMM optimizer). Replicated embedding rows (hybrid hot
     halves, data-parallel tables) are dense parameters with all-reduced gradients: the same optimizer kind,
-    their own instance; the MLPs use Adagrad. Needs the process group (every rank calls it alike).
+    their own instance; the MLPs use Adagrad. One DDP all-reduces the MLPs' and the replicated rows' gradients
+    (:class:`~rayemb.embedding.data_parallel.OneDataParallelWrapper`; ``one_ddp=False``: TorchRec's DDP per
+    data-parallel lookup, for A/B benchmarks). Needs the process group (every rank calls it alike).
     """
     import torch
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -178,6 +181,7 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+    from rayemb.embedding.data_parallel import OneDataParallelWrapper
     from rayemb.embedding.hybrid import replicated_embedding_parameters
     from rayemb.embedding.sharders import cpu_capable_sharders
     from rayemb.train.optim import embedding_optimizer
@@ -195,7 +199,8 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
                       for p in m.parameters()]
             apply_optimizer_in_backward(emb_opt_cls, tables, {"lr": cfg.train.embedding_lr})
     model = DistributedModelParallel(module=model, device=device, plan=job_plan.sharding_plan,
-                                     sharders=cpu_capable_sharders())
+                                     sharders=cpu_capable_sharders(),
+                                     data_parallel_wrapper=OneDataParallelWrapper() if one_ddp else None)
     replicated = replicated_embedding_parameters(model)
     dense = {n: p for n, p in in_backward_optimizer_filter(model.named_parameters()) if n not in replicated}
     optimizers = [model.fused_optimizer,

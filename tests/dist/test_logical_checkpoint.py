@@ -43,7 +43,9 @@ PLAN_B = {"a": ("column_wise", "column_wise", None), "b": ("hybrid", "row_wise",
           "g": ("row_wise", "row_wise", None)}
 
 
-def _build(world_size: int, plan: Dict[str, tuple], seed: int):
+def _build(world_size: int, plan: Dict[str, tuple], seed: int, one_ddp: bool = True):
+    """The model of ``plan`` sharded as a job shards it (``one_ddp=False``: TorchRec's own DDP per data-parallel
+    lookup instead of the job's one DDP), its optimizer and remapper."""
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
@@ -53,6 +55,7 @@ def _build(world_size: int, plan: Dict[str, tuple], seed: int):
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+    from rayemb.embedding.data_parallel import OneDataParallelWrapper
     from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, replicated_embedding_parameters
     from rayemb.embedding.sharders import cpu_capable_sharders
 
@@ -68,7 +71,8 @@ def _build(world_size: int, plan: Dict[str, tuple], seed: int):
     sharders = cpu_capable_sharders()
     sharding = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device="cpu"),
                                         constraints=cons).collective_plan(model, sharders, dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=sharding, sharders=sharders)
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=sharding, sharders=sharders,
+                                   data_parallel_wrapper=OneDataParallelWrapper() if one_ddp else None)
     replicated = replicated_embedding_parameters(dmp)
     dense = {k: p for k, p in in_backward_optimizer_filter(dmp.named_parameters()) if k not in replicated}
     opt = CombinedOptimizer([dmp.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=LR)),

@@ -1,0 +1,138 @@
+"""One ``DistributedDataParallel`` for all of a job's replicated parameters.
+
+TorchRec wraps the lookup of every data-parallel sharding in a DDP of its own
+(``ShardedEmbeddingBagCollection.init_data_parallel``, and the same in
+``ShardedEmbeddingCollection``), next to the DDP ``DistributedModelParallel``
+puts around the dense arch. A hybrid job's DLRM has three: the dense arch, the
+data-parallel tables of the plain child and the hot rows of the hybrid tables.
+Each is one more gradient all-reduce per step (a round trip on the links: 1.3 ms
+on loopback, 2.9 ms at 100 mbit, ``probe_ddp``) and one more set of hooks,
+although the three together hold under 1 MB of gradients, one DDP bucket.
+
+:class:`OneDataParallelWrapper` (pass it to ``DistributedModelParallel`` as
+``data_parallel_wrapper``) gives the model one DDP instead: over the dense
+parameters and every data-parallel lookup's parameters, one bucket while they
+fit ``bucket_cap_mb``. Averaging is DDP's either way (sum / world size), so the
+trained values are those of TorchRec's wrappers (``tests/dist/test_one_ddp.py``
+checks it against them, step by step). Names, state dicts and checkpoints do not
+change: only who all-reduces which gradient.
+
+Example::
+
+    >>> model = DistributedModelParallel(module, device=device, plan=plan, sharders=cpu_capable_sharders(),
+    ...                                  data_parallel_wrapper=OneDataParallelWrapper())
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Iterator, List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
+
+if TYPE_CHECKING:
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+logger = logging.getLogger(__name__)
+
+
+def _data_parallel_lookups(model: nn.Module) -> Iterator[Tuple[list, int]]:
+    """(the sharded module's ``_lookups`` list, index) of every lookup TorchRec wrapped in its own DDP.
+
+    Sharded modules keep their lookups in a plain list (not a registered child), so ``named_modules``
+    reaches the sharded module but not them.
+    """
+    for module in model.modules():
+        lookups = module.__dict__.get("_lookups")
+        if isinstance(lookups, list):
+            for i, lookup in enumerate(lookups):
+                if isinstance(lookup, DistributedDataParallel):
+                    yield lookups, i
+
+
+class _JobDataParallel(DistributedDataParallel):
+    """DDP over ``module`` plus the parameters of ``replicated`` modules its module tree does not reach.
+
+    DDP finds the parameters it reduces by walking ``module.named_modules()``; TorchRec's data-parallel
+    lookups hang off sharded modules in plain lists, so they are handed over here and join the reducer's
+    buckets after the module's own parameters (DDP checks their shapes across ranks; they are broadcast
+    from rank 0, as DDP does its own).
+    """
+
+    def __init__(self, module: nn.Module, replicated: Sequence[nn.Module], **kwargs) -> None:
+        extra: List[Tuple[str, nn.Parameter]] = []
+        seen: set = set()
+        for i, m in enumerate(replicated):
+            for name, p in m.named_parameters():
+                if p.requires_grad and p not in seen:
+                    seen.add(p)
+                    extra.append((f"<data-parallel lookup {i}>.{name}", p))
+        # read by the overrides below, which DDP's __init__ calls: set first, outside nn.Module's __setattr__
+        object.__setattr__(self, "_rayemb_extra", extra)
+        super().__init__(module, **kwargs)
+        if extra:
+            dist._broadcast_coalesced(self.process_group, [p.detach() for _, p in extra], self.broadcast_bucket_size, 0)
+
+    def _build_params_for_reducer(self):
+        params, expect_sparse = super()._build_params_for_reducer()
+        return list(params) + [p for _, p in self._rayemb_extra], list(expect_sparse) + [False] * len(self._rayemb_extra)
+
+    def _build_debug_param_to_name_mapping(self, parameters):
+        own = len(parameters) - len(self._rayemb_extra)  # the extra parameters come last
+        mapping = super()._build_debug_param_to_name_mapping(parameters[:own])
+        mapping.update({own + i: name for i, (name, _) in enumerate(self._rayemb_extra)})
+        return mapping
+
+
+class OneDataParallelWrapper(DefaultDataParallelWrapper):
+    """``DistributedModelParallel``'s data-parallel wrapper: one DDP for the dense arch and every
+    data-parallel lookup TorchRec would give a DDP of its own.
+
+    Those lookups' own DDPs are taken apart (autograd hooks removed, the lookup put back unwrapped)
+    and their parameters join the one DDP's buckets. A model without dense parameters keeps TorchRec's
+    wrappers: there is nothing to merge them into. Keyword arguments are ``DefaultDataParallelWrapper``'s.
+    """
+
+    def wrap(self, dmp: "DistributedModelParallel", env: "ShardingEnv", device: torch.device) -> None:
+        from torchrec.distributed.model_parallel import DistributedModelParallel
+
+        inner = dmp._dmp_wrapped_module
+        if isinstance(inner, DistributedDataParallel):
+            return
+        if self._allreduce_comm_precision:  # TorchRec's compressed all-reduce hooks: its own wrapping
+            return super().wrap(dmp, env, device)
+        ignore = set(DistributedModelParallel._sharded_parameter_names(inner)) | self._additional_params_to_ignore
+        if not set(dict(dmp.named_parameters())) - ignore:
+            return super().wrap(dmp, env, device)
+        pg = env.process_group
+        if pg is None:
+            raise RuntimeError("OneDataParallelWrapper needs a ProcessGroup-based ShardingEnv")
+        replicated = []
+        for lookups, i in list(_data_parallel_lookups(inner)):
+            ddp = lookups[i]
+            ddp._remove_autograd_hooks()  # its reducer would all-reduce these gradients a second time
+            lookups[i] = ddp.module
+            replicated.append(ddp.module)
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            module=inner, params_and_buffers_to_ignore=ignore)
+        dmp._dmp_wrapped_module = _JobDataParallel(
+            inner.to(device),
+            replicated,
+            device_ids=None if device.type == "cpu" else [device],
+            process_group=pg,
+            gradient_as_bucket_view=True,
+            broadcast_buffers=False,
+            static_graph=self._static_graph,
+            find_unused_parameters=self._find_unused_parameters,
+            bucket_cap_mb=self._bucket_cap_mb,
+            **self._ddp_kwargs,
+        )
+        logger.debug("one DDP for the dense arch and %d data-parallel lookups", len(replicated))
+
+
+__all__ = ["OneDataParallelWrapper"]
