@@ -10,7 +10,8 @@ prices a plan as (per rank, seconds per step)::
 
 * ``dense``: the dense arch's forward, backward and optimizer on the local batch;
 * ``ddp``: the one ``DistributedDataParallel`` wrapper every job has (dense arch,
-  data-parallel tables and hybrid hot rows share its buckets): its hooks and its
+  data-parallel tables and hybrid hot rows share its buckets:
+  :class:`~rayemb.embedding.data_parallel.OneDataParallelWrapper`): its hooks and its
   all-reduce's round trip, once per step. The data-parallel and hybrid probes
   each held a wrapper of their own, so :func:`normalize_probes` takes it off their
   fixed costs; priced once, a plan with both kinds no longer pays it twice;

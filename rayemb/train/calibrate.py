@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 SMALL_MESSAGE_BYTES = 4 * 1024
 LARGE_MESSAGE_BYTES = 4 * 2**20
 REPEATS = 7
+#: tries of a collective's two-size probe when the large message did not time slower than the small one
+COLLECTIVE_ATTEMPTS = 3
 #: CUDA compute probes. The CPU sizes (256 vs 8192 ids, 1k vs 50k replicated rows) all run in launch-bound
 #: time on a GPU, so their slopes are 0 or noise there. On CUDA each probe grows by GPU_GROWTH from the CPU's
 #: small size until it takes GPU_TIME_RATIO x the small size's time (the kernel's work dominates the launch),
@@ -43,12 +45,15 @@ GPU_GROWTH = 4
 GPU_TIME_RATIO = 2.0
 
 
-def _timed(fn: Callable[[], Any], sync: Callable[[], None], repeats: int = REPEATS) -> float:
-    """Median seconds of ``fn`` after one warm-up call."""
+def _timed(fn: Callable[[], Any], sync: Callable[[], None], repeats: int = REPEATS,
+           barrier: Callable[[], None] = lambda: None) -> float:
+    """Median seconds of ``fn`` after one warm-up call (``barrier`` before each call: collectives timed with
+    the ranks lined up, not with one rank's lag)."""
     fn()
     sync()
     times = []
     for _ in range(repeats):
+        barrier()
         t0 = time.perf_counter()
         fn()
         sync()
@@ -86,15 +91,24 @@ def measure_collectives(device: Any, world: int) -> Dict[str, LinkCost]:
     out = {}
     q = (world - 1) / world
     for name in ("all_reduce", "all_to_all"):
-        points = []
-        for size in (SMALL_MESSAGE_BYTES, LARGE_MESSAGE_BYTES):
-            n = size // 4 // world * world
-            x = torch.ones(n, dtype=torch.float32, device=device)
-            y = torch.empty_like(x)
-            fn = (lambda x=x: dist.all_reduce(x)) if name == "all_reduce" else (lambda x=x, y=y: dist.all_to_all_single(y, x))
-            dist.barrier()
-            sent = (2.0 * q if name == "all_reduce" else q) * n * 4
-            points.append((sent, _timed(fn, sync)))
+        for attempt in range(COLLECTIVE_ATTEMPTS):
+            points = []
+            for size in (SMALL_MESSAGE_BYTES, LARGE_MESSAGE_BYTES):
+                n = size // 4 // world * world
+                x = torch.ones(n, dtype=torch.float32, device=device)
+                y = torch.empty_like(x)
+                fn = (lambda x=x: dist.all_reduce(x)) if name == "all_reduce" else (lambda x=x, y=y: dist.all_to_all_single(y, x))
+                sent = (2.0 * q if name == "all_reduce" else q) * n * 4
+                points.append((sent, _timed(fn, sync, barrier=dist.barrier)))
+            # a stall during the small message's repeats can make it the slower one (beta clamped to 0, bytes
+            # free); every rank measures again when any rank saw that, so all run the same collectives
+            sane = torch.tensor([float(points[1][1] > points[0][1])], device=device)
+            dist.all_reduce(sane, op=dist.ReduceOp.MIN)
+            if sane.item() > 0:
+                break
+            logger.warning("calibration: %s of %d bytes timed no slower than %d bytes (%.2f vs %.2f ms); "
+                           "measuring again (%d/%d)", name, LARGE_MESSAGE_BYTES, SMALL_MESSAGE_BYTES,
+                           points[1][1] * 1e3, points[0][1] * 1e3, attempt + 1, COLLECTIVE_ATTEMPTS)
         out[name] = _line(points[0][0], points[0][1], points[1][0], points[1][1])
     return out
 
