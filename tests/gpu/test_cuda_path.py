@@ -144,9 +144,13 @@ def _compare_rows(model, reference, remapper, init, configs) -> float:
 
 
 def _shard(src, plan, sharders):
+    """Sharded as the job shards: one DDP (NCCL) for the head and the hot halves' data-parallel lookup."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
-    return DistributedModelParallel(src, device=DEVICE, plan=plan, sharders=sharders)
+    from rayemb.embedding.data_parallel import OneDataParallelWrapper
+
+    return DistributedModelParallel(src, device=DEVICE, plan=plan, sharders=sharders,
+                                    data_parallel_wrapper=OneDataParallelWrapper())
 
 
 def _load_reference(model, hybrid, configs, init) -> None:
