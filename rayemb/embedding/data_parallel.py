@@ -29,7 +29,6 @@ import logging
 from typing import TYPE_CHECKING, Iterator, List, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
@@ -60,8 +59,8 @@ class _JobDataParallel(DistributedDataParallel):
 
     DDP finds the parameters it reduces by walking ``module.named_modules()``; TorchRec's data-parallel
     lookups hang off sharded modules in plain lists, so they are handed over here and join the reducer's
-    buckets after the module's own parameters (DDP checks their shapes across ranks; they are broadcast
-    from rank 0, as DDP does its own).
+    buckets after the module's own parameters (DDP checks their shapes across ranks). Their values are
+    already equal on every rank: TorchRec's own DDP broadcast them from rank 0 when it wrapped them.
     """
 
     def __init__(self, module: nn.Module, replicated: Sequence[nn.Module], **kwargs) -> None:
@@ -75,8 +74,6 @@ class _JobDataParallel(DistributedDataParallel):
         # read by the overrides below, which DDP's __init__ calls: set first, outside nn.Module's __setattr__
         object.__setattr__(self, "_rayemb_extra", extra)
         super().__init__(module, **kwargs)
-        if extra:
-            dist._broadcast_coalesced(self.process_group, [p.detach() for _, p in extra], self.broadcast_bucket_size, 0)
 
     def _build_params_for_reducer(self):
         params, expect_sparse = super()._build_params_for_reducer()
@@ -115,7 +112,8 @@ class OneDataParallelWrapper(DefaultDataParallelWrapper):
         replicated = []
         for lookups, i in list(_data_parallel_lookups(inner)):
             ddp = lookups[i]
-            ddp._remove_autograd_hooks()  # its reducer would all-reduce these gradients a second time
+            # its reducer is never armed again (its forward no longer runs); take its hooks off the parameters
+            ddp._remove_autograd_hooks()
             lookups[i] = ddp.module
             replicated.append(ddp.module)
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(

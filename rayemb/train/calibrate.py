@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rayemb.planner.step_time import Calibration, LinkCost, normalize_probes
 from rayemb.train.calibrate_probes import PROBE_DP_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_ROWS
@@ -88,28 +88,35 @@ def measure_collectives(device: Any, world: int) -> Dict[str, LinkCost]:
     import torch.distributed as dist
 
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    out = {}
     q = (world - 1) / world
+
+    def points(name: str) -> List[Tuple[float, float]]:
+        """(bytes sent per rank, median seconds) of ``name`` at the small and the large message."""
+        pts = []
+        for size in (SMALL_MESSAGE_BYTES, LARGE_MESSAGE_BYTES):
+            n = size // 4 // world * world
+            x = torch.ones(n, dtype=torch.float32, device=device)
+            y = torch.empty_like(x)
+            fn = (lambda x=x: dist.all_reduce(x)) if name == "all_reduce" else (lambda x=x, y=y: dist.all_to_all_single(y, x))
+            sent = (2.0 * q if name == "all_reduce" else q) * n * 4
+            pts.append((sent, _timed(fn, sync, barrier=dist.barrier)))
+        return pts
+
+    out = {}
     for name in ("all_reduce", "all_to_all"):
-        for attempt in range(COLLECTIVE_ATTEMPTS):
-            points = []
-            for size in (SMALL_MESSAGE_BYTES, LARGE_MESSAGE_BYTES):
-                n = size // 4 // world * world
-                x = torch.ones(n, dtype=torch.float32, device=device)
-                y = torch.empty_like(x)
-                fn = (lambda x=x: dist.all_reduce(x)) if name == "all_reduce" else (lambda x=x, y=y: dist.all_to_all_single(y, x))
-                sent = (2.0 * q if name == "all_reduce" else q) * n * 4
-                points.append((sent, _timed(fn, sync, barrier=dist.barrier)))
+        for attempt in range(1, COLLECTIVE_ATTEMPTS + 1):
+            (x0, t0), (x1, t1) = points(name)
             # a stall during the small message's repeats can make it the slower one (beta clamped to 0, bytes
             # free); every rank measures again when any rank saw that, so all run the same collectives
-            sane = torch.tensor([float(points[1][1] > points[0][1])], device=device)
+            sane = torch.tensor([float(t1 > t0)], device=device)
             dist.all_reduce(sane, op=dist.ReduceOp.MIN)
             if sane.item() > 0:
                 break
-            logger.warning("calibration: %s of %d bytes timed no slower than %d bytes (%.2f vs %.2f ms); "
-                           "measuring again (%d/%d)", name, LARGE_MESSAGE_BYTES, SMALL_MESSAGE_BYTES,
-                           points[1][1] * 1e3, points[0][1] * 1e3, attempt + 1, COLLECTIVE_ATTEMPTS)
-        out[name] = _line(points[0][0], points[0][1], points[1][0], points[1][1])
+            logger.warning("calibration: %s of %d bytes timed no slower than %d bytes on some rank (here %.2f vs "
+                           "%.2f ms); %s (%d/%d)", name, LARGE_MESSAGE_BYTES, SMALL_MESSAGE_BYTES, t1 * 1e3, t0 * 1e3,
+                           "measuring again" if attempt < COLLECTIVE_ATTEMPTS else "keeping it", attempt,
+                           COLLECTIVE_ATTEMPTS)
+        out[name] = _line(x0, t0, x1, t1)
     return out
 
 

@@ -62,10 +62,10 @@ def _train(rank: int, world_size: int, one_ddp: bool) -> Dict[str, object]:
     prof.__exit__(None, None, None)
     dispatched = sum(e.count for e in prof.key_averages() if e.key == "c10d::allreduce_")
     final = {k: _local(v) for k, v in dmp.state_dict().items()}
-    optim = {k: _local(v) for k, v in opt.state_dict()["state"].items() for k, v in
-             ((f"{k}.{s}", t) for s, t in v.items())}
-    return {"ddps": ddps, "all_reduces": all_reduces, "dispatched": dispatched, "logits": logits, "initial": initial, "final": final,
-            "optim": optim}
+    optim = {f"{param}.{name}": _local(t) for param, state in opt.state_dict()["state"].items()
+             for name, t in state.items()}
+    return {"ddps": ddps, "all_reduces": all_reduces, "dispatched": dispatched, "logits": logits,
+            "initial": initial, "final": final, "optim": optim}
 
 
 def test_one_ddp_trains_as_torchrecs_wrappers():
