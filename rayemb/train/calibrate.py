@@ -25,13 +25,18 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rayemb.planner.step_time import Calibration, LinkCost, normalize_probes
-from rayemb.train.calibrate_probes import PROBE_DP_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_ROWS
+from rayemb.train.calibrate_probes import PROBE_DP_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_ROWS, Interleaved
 
 logger = logging.getLogger(__name__)
 
 #: message sizes (bytes per rank) of the collective probes
 SMALL_MESSAGE_BYTES = 4 * 1024
 LARGE_MESSAGE_BYTES = 4 * 2**20
+#: on gloo: 1 MiB already takes ~30x the small message on loopback and 80 ms at 100 mbit (each of the
+#: calibration's rounds runs every size once, so the large ones set its length on slow links)
+CPU_LARGE_MESSAGE_BYTES = 2**20
+COLLECTIVES = ("all_reduce", "all_to_all")
+#: rounds of the collectives when measured alone (measure_collectives' retry)
 REPEATS = 7
 #: tries of a collective's two-size probe when the large message did not time slower than the small one
 COLLECTIVE_ATTEMPTS = 3
@@ -82,42 +87,102 @@ def _grown_slope(step_at: Callable[[int], Callable[[], None]], x0: int, x_max: i
     return max((t - t0) / max(x - x0, 1), 0.0)
 
 
-def measure_collectives(device: Any, world: int) -> Dict[str, LinkCost]:
-    """α-β of all-reduce and all-to-all on the default process group (bytes: sent by one rank)."""
+def _collective_steps(device: Any, world: int) -> Dict[str, Tuple[float, Callable[[], None]]]:
+    """``family/small`` and ``family/large`` -> (bytes one rank sends, one call) for all-reduce and all-to-all."""
     import torch
     import torch.distributed as dist
 
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     q = (world - 1) / world
-
-    def points(name: str) -> List[Tuple[float, float]]:
-        """(bytes sent per rank, median seconds) of ``name`` at the small and the large message."""
-        pts = []
-        for size in (SMALL_MESSAGE_BYTES, LARGE_MESSAGE_BYTES):
+    large = LARGE_MESSAGE_BYTES if device.type == "cuda" else CPU_LARGE_MESSAGE_BYTES
+    out: Dict[str, Tuple[float, Callable[[], None]]] = {}
+    for name in COLLECTIVES:
+        for label, size in (("small", SMALL_MESSAGE_BYTES), ("large", large)):
             n = size // 4 // world * world
             x = torch.ones(n, dtype=torch.float32, device=device)
             y = torch.empty_like(x)
             fn = (lambda x=x: dist.all_reduce(x)) if name == "all_reduce" else (lambda x=x, y=y: dist.all_to_all_single(y, x))
-            sent = (2.0 * q if name == "all_reduce" else q) * n * 4
-            pts.append((sent, _timed(fn, sync, barrier=dist.barrier)))
-        return pts
-
-    out = {}
-    for name in ("all_reduce", "all_to_all"):
-        for attempt in range(1, COLLECTIVE_ATTEMPTS + 1):
-            (x0, t0), (x1, t1) = points(name)
-            # a stall during the small message's repeats can make it the slower one (beta clamped to 0, bytes
-            # free); every rank measures again when any rank saw that, so all run the same collectives
-            sane = torch.tensor([float(t1 > t0)], device=device)
-            dist.all_reduce(sane, op=dist.ReduceOp.MIN)
-            if sane.item() > 0:
-                break
-            logger.warning("calibration: %s of %d bytes timed no slower than %d bytes on some rank (here %.2f vs "
-                           "%.2f ms); %s (%d/%d)", name, LARGE_MESSAGE_BYTES, SMALL_MESSAGE_BYTES, t1 * 1e3, t0 * 1e3,
-                           "measuring again" if attempt < COLLECTIVE_ATTEMPTS else "keeping it", attempt,
-                           COLLECTIVE_ATTEMPTS)
-        out[name] = _line(x0, t0, x1, t1)
+            out[f"{name}/{label}"] = ((2.0 * q if name == "all_reduce" else q) * n * 4, fn)
     return out
+
+
+def add_collectives(iv: Interleaved, device: Any, world: int) -> Callable[[], Dict[str, LinkCost]]:
+    """Adds a small and a large all-reduce and all-to-all to ``iv``; returns what reads each family's α-β once
+    it has run: β from the median difference large - small within a round, α from the small message."""
+    steps = _collective_steps(device, world)
+    for name, (_, fn) in steps.items():
+        iv.add(name, fn)
+
+    def read() -> Dict[str, LinkCost]:
+        out = {}
+        for name in COLLECTIVES:
+            x0, x1 = steps[f"{name}/small"][0], steps[f"{name}/large"][0]
+            t0 = iv.median(f"{name}/small")
+            out[name] = _line(x0, t0, x1, t0 + iv.difference(f"{name}/large", f"{name}/small"))
+        return out
+
+    return read
+
+
+def _all_ranks(ok: bool, device: Any) -> bool:
+    """Whether ``ok`` holds on every rank (a collective: every rank calls it)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([float(ok)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item() > 0)
+
+
+def measure_collectives(device: Any, world: int, links: Optional[Dict[str, LinkCost]] = None) -> Dict[str, LinkCost]:
+    """α-β of all-reduce and all-to-all on the default process group (bytes: sent by one rank).
+
+    ``links``: already measured (in the calibration's interleaved set), kept when every rank found bytes
+    costing time. When any rank saw a large message time no slower than the small one (β clamped to 0: bytes
+    free; a stall during the small one's calls does it), every rank measures again, the collectives alone, so
+    that all run the same collectives: up to COLLECTIVE_ATTEMPTS measurements in all, the last one kept.
+    """
+    import torch
+    import torch.distributed as dist
+
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    for attempt in range(1, COLLECTIVE_ATTEMPTS + 1):
+        if links is None:
+            iv = Interleaved(sync, dist.barrier)
+            read = add_collectives(iv, device, world)
+            iv.run(rounds=REPEATS, warmup=1)
+            links = read()
+        if _all_ranks(all(c.seconds_per_byte > 0 for c in links.values()), device):
+            break
+        logger.warning("calibration: a large message timed no slower than a small one on some rank (here: %s); %s "
+                       "(%d/%d)", ", ".join(f"{k} {1e9 * c.seconds_per_byte:.1f} ns/B" for k, c in links.items()),
+                       "measuring again" if attempt < COLLECTIVE_ATTEMPTS else "keeping it", attempt,
+                       COLLECTIVE_ATTEMPTS)
+        if attempt < COLLECTIVE_ATTEMPTS:
+            links = None
+    return links  # type: ignore[return-value]
+
+
+def dense_model_step(device: Any, local_batch: int, num_dense: int, num_sparse: int, dim: int,
+                     bottom_mlp: Sequence[int], top_mlp: Sequence[int]) -> Tuple[Callable[[], None], int]:
+    """(one forward + backward + optimizer step of the dense arch on the local batch, its parameters' bytes)."""
+    import torch
+    from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
+
+    dense_arch = DenseArch(num_dense, list(bottom_mlp), device=device)
+    inter = InteractionArch(num_sparse_features=num_sparse)
+    over = OverArch(bottom_mlp[-1] + (num_sparse + 1) * num_sparse // 2, list(top_mlp), device=device)
+    params = list(dense_arch.parameters()) + list(over.parameters())
+    opt = torch.optim.Adagrad(params, lr=0.01)
+    x = torch.randn(local_batch, num_dense, device=device)
+    emb = torch.randn(local_batch, num_sparse, dim, device=device, requires_grad=True)
+    y = torch.rand(local_batch, device=device).round()
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def model_step() -> None:
+        opt.zero_grad()
+        loss_fn(over(inter(dense_arch(x), emb)).squeeze(-1), y).backward()
+        opt.step()
+    return model_step, sum(p.numel() * p.element_size() for p in params)
 
 
 def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: int, dim: int,
@@ -133,7 +198,6 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
         ComputeDevice,
         SplitTableBatchedEmbeddingBagsCodegen,
     )
-    from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
     from torchrec.optim import RowWiseAdagrad
 
     cuda = device.type == "cuda"
@@ -209,22 +273,9 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
         fused(torch.cat(vals), off).sum().backward()
     group_overhead_s = _timed(group_step, sync) * 3  # input dist, lookup, output dist
 
-    dense_arch = DenseArch(num_dense, list(bottom_mlp), device=device)
-    inter = InteractionArch(num_sparse_features=num_sparse)
-    over = OverArch(bottom_mlp[-1] + (num_sparse + 1) * num_sparse // 2, list(top_mlp), device=device)
-    params = list(dense_arch.parameters()) + list(over.parameters())
-    opt = torch.optim.Adagrad(params, lr=0.01)
-    x = torch.randn(local_batch, num_dense, device=device)
-    emb = torch.randn(local_batch, num_sparse, dim, device=device, requires_grad=True)
-    y = torch.rand(local_batch, device=device).round()
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-
-    def model_step() -> None:
-        opt.zero_grad()
-        loss_fn(over(inter(dense_arch(x), emb)).squeeze(-1), y).backward()
-        opt.step()
+    model_step, dense_param_bytes = dense_model_step(device, local_batch, num_dense, num_sparse, dim, bottom_mlp,
+                                                     top_mlp)
     dense_step_s = _timed(model_step, sync)
-    dense_param_bytes = sum(p.numel() * p.element_size() for p in params)
     return {"lookup_s": lookup_s, "dense_lookup_s": dense_lookup_s, "replicated_elem_s": replicated_elem_s,
             "pool_s": pool_s, "group_overhead_s": group_overhead_s, "dense_step_s": dense_step_s,
             "dense_param_bytes": float(dense_param_bytes)}
@@ -244,24 +295,45 @@ def calibrate_rank(rank: int, world: int, master: str, backend: str, threads: in
     device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
-    shape = dict(shape)
-    prefetch = bool(shape.pop("prefetch_input_dist", False))  # the probes step as the job's loop will
     try:
-        links = measure_collectives(device, world) if world > 1 else {}
-        compute = measure_compute(device, **shape)
-        if world > 1:
-            from rayemb.train.calibrate_probes import probe_ddp, probe_groups, probe_replicated_elem
-
-            compute["groups"] = probe_groups(shape["local_batch"], shape["dim"], device,
-                                             int(shape.get("num_sparse", 8)), prefetch=prefetch)
-            compute["ddp_step_s"] = probe_ddp(shape["local_batch"], shape["dim"], device)
-            # replaces the kernel-only figure: includes the gradient's all-reduce on the live links
-            compute["replicated_elem_s"] = probe_replicated_elem(shape["local_batch"], shape["dim"], device)
+        measured = measure_rank(device, world, shape)
         parts: List[Any] = [None] * world
-        dist.all_gather_object(parts, compute)
+        dist.all_gather_object(parts, measured["compute"])
     finally:
         dist.destroy_process_group()
-    return {"links": links, "compute": parts}
+    return {"links": measured["links"], "compute": parts}
+
+
+def measure_rank(device: Any, world: int, shape: Dict[str, Any]) -> Dict[str, Any]:
+    """This rank's figures, in the default process group: ``{"links": family -> LinkCost, "compute": {...}}``.
+
+    The kernels first (:func:`measure_compute`, local). Across ranks, then, one :class:`Interleaved` set of
+    the collectives, the dense arch's step and the sharded probes
+    (:func:`rayemb.train.calibrate_probes.add_probes`), so that all of them, and the bytes the probes' figures
+    are netted of, are measured under the same conditions.
+    """
+    import torch
+    import torch.distributed as dist
+
+    shape = dict(shape)
+    prefetch = bool(shape.pop("prefetch_input_dist", False))  # the probes step as the job's loop will
+    compute: Dict[str, Any] = measure_compute(device, **shape)
+    if world == 1:
+        return {"links": {}, "compute": compute}
+    from rayemb.train.calibrate_probes import add_probes
+
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    iv = Interleaved(sync, dist.barrier)
+    read_links = add_collectives(iv, device, world)
+    iv.add("dense", dense_model_step(device, **shape)[0])
+    read_probes = add_probes(iv, shape["local_batch"], shape["dim"], device, int(shape.get("num_sparse", 8)),
+                             prefetch=prefetch)
+    iv.run()
+    links = measure_collectives(device, world, read_links())
+    compute["dense_step_s"] = iv.median("dense")
+    # replicated_elem_s replaces the kernel-only figure: it includes the gradient's all-reduce on the live links
+    compute.update(read_probes())
+    return {"links": links, "compute": compute}
 
 
 def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, seconds: float,
@@ -343,4 +415,4 @@ def calibrate_cluster(world: int, cpus_per_worker: float, use_gpu: bool, num_nod
     return combine(results, backend, num_nodes, time.monotonic() - t0, shape)
 
 
-__all__ = ["calibrate_cluster", "calibrate_rank", "combine", "measure_collectives", "measure_compute"]
+__all__ = ["calibrate_cluster", "calibrate_rank", "combine", "measure_collectives", "measure_compute", "measure_rank"]

@@ -6,16 +6,21 @@ live backend) and the hybrid's merge of hot and cold halves. So calibration
 also shards tiny tables exactly as training does — ``DistributedModelParallel``
 over rayemb's :class:`~rayemb.embedding.hybrid.HybridEmbeddingBagCollection`
 with the job's sharders, fused row-wise Adagrad, replicated rows on their own
-optimizer — with 1 and 8 tables per kind, and times forward + backward +
+optimizer — with 1 and N tables per kind, and times forward + backward +
 optimizer on the local batch (ids remapped beforehand, as in-memory data is).
 Two points give each kind's fixed cost per step and its cost per table.
+
+Every probe is timed in one :class:`Interleaved` set with the rest of the
+calibration (the collectives, the dense arch's step): round after round, each
+step once, so all of them see the same host and links, and a slope is the
+median of differences taken within a round.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
@@ -36,15 +41,61 @@ PROBE_HOT_SHARE = 0.5 + 0.5 * PROBE_HOT_ROWS / PROBE_ROWS
 #: 3x, and 6 back-to-back calibrations put table-wise's slope anywhere in 0-0.39 ms and swapped the chosen plan
 PROBE_TABLES = (1, 8)
 PROBE_MAX_TABLES = 32
-PROBE_STEPS = 20
+#: timed rounds of an :class:`Interleaved` set (each times every step once), after PROBE_WARMUP_ROUNDS untimed
+PROBE_ROUNDS = 20
+PROBE_WARMUP_ROUNDS = 2
 
 
-def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, rows: int = PROBE_ROWS,
-           mixed_with: str = "", prefetch: bool = False) -> float:
-    """Median seconds of one training step of ``n_tables`` tiny tables placed as ``kind`` (``mixed_with``: the
-    second half of them placed so instead, in one module as a job's plan mixes placements; ``prefetch``: each
-    step starts the next one's input exchange before its backward, as the job's loop does with
-    ``train.prefetch_input_dist``)."""
+class Interleaved:
+    """Named steps timed round-robin: each round runs every step once, the ranks lined up (a barrier) before
+    each, in an order rotated by one place a round; :meth:`median` and :meth:`difference` read the times.
+
+    Timed one after another, each probe saw the host and the links of its own second or two. This host's speed
+    drifts up to 2x within minutes and a shaped link's rate by a fifth, so back-to-back calibrations on one
+    cluster put a hybrid table's slope anywhere in 0.34-0.85 ms and the dense arch's step 14-22 ms
+    (docs/benchmarks.md, calibration spread). Interleaved, every step sees the same mix of conditions, and a
+    slope between two steps is the median of their differences within a round, in which slow drift cancels.
+    Every rank must add the same steps in the same order (their collectives pair up by order).
+    """
+
+    def __init__(self, sync: Callable[[], None] = lambda: None,
+                 barrier: Callable[[], None] = lambda: None) -> None:
+        self._sync, self._barrier = sync, barrier
+        self._steps: Dict[str, Callable[[], None]] = {}
+        self.times: Dict[str, List[float]] = {}
+
+    def add(self, name: str, step: Callable[[], None]) -> None:
+        if name in self._steps:
+            raise ValueError(f"interleaved step {name!r} added twice")
+        self._steps[name] = step
+
+    def run(self, rounds: int = PROBE_ROUNDS, warmup: int = PROBE_WARMUP_ROUNDS) -> "Interleaved":
+        names = list(self._steps)
+        self.times = {n: [] for n in names}
+        for r in range(warmup + rounds):
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                self._barrier()
+                t0 = time.perf_counter()
+                self._steps[name]()
+                self._sync()
+                if r >= warmup:
+                    self.times[name].append(time.perf_counter() - t0)
+        return self
+
+    def median(self, name: str) -> float:
+        """Median seconds of one step of ``name``."""
+        return statistics.median(self.times[name])
+
+    def difference(self, name: str, base: str) -> float:
+        """Median over rounds of ``name``'s seconds minus ``base``'s in the same round (may be negative)."""
+        return statistics.median(a - b for a, b in zip(self.times[name], self.times[base]))
+
+
+def _probe_step(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, rows: int = PROBE_ROWS,
+                prefetch: bool = False) -> Callable[[], None]:
+    """One training step of ``n_tables`` tiny tables placed as ``kind`` (``prefetch``: each step starts the
+    next one's input exchange before its backward, as the job's loop does with ``train.prefetch_input_dist``)."""
     import torch
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -75,8 +126,7 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
     module = HybridEmbeddingBagCollection(configs, hot, device=torch.device("meta"))
     src = _Sum(module)
     apply_optimizer_in_backward(RowWiseAdagrad, module.parameters(), {"lr": 0.01})
-    plain = {} if kind == "hybrid" else {
-        c.name: [mixed_with if mixed_with and i >= n_tables // 2 else kind] for i, c in enumerate(configs)}
+    plain = {} if kind == "hybrid" else {c.name: [kind] for c in configs}
     world = dist.get_world_size()
     # column-wise in as many column shards as the job would cut (rayemb.planner.cost.column_shards)
     constraints = module.parameter_constraints("row_wise", plain)
@@ -101,7 +151,6 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
                                               values=torch.from_numpy(values.astype(np.int64)),
                                               lengths=torch.ones(n_tables * local_batch, dtype=torch.int32))
     kjt = module.remapper.remap(kjt).to(device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     pre = StepPrefetch(model) if prefetch else None
 
     def step() -> None:
@@ -114,36 +163,12 @@ def _probe(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, ro
         if opt is not None:
             opt.step()
 
-    return _median_step(step, sync)
+    return step
 
 
-def _median_step(step: Callable[[], None], sync: Callable[[], None]) -> float:
-    """Median seconds of ``step`` over PROBE_STEPS after two warm-up steps, the ranks lined up before each."""
-    import torch.distributed as dist
-
-    step()
-    step()
-    sync()
-    times = []
-    for _ in range(PROBE_STEPS):
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def probe_ddp(local_batch: int, dim: int, device: Any) -> float:
-    """Seconds per step one ``DistributedDataParallel`` wrapper costs: its hooks and gradient all-reduce round
-    trip on the live links, for a tiny dense layer wrapped as ``DistributedModelParallel`` wraps a job's
-    replicated parameters, minus the same layer's step unwrapped; clamped at zero.
-
-    A job has one such wrapper (dense arch, data-parallel tables and hybrid hot rows share its buckets:
-    :class:`~rayemb.embedding.data_parallel.OneDataParallelWrapper`), while the data-parallel and hybrid
-    probes each hold one of their own: the planner takes this off their fixed costs and counts it once per
-    step (:func:`rayemb.planner.step_time.normalize_probes`).
-    """
+def _ddp_steps(local_batch: int, dim: int, device: Any) -> Tuple[Callable[[], None], Callable[[], None]]:
+    """(unwrapped, wrapped) steps of a tiny dense layer; wrapped as ``DistributedModelParallel`` wraps a job's
+    replicated parameters (:func:`add_probes`: their difference is what one DDP wrapper costs a step)."""
     import torch
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingPlan
@@ -159,41 +184,53 @@ def probe_ddp(local_batch: int, dim: int, device: Any) -> float:
             return self.linear(x).sum()
 
     x = torch.randn(local_batch, dim, device=device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     local = _Dense()
     wrapped = DistributedModelParallel(_Dense(), device=device, plan=ShardingPlan({}), sharders=[],
                                        data_parallel_wrapper=OneDataParallelWrapper())
-    t_local = _median_step(lambda: local(x).backward(), sync)
-    t_wrapped = _median_step(lambda: wrapped(x).backward(), sync)
-    return max(t_wrapped - t_local, 0.0)
+    return (lambda: local(x).backward()), (lambda: wrapped(x).backward())
 
 
-def probe_groups(local_batch: int, dim: int, device: Any, num_tables: int = PROBE_TABLES[1],
-                 prefetch: bool = False) -> Dict[str, Tuple[float, float]]:
-    """kind -> (fixed seconds per step of the kind's module group(s), seconds per table) on this rank.
+def add_probes(iv: Interleaved, local_batch: int, dim: int, device: Any, num_tables: int = PROBE_TABLES[1],
+               prefetch: bool = False) -> Callable[[], Dict[str, Any]]:
+    """Adds the probes of real sharded modules to ``iv``; returns what reads their figures once it has run:
 
-    ``num_tables``: the job's tables; the large probe has as many (within [8, 32]), so that a plan putting every
-    table in one group is priced at a measured point, not an extrapolated one. ``prefetch``: step as the job
-    will (``train.prefetch_input_dist``).
+    * ``groups``: kind -> (fixed seconds per step of the kind's module group(s), seconds per table), from
+      1 and ``num_tables`` tables (within [8, 32]), so that a plan putting every table in one group is priced
+      at a measured point, not an extrapolated one;
+    * ``replicated_elem_s``: seconds per step per element of a replicated table on the live group (dense
+      gradient, its all-reduce on the real links, the optimizer): the slope between a small and a large
+      data-parallel table;
+    * ``ddp_step_s``: seconds per step one ``DistributedDataParallel`` wrapper costs (its hooks and gradient
+      all-reduce round trip on the live links), clamped at zero. A job has one such wrapper (dense arch,
+      data-parallel tables and hybrid hot rows share its buckets:
+      :class:`~rayemb.embedding.data_parallel.OneDataParallelWrapper`), while the data-parallel and hybrid
+      probes each hold one of their own: the planner takes this off their fixed costs and counts it once per
+      step (:func:`rayemb.planner.step_time.normalize_probes`).
+
+    ``prefetch``: the probes step as the job will (``train.prefetch_input_dist``).
     """
-    out = {}
     lo, hi = PROBE_TABLES[0], min(max(PROBE_TABLES[1], num_tables), PROBE_MAX_TABLES)
     for kind in PROBE_KINDS:
         rows = PROBE_DP_ROWS if kind == "data_parallel" else PROBE_ROWS
-        t_lo = _probe(kind, lo, local_batch, dim, device, rows, prefetch=prefetch)
-        t_hi = _probe(kind, hi, local_batch, dim, device, rows, prefetch=prefetch)
-        per_table = max((t_hi - t_lo) / (hi - lo), 0.0)
-        out[kind] = (max(t_lo - lo * per_table, 0.0), per_table)
-    return out
+        for n in (lo, hi):
+            iv.add(f"{kind}/{n}", _probe_step(kind, n, local_batch, dim, device, rows, prefetch=prefetch))
+    iv.add("replicated/small", _probe_step("data_parallel", 1, local_batch, dim, device, PROBE_ROWS))
+    iv.add("replicated/large", _probe_step("data_parallel", 1, local_batch, dim, device, PROBE_LARGE_ROWS))
+    local, wrapped = _ddp_steps(local_batch, dim, device)
+    iv.add("ddp/local", local)
+    iv.add("ddp/wrapped", wrapped)
+
+    def read() -> Dict[str, Any]:
+        groups = {}
+        for kind in PROBE_KINDS:
+            per_table = max(iv.difference(f"{kind}/{hi}", f"{kind}/{lo}") / (hi - lo), 0.0)
+            groups[kind] = (max(iv.median(f"{kind}/{lo}") - lo * per_table, 0.0), per_table)
+        elem = iv.difference("replicated/large", "replicated/small") / ((PROBE_LARGE_ROWS - PROBE_ROWS) * dim)
+        return {"groups": groups, "replicated_elem_s": max(elem, 0.0),
+                "ddp_step_s": max(iv.difference("ddp/wrapped", "ddp/local"), 0.0)}
+
+    return read
 
 
-def probe_replicated_elem(local_batch: int, dim: int, device: Any) -> float:
-    """Seconds per step per element of a replicated table, measured on the live group (dense gradient,
-    its all-reduce on the real links, the optimizer): the slope between a small and a large DP table."""
-    t_small = _probe("data_parallel", 1, local_batch, dim, device, rows=PROBE_ROWS)
-    t_large = _probe("data_parallel", 1, local_batch, dim, device, rows=PROBE_LARGE_ROWS)
-    return max((t_large - t_small) / ((PROBE_LARGE_ROWS - PROBE_ROWS) * dim), 0.0)
-
-
-__all__ = ["probe_groups", "probe_replicated_elem", "probe_ddp", "PROBE_KINDS", "PROBE_ROWS", "PROBE_HOT_ROWS",
-           "PROBE_DP_ROWS", "PROBE_HOT_SHARE"]
+__all__ = ["Interleaved", "add_probes", "PROBE_KINDS", "PROBE_ROWS", "PROBE_HOT_ROWS", "PROBE_DP_ROWS",
+           "PROBE_HOT_SHARE", "PROBE_ROUNDS"]

@@ -13,19 +13,13 @@ def _rank(rank, world_size):
     import torch
     import torch.distributed as dist
 
-    from rayemb.train.calibrate import measure_collectives, measure_compute
-    from rayemb.train.calibrate_probes import probe_ddp, probe_groups, probe_replicated_elem
+    from rayemb.train.calibrate import measure_rank
 
     torch.set_num_threads(1)
-    device = torch.device("cpu")
-    links = measure_collectives(device, world_size)
-    compute = measure_compute(device, **SHAPE)
-    compute["groups"] = probe_groups(SHAPE["local_batch"], SHAPE["dim"], device, prefetch=True)  # as jobs step
-    compute["replicated_elem_s"] = probe_replicated_elem(SHAPE["local_batch"], SHAPE["dim"], device)
-    compute["ddp_step_s"] = probe_ddp(SHAPE["local_batch"], SHAPE["dim"], device)
+    measured = measure_rank(torch.device("cpu"), world_size, {**SHAPE, "prefetch_input_dist": True})  # as jobs step
     parts = [None] * world_size
-    dist.all_gather_object(parts, compute)
-    return {"links": links, "compute": parts}
+    dist.all_gather_object(parts, measured["compute"])
+    return {"links": measured["links"], "compute": parts}
 
 
 def test_calibration_on_two_gloo_ranks_prices_plans():
