@@ -25,8 +25,10 @@ row of one bandwidth:
 * ``data_parallel``: every table replicated.
 
 Per row: samples/s (median of log windows after the first), the measured step
-time (median window) and the step time the calibrated model predicted for that
-plan (plan.json), their ratio, bytes per step as counted from the collectives, and
+time (median window) and the step time predicted for that plan at job start
+(plan.json: the plan probe's step, ``rayemb.train.plan_probe``), their ratio, the
+step-time model's own prediction over measured (``model/meas``), bytes per step
+as counted from the collectives, and
 where the cores went in the run's timed windows (``host_cpu.py``: % of a core for
 its ranks, for every other process, idle; and the host's speed, ``canary ms``).
 With ``--repeats R`` every variant runs R times per bandwidth, in alternating
@@ -219,11 +221,13 @@ def cpu_shares(host_cpu: Optional[Mapping[str, float]]) -> Dict[str, Optional[fl
 
 def row_of(run: Mapping[str, Any], bandwidth: float) -> Dict[str, Any]:
     pred, meas = run.get("predicted_step_time_s"), run.get("step_time_s")
+    model = run.get("model_predicted_step_time_s")
     cal = run.get("calibration") or {}
     return {**cpu_shares(run.get("host_cpu")),
         "bandwidth_mbit": bandwidth, "variant": run["variant"], "samples_per_s": run.get("samples_per_s"),
         "step_ms": 1e3 * meas if meas else None, "predicted_ms": 1e3 * pred if pred else None,
         "predicted_over_measured": pred / meas if pred and meas else None,
+        "model_over_measured": model / meas if model and meas else None,
         "bytes_per_step": run.get("bytes_per_step"), "plan_summary": run.get("plan_summary"),
         "valid_auc": run.get("valid_auc"),
         "calibrated_a2a_mb_s": 1e-6 / cal["all_to_all"]["seconds_per_byte"]
@@ -248,6 +252,8 @@ def median_row(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         out[key] = statistics.median(vals) if vals else None
     out["predicted_over_measured"] = (out["predicted_ms"] / out["step_ms"]
                                       if out.get("predicted_ms") and out.get("step_ms") else None)
+    models = [r["model_over_measured"] for r in ok if r.get("model_over_measured")]
+    out["model_over_measured"] = statistics.median(models) if models else None
     return out
 
 
@@ -294,11 +300,12 @@ def plot(rows: Sequence[Mapping[str, Any]], png: str) -> Optional[str]:
 
 
 COLUMNS = [("mbit", ">6", "{:g}"), ("row", "<14", "{}"), ("samples/s", ">10", "{:,.0f}"), ("step ms", ">8", "{:.1f}"),
-           ("pred ms", ">8", "{:.1f}"), ("pred/meas", ">9", "{:.2f}"), ("MB/step", ">8", "{:.2f}"),
+           ("pred ms", ">8", "{:.1f}"), ("pred/meas", ">9", "{:.2f}"), ("model/meas", ">10", "{:.2f}"),
+           ("MB/step", ">8", "{:.2f}"),
            ("ranks %", ">7", "{:.0f}"), ("others %", ">8", "{:.0f}"), ("idle %", ">6", "{:.0f}"),
            ("canary ms", ">9", "{:.2f}"), ("plan", "<34", "{}")]
 KEYS = ["bandwidth_mbit", "variant", "samples_per_s", "step_ms", "predicted_ms", "predicted_over_measured",
-        "mb_per_step", "ranks_cpu", "others_cpu", "idle_cpu", "canary_ms",
+        "model_over_measured", "mb_per_step", "ranks_cpu", "others_cpu", "idle_cpu", "canary_ms",
         "plan_summary"]
 
 

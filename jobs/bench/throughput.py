@@ -385,6 +385,9 @@ def run_rayemb(variant: str, args: argparse.Namespace, tmp: str, r: int, tables:
             run["plan_summary"] = plan_summary(run["plan"])
             run["predicted_bytes_per_step"] = plan.get("predicted_bytes_per_step")
             run["predicted_step_time_s"] = plan.get("predicted_step_time_s")
+            # the step-time model's own figure when the plan probe measured the prediction (rayemb.train.plan_probe)
+            run["model_predicted_step_time_s"] = plan.get("model_predicted_step_time_s")
+            run["plan_probe"] = plan.get("plan_probe")
             run["calibration"] = plan.get("calibration")
     db = os.path.join(out_dir, "mlflow.db")
     if p.returncode == 0 and os.path.exists(db):

@@ -281,8 +281,9 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
             "dense_param_bytes": float(dense_param_bytes)}
 
 
-def calibrate_rank(rank: int, world: int, master: str, backend: str, threads: int, shape: Dict[str, Any]) -> Dict[str, Any]:
-    """One rank's measurements (runs in a calibration actor)."""
+def _on_rank(fn: Callable[..., Any], rank: int, world: int, master: str, backend: str, threads: int,
+             args: Sequence[Any]) -> Any:
+    """``fn(device, world, *args)`` in a process group of ``world`` ranks on ``backend`` (a rank actor's body)."""
     import datetime
 
     import torch
@@ -296,11 +297,18 @@ def calibrate_rank(rank: int, world: int, master: str, backend: str, threads: in
     dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
     try:
-        measured = measure_rank(device, world, shape)
-        parts: List[Any] = [None] * world
-        dist.all_gather_object(parts, measured["compute"])
+        return fn(device, world, *args)
     finally:
         dist.destroy_process_group()
+
+
+def calibrate_rank(device: Any, world: int, shape: Dict[str, Any]) -> Dict[str, Any]:
+    """One rank's measurements, every rank's compute figures gathered (the calibration actors' work)."""
+    import torch.distributed as dist
+
+    measured = measure_rank(device, world, shape)
+    parts: List[Any] = [None] * world
+    dist.all_gather_object(parts, measured["compute"])
     return {"links": measured["links"], "compute": parts}
 
 
@@ -369,17 +377,22 @@ def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, sec
     )
 
 
-def calibrate_cluster(world: int, cpus_per_worker: float, use_gpu: bool, num_nodes: int, shape: Dict[str, Any],
-                      timeout_s: float = 180.0, strategy: str = "PACK") -> Calibration:
-    """Runs :func:`calibrate_rank` in ``world`` actors placed like the Train workers; returns the calibration."""
+def run_on_ranks(fn: Callable[..., Any], args: Sequence[Any], world: int, cpus_per_worker: float, use_gpu: bool,
+                 timeout_s: float = 180.0, strategy: str = "PACK") -> List[Any]:
+    """``fn(device, world, *args)`` on ``world`` Ray actors placed like the Train workers (same CPU share, GPU,
+    placement strategy), joined in one process group on the job's backend; every rank's return value.
+
+    ``fn`` must be importable on the workers (a module-level function). The actors and their placement
+    group are removed before this returns, also on failure or timeout.
+    """
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    t0 = time.monotonic()
     backend = "nccl" if use_gpu else "gloo"
     bundle = {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
     pg = placement_group([dict(bundle) for _ in range(world)], strategy=strategy)
+    actors: List[Any] = []
     try:
         ray.get(pg.ready(), timeout=timeout_s)
 
@@ -395,24 +408,32 @@ def calibrate_cluster(world: int, cpus_per_worker: float, use_gpu: bool, num_nod
                     port = s.getsockname()[1]
                 return f"{ray.util.get_node_ip_address()}:{port}"
 
-            def run(self, *args: Any) -> Dict[str, Any]:
+            def run(self, *a: Any) -> Any:
                 from rayemb.logs import quiet_third_party_logs
 
                 quiet_third_party_logs()
-                return calibrate_rank(*args)
+                return _on_rank(*a)
 
         actors = [_Rank.options(num_cpus=cpus_per_worker, num_gpus=1 if use_gpu else 0,
                                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i))
                   .remote() for i in range(world)]
         master = ray.get(actors[0].address.remote(), timeout=timeout_s)
         threads = max(1, int(round(cpus_per_worker)))
-        results = ray.get([a.run.remote(i, world, master, backend, threads, shape) for i, a in enumerate(actors)],
-                          timeout=timeout_s)
+        return ray.get([a.run.remote(fn, i, world, master, backend, threads, tuple(args))
+                        for i, a in enumerate(actors)], timeout=timeout_s)
+    finally:
         for a in actors:
             ray.kill(a)
-    finally:
         remove_placement_group(pg)
-    return combine(results, backend, num_nodes, time.monotonic() - t0, shape)
 
 
-__all__ = ["calibrate_cluster", "calibrate_rank", "combine", "measure_collectives", "measure_compute", "measure_rank"]
+def calibrate_cluster(world: int, cpus_per_worker: float, use_gpu: bool, num_nodes: int, shape: Dict[str, Any],
+                      timeout_s: float = 180.0, strategy: str = "PACK") -> Calibration:
+    """Runs :func:`calibrate_rank` on ``world`` ranks placed like the Train workers; returns the calibration."""
+    t0 = time.monotonic()
+    results = run_on_ranks(calibrate_rank, (shape,), world, cpus_per_worker, use_gpu, timeout_s, strategy)
+    return combine(results, "nccl" if use_gpu else "gloo", num_nodes, time.monotonic() - t0, shape)
+
+
+__all__ = ["calibrate_cluster", "calibrate_rank", "combine", "measure_collectives", "measure_compute", "measure_rank",
+           "run_on_ranks"]

@@ -35,8 +35,10 @@ def logloss(labels: np.ndarray, logits: np.ndarray) -> float:
     return float(np.mean(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
 
 
-def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float]) -> Dict[str, float]:
-    """Measured step time (median over log windows, each epoch's first window left out as warm-up) vs predicted."""
+def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float],
+                    model_predicted: Optional[float] = None) -> Dict[str, float]:
+    """Measured step time (median over log windows, each epoch's first window left out as warm-up) vs predicted
+    (and vs the step-time model's own prediction, when the plan probe's replaced it)."""
     import statistics
 
     windows, seen_epochs = [], set()
@@ -50,8 +52,12 @@ def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float]) -
     if not windows or not predicted:
         return {}
     measured = statistics.median(windows)
-    return {"step_time_measured_s": measured, "step_time_predicted_s": float(predicted),
-            "step_time_predicted_over_measured": float(predicted) / measured}
+    out = {"step_time_measured_s": measured, "step_time_predicted_s": float(predicted),
+           "step_time_predicted_over_measured": float(predicted) / measured}
+    if model_predicted:
+        out.update({"step_time_model_predicted_s": float(model_predicted),
+                    "step_time_model_predicted_over_measured": float(model_predicted) / measured})
+    return out
 
 
 def best_and_last_checkpoint(result: Any) -> Tuple[Optional[str], Optional[str]]:

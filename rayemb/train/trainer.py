@@ -17,6 +17,7 @@ same errors and mark the MLflow run FAILED with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -36,6 +37,7 @@ from rayemb.planner.types import parse_pins
 from rayemb.train.artifacts import log_charts, log_plan, log_stats_and_split, to_json
 from rayemb.train.metrics import best_and_last_checkpoint, step_time_check
 from rayemb.train.outputs import JobOutputs, check_output_dir, read_splits, tracking_uri as job_tracking_uri
+from rayemb.train.plan_probe import placement_counts as _placement_counts
 from rayemb.train.resources import WorkerResources, worker_resources
 from rayemb.train.resume import check_resume_from, fault_injection
 from rayemb.train.sharding import pins_of
@@ -43,7 +45,8 @@ from rayemb.train.sharding import pins_of
 logger = logging.getLogger(__name__)
 
 #: plan.json entries measured or predicted at job start, left out of the plan fingerprint
-MEASURED_PLAN_KEYS = ("calibration", "predicted_step_time_s", "predicted_step_time_components_s")
+MEASURED_PLAN_KEYS = ("calibration", "predicted_step_time_s", "predicted_step_time_components_s",
+                      "model_predicted_step_time_s", "plan_probe")
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,8 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
         if user_error is not None:  # the planner's own message, not the remote traceback
             raise user_error from None
         raise
+    if calibration is not None:  # measured at job start: the plan too (planner.probe_steps)
+        job_plan = probe_plan(inputs, topology, stats, split, calibration, resources, job_plan)
     summary = job_plan.summary
     # what shards the model, not what was measured on the way (a resumed job re-calibrates)
     fingerprint = hashlib.sha1(to_json({k: v for k, v in summary.items() if k not in MEASURED_PLAN_KEYS})
@@ -245,15 +250,61 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
                       plans_by_world=plans)
 
 
+def probe_plan(inputs: JobInputs, topology: Any, stats: Any, split: Any, calibration: Any,
+               resources: WorkerResources, job_plan: Any) -> Any:
+    """The plan probe (:mod:`rayemb.train.plan_probe`): ``job_plan`` and, when it places tables hybrid, the
+    same job planned without hybrid, timed on the live cluster; the faster, its probed step the prediction.
+
+    Skipped (``job_plan`` as it is) on one rank, with ``planner.probe_steps: 0``, with a sequence tower (the
+    probe's synthetic batches have no histories) and, said loudly, when the probe fails.
+    """
+    import ray
+
+    from rayemb.train.plan_probe import probe_plans, table_samples
+
+    cfg = inputs.cfg
+    if cfg.planner.probe_steps == 0 or inputs.world_size < 2 or cfg.model.sequence_tower != "none":
+        return job_plan
+    candidates = [job_plan]
+    if cfg.planner.hybrid and "hybrid" in _placement_counts(job_plan.summary):
+        no_hybrid = cfg.replace(planner=dataclasses.replace(cfg.planner, hybrid=False))
+        alt = ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(no_hybrid, inputs.schema, stats, split, topology,
+                                                                     calibration))
+        if _placements(alt.summary) != _placements(job_plan.summary):  # hybrid pinned on every hybrid table
+            candidates.append(alt)
+    print(f"rayemb: probing {len(candidates)} plan(s) for {cfg.planner.probe_steps} steps on {inputs.world_size} "
+          "ranks ...", flush=True)
+    try:
+        result = probe_plans(cfg, inputs.schema, candidates, table_samples(inputs.schema, stats, split),
+                             inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,
+                             cfg.scaling.placement_strategy)
+    except Exception as e:  # noqa: BLE001 - the model's plan and prediction stand, said loudly
+        print(f"rayemb: WARNING: plan probe failed ({type(e).__name__}: {e}); training the model's plan "
+              "(planner.probe_steps=0 skips the probe)", flush=True)
+        return job_plan
+    record = result.to_dict(candidates)
+    for plan, step_s in zip(candidates, result.step_s):
+        print(f"rayemb: plan probe: " + ", ".join(f"{p} x{n}" for p, n in _placement_counts(plan.summary).items())
+              + f": {1e3 * step_s:.1f} ms/step measured, {1e3 * plan.summary['predicted_step_time_s']:.1f} ms "
+              "predicted by the model", flush=True)
+    chosen = candidates[result.chosen]
+    if result.chosen:
+        print("rayemb: plan probe: the plan without hybrid measured faster; training it", flush=True)
+    summary = chosen.summary
+    summary["model_predicted_step_time_s"] = summary["predicted_step_time_s"]
+    summary["predicted_step_time_s"] = result.step_s[result.chosen]
+    summary["plan_probe"] = record
+    return chosen
+
+
+def _placements(summary: Dict[str, Any]) -> Dict[str, str]:
+    return {name: t["placement"] for name, t in summary["tables"].items()}
+
+
 def elastic_worlds(cfg: JobConfig) -> List[int]:
     """World sizes besides ``num_workers`` an elastic job (``num_workers: [min, max]``) may run at."""
     low = cfg.scaling.min_workers or cfg.scaling.num_workers
     return list(range(low, cfg.scaling.num_workers))
-
-
-def _placement_counts(summary: Dict[str, Any]) -> Dict[str, int]:
-    placements = [t["placement"] for t in summary["tables"].values()]
-    return {p: placements.count(p) for p in sorted(set(placements))}
 
 
 def _plan_remote(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any, calibration: Any):
@@ -382,13 +433,16 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
         final: Dict[str, float] = {}
         for r in reports:
             final.update({k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
-        final.update(step_time_check(reports, planned.summary.get("predicted_step_time_s")))
+        final.update(step_time_check(reports, planned.summary.get("predicted_step_time_s"),
+                                     planned.summary.get("model_predicted_step_time_s")))
         if "step_time_measured_s" in final:
-            run_logger.log_metrics({k: final[k] for k in ("step_time_measured_s", "step_time_predicted_s",
-                                                          "step_time_predicted_over_measured")}, step=0)
+            run_logger.log_metrics({k: v for k, v in final.items() if k.startswith("step_time_")
+                                    and k != "step_time_s"}, step=0)
+            model = final.get("step_time_model_predicted_over_measured")
             print(f"rayemb: step time {1e3 * final['step_time_measured_s']:.1f} ms measured, "
                   f"{1e3 * final['step_time_predicted_s']:.1f} ms predicted "
-                  f"({final['step_time_predicted_over_measured']:.2f}x)", flush=True)
+                  f"({final['step_time_predicted_over_measured']:.2f}x)"
+                  + (f"; the step-time model alone {model:.2f}x" if model else ""), flush=True)
         if best_checkpoint:
             run_logger.set_tags({"rayemb.best_checkpoint": best_checkpoint})
         if last_checkpoint:

@@ -1,0 +1,168 @@
+"""The plan probe: the job's own sharded model, timed for a few steps on the live cluster before training.
+
+The step-time model (:mod:`rayemb.planner.step_time`) prices a plan from
+constants measured on tiny probe modules, one placement kind at a time. What
+it cannot see is how the job's modules share the wire and the cores: a shaped
+link lets bytes after an idle gap through in a burst, the cold rows' exchange
+runs beside the data-parallel lookups, the dense gradient's all-reduce waits
+for the last embedding gradient. On the emulated 100 mbit cluster those made
+the model over-predict the hybrid plan by 1.2-1.4x while pricing the pooled
+plan within 10 % (docs/benchmarks.md).
+
+So before training, the plan is built exactly as the workers will build it
+(:func:`rayemb.train.loop.sharded_model`: the same DLRM, sharding plan, one
+DDP, optimizers, input prefetch) on actors placed like the workers, and
+stepped on synthetic batches drawn from the job's statistics (each table's
+pooling, and its ids with the measured heavy hitters' frequencies). When the
+model chose hybrid tables, the same job without hybrid is built beside it:
+both are stepped in one :class:`~rayemb.train.calibrate_probes.Interleaved`
+set, so that a slow moment of the host slows both alike, and the faster one
+trains. Its median step is the job's predicted step time; the model's figure
+stays in plan.json as ``model_predicted_step_time_s``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Sequence
+
+import numpy as np
+
+#: synthetic batches cycled through (each step prefetches the next one's input exchange, as training does)
+PROBE_BATCHES = 4
+
+
+@dataclass(frozen=True)
+class TableSample:
+    """How one table's ids are drawn: its rows, ids per bag, and its heavy hitters with their frequencies."""
+
+    rows: int
+    pooling: float
+    hot_ids: np.ndarray
+    hot_probs: np.ndarray  # per hot id, the probability that a lookup hits it (sums to the table's hot share)
+
+    def draw(self, n_bags: int, gen: np.random.Generator) -> "tuple[np.ndarray, np.ndarray]":
+        """(lengths, ids) of ``n_bags`` bags: ``pooling`` ids per bag on average, heavy hitters as often as
+        the statistics counted them, the rest uniform over the rows."""
+        whole = int(self.pooling)
+        lengths = np.full(n_bags, whole, dtype=np.int32) + (gen.random(n_bags) < self.pooling - whole)
+        n = int(lengths.sum())
+        ids = gen.integers(0, max(self.rows, 1), n)
+        share = float(self.hot_probs.sum())
+        if self.hot_ids.size and share > 0:
+            hot = gen.random(n) < share
+            ids[hot] = gen.choice(self.hot_ids, size=int(hot.sum()), p=self.hot_probs / share)
+        return lengths, ids.astype(np.int64)
+
+
+def table_samples(schema: Any, stats: Any, split: Any) -> Dict[str, TableSample]:
+    """Every sparse table's :class:`TableSample` from the job's statistics and frequent-category split."""
+    out = {}
+    for f in schema.sparse:
+        st = stats.tables.get(f.name) if stats is not None else None
+        ts = split.tables.get(f.name) if split is not None else None
+        pooling = float(st.pooling_mean) if st is not None else 1.0
+        hot_ids = np.asarray(ts.hot_ids if ts is not None else [], dtype=np.int64)
+        counts = np.asarray(ts.hot_counts if ts is not None else [], dtype=np.float64)
+        share = float(ts.hot_share) if ts is not None else 0.0
+        probs = counts / counts.sum() * share if counts.size and counts.sum() > 0 else np.zeros(0)
+        out[f.name] = TableSample(int(f.num_embeddings), max(pooling, 0.0), hot_ids[:probs.size], probs)
+    return out
+
+
+def _batches(schema: Any, samples: Dict[str, TableSample], local_batch: int, seed: int) -> List[Any]:
+    """PROBE_BATCHES (dense, raw sparse KJT, labels) batches of this rank."""
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    gen = np.random.default_rng(seed)
+    out = []
+    for _ in range(PROBE_BATCHES):
+        lengths, values = zip(*(samples[name].draw(local_batch, gen) for name in schema.sparse_names))
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=list(schema.sparse_names),
+                                                  values=torch.from_numpy(np.concatenate(values)),
+                                                  lengths=torch.from_numpy(np.concatenate(lengths)))
+        dense = torch.from_numpy(np.log1p(gen.exponential(3.0, (local_batch, len(schema.dense)))).astype(np.float32))
+        labels = torch.from_numpy((gen.random(local_batch) < 0.25).astype(np.float32))
+        out.append((dense, kjt, labels))
+    return out
+
+
+def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[Any],
+               samples: Dict[str, TableSample], steps: int) -> List[float]:
+    """Median seconds per training step of each of ``plans`` (JobPlans) on this process group, the ranks'
+    medians averaged; the plans stepped in one interleaved set (a rank actor's work)."""
+    import torch
+    import torch.distributed as dist
+
+    from rayemb.embedding.prefetch import StepPrefetch
+    from rayemb.train.calibrate_probes import PROBE_WARMUP_ROUNDS, Interleaved
+    from rayemb.train.loop import sharded_model
+
+    torch.manual_seed(cfg.train.seed)
+    raw = _batches(schema, samples, cfg.data.batch_size, cfg.train.seed + dist.get_rank())
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    iv = Interleaved(sync, dist.barrier)
+    for i, plan in enumerate(plans):
+        model, optimizer, remapper = sharded_model(cfg, schema, plan, device)
+        batches = [(d.to(device), remapper.remap(k).to(device), y.to(device)) for d, k, y in raw]
+        prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
+        prefetch = prefetch if prefetch is not None and prefetch.enabled else None
+        state = {"k": 0}
+
+        def step(model=model, optimizer=optimizer, batches=batches, prefetch=prefetch, state=state) -> None:
+            k = state["k"]
+            dense, sparse, labels = batches[k % PROBE_BATCHES]
+            loss = loss_fn(model(dense, sparse, None), labels)
+            float(loss.detach())  # the loop reads the loss every step (its finite check)
+            if prefetch is not None:
+                prefetch.start(batches[(k + 1) % PROBE_BATCHES][1])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            state["k"] = k + 1
+
+        iv.add(f"plan{i}", step)
+    iv.run(rounds=steps, warmup=PROBE_WARMUP_ROUNDS)
+    medians = torch.tensor([iv.median(f"plan{i}") for i in range(len(plans))], dtype=torch.float64)
+    dist.all_reduce(medians)
+    return (medians / world).tolist()
+
+
+@dataclass
+class ProbeResult:
+    """What the plan probe measured: seconds per step of each candidate, which one won, how long it took."""
+
+    step_s: List[float]
+    chosen: int
+    seconds: float
+
+    def to_dict(self, plans: Sequence[Any]) -> Dict[str, Any]:
+        return {"chosen": self.chosen, "seconds": self.seconds, "candidates": [
+            {"placements": placement_counts(p.summary), "probed_step_time_s": s,
+             "model_predicted_step_time_s": p.summary.get("predicted_step_time_s")}
+            for p, s in zip(plans, self.step_s)]}
+
+
+def placement_counts(summary: Dict[str, Any]) -> Dict[str, int]:
+    """plan.json's tables counted by placement, e.g. ``{"data_parallel": 18, "hybrid": 8}``."""
+    placements = [t["placement"] for t in summary["tables"].values()]
+    return {p: placements.count(p) for p in sorted(set(placements))}
+
+
+def probe_plans(cfg: Any, schema: Any, plans: Sequence[Any], samples: Dict[str, TableSample], world: int,
+                cpus_per_worker: float, use_gpu: bool, strategy: str = "PACK",
+                timeout_s: float = 300.0) -> ProbeResult:
+    """Times ``plans`` on ``world`` ranks placed like the Train workers (:func:`probe_rank`); the fastest wins."""
+    from rayemb.train.calibrate import run_on_ranks
+
+    t0 = time.monotonic()
+    per_rank = run_on_ranks(probe_rank, (cfg, schema, list(plans), samples, cfg.planner.probe_steps), world,
+                            cpus_per_worker, use_gpu, timeout_s, strategy)
+    step_s = [float(s) for s in per_rank[0]]
+    return ProbeResult(step_s, int(np.argmin(step_s)), time.monotonic() - t0)
+
+
+__all__ = ["TableSample", "table_samples", "probe_rank", "probe_plans", "ProbeResult", "PROBE_BATCHES", "placement_counts"]

@@ -1,0 +1,54 @@
+"""The plan probe on a real local Ray: the job's own sharded model on 2 gloo rank actors, candidates timed."""
+
+import pytest
+
+from rayemb.config import load_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def _plan(cfg, schema, stats, split, topology):
+    from rayemb.train.sharding import make_job_plan
+
+    return make_job_plan(cfg, schema, stats, split, topology)
+
+
+def test_probe_times_each_candidate_on_rank_actors_and_picks_the_faster(ray_2_cpus, tiny_data):
+    import ray
+
+    from rayemb.data.schema import load_checked
+    from rayemb.data.stats import compute_stats
+    from rayemb.planner.tables import split_rule
+    from rayemb.planner.types import ClusterTopology
+    from rayemb.train.plan_probe import placement_counts, probe_plans, table_samples
+
+    overrides = [f"data.path={tiny_data}", "data.batch_size=256", "scaling.num_workers=2", "planner.probe_steps=4"]
+    cfg = load_config("jobs/configs/synth_small.yaml", overrides)
+    schema = load_checked(tiny_data)
+    stats = compute_stats(tiny_data)
+    topology = ClusterTopology(1, 2, compute_device="cpu")
+    split = split_rule(topology, 512, cfg.model.embedding_dim).split(stats)
+    hybrid_cfg = load_config("jobs/configs/synth_small.yaml", overrides + [
+        f"planner.tables.{t}.hybrid=true" for t in schema.sparse_names])
+    pooled_cfg = load_config("jobs/configs/synth_small.yaml", overrides + ["planner.hybrid=false"])
+    plans = [_plan(hybrid_cfg, schema, stats, split, topology), _plan(pooled_cfg, schema, stats, split, topology)]
+    assert "hybrid" in placement_counts(plans[0].summary) and "hybrid" not in placement_counts(plans[1].summary)
+
+    before = ray.available_resources().get("CPU")
+    result = probe_plans(cfg, schema, plans, table_samples(schema, stats, split), world=2, cpus_per_worker=0.5,
+                         use_gpu=False)
+    # both candidates were stepped (a step costs time), and the faster one is chosen
+    assert len(result.step_s) == 2 and all(0 < s < 5 for s in result.step_s)
+    assert result.chosen == min(range(2), key=result.step_s.__getitem__)
+    record = result.to_dict(plans)
+    assert record["chosen"] == result.chosen and record["seconds"] > 0
+    assert [c["placements"] for c in record["candidates"]] == [placement_counts(p.summary) for p in plans]
+    assert [c["probed_step_time_s"] for c in record["candidates"]] == result.step_s
+    # the rank actors and their placement group are gone: the job's workers get every CPU back
+    for _ in range(50):
+        if ray.available_resources().get("CPU") == before:
+            break
+        import time
+
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU") == before
