@@ -216,9 +216,9 @@ class PlannerConfig:
     calibrate: bool = True
     #: one node: a plan placing every table alike wins when predicted within this fraction of the best mix
     tie_margin: float = 0.05
-    #: steps of the plan probe at job start (rayemb.train.plan_probe): the chosen plan, and the same job without
-    #: hybrid when it chose hybrid tables, built as the workers will and timed on the live cluster; the faster
-    #: trains and its step is the predicted one. 0: no probe (the model's choice and prediction stand)
+    #: steps of the plan probe at job start (rayemb.train.plan_probe): the step-time model's plan and the same
+    #: job on the other side of the hybrid choice, built as the workers will and timed on the live cluster; the
+    #: faster trains and its step is the predicted one. 0: no probe (the model's choice and prediction stand)
     probe_steps: int = 15
 
     def __post_init__(self) -> None:

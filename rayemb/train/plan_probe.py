@@ -1,24 +1,26 @@
 """The plan probe: the job's own sharded model, timed for a few steps on the live cluster before training.
 
 The step-time model (:mod:`rayemb.planner.step_time`) prices a plan from
-constants measured on tiny probe modules, one placement kind at a time. What
-it cannot see is how the job's modules share the wire and the cores: a shaped
-link lets bytes after an idle gap through in a burst, the cold rows' exchange
-runs beside the data-parallel lookups, the dense gradient's all-reduce waits
-for the last embedding gradient. On the emulated 100 mbit cluster those made
-the model over-predict the hybrid plan by 1.2-1.4x while pricing the pooled
-plan within 10 % (docs/benchmarks.md).
+constants measured on tiny probe modules, one placement kind at a time, and
+bytes at one α-β line per collective. Real links are not a line: on the
+emulated 100 mbit link an all-to-all sending 33 KB per rank took 0.4 ms after
+an idle gap and 1.0 ms in a burst of three, where the line through 4 KiB and
+1 MiB prices it at 3.1 ms (the shaper's bucket lets short bursts through at
+full speed). On that cluster the model over-predicted the hybrid plan 1.4-1.5x
+and the pooled plan 1.1-1.2x (docs/benchmarks.md): good enough to rank plans,
+not to say what a step will cost.
 
 So before training, the plan is built exactly as the workers will build it
 (:func:`rayemb.train.loop.sharded_model`: the same DLRM, sharding plan, one
 DDP, optimizers, input prefetch) on actors placed like the workers, and
 stepped on synthetic batches drawn from the job's statistics (each table's
-pooling, and its ids with the measured heavy hitters' frequencies). When the
-model chose hybrid tables, the same job without hybrid is built beside it:
-both are stepped in one :class:`~rayemb.train.calibrate_probes.Interleaved`
-set, so that a slow moment of the host slows both alike, and the faster one
-trains. Its median step is the job's predicted step time; the model's figure
-stays in plan.json as ``model_predicted_step_time_s``.
+pooling, and its ids with the measured heavy hitters' frequencies). Beside it
+the same job on the other side of the hybrid choice is built (without hybrid
+when the model chose hybrid tables, else with hybrid on the tables that could
+have it: ``rayemb.train.trainer._other_side``): both are stepped in one
+:class:`~rayemb.train.calibrate_probes.Interleaved` set, so that a slow moment
+of the host slows both alike, and the faster one trains. Its median step is the
+job's predicted step time; the model's figure stays in plan.json as ``model_predicted_step_time_s``.
 """
 
 from __future__ import annotations

@@ -74,6 +74,18 @@ def test_job_learns_and_is_tracked(ray_2_cpus, tiny_data, tmp_path):
         assert run.data.metrics[f"time_s.{phase}"] > 0
     plan = result.plan
     assert plan["world_size"] == 2 and len(plan["tables"]) == 8
+    # the plan probe timed the model's plan (and the other side of the hybrid choice) before training; the
+    # trained plan is the one it chose, and its probed step is the prediction logged against the measured one
+    probe = plan["plan_probe"]
+    chosen = probe["candidates"][probe["chosen"]]
+    assert 1 <= len(probe["candidates"]) <= 2 and all(c["probed_step_time_s"] > 0 for c in probe["candidates"])
+    assert chosen["probed_step_time_s"] == min(c["probed_step_time_s"] for c in probe["candidates"])
+    assert plan["predicted_step_time_s"] == chosen["probed_step_time_s"]
+    assert plan["model_predicted_step_time_s"] == chosen["model_predicted_step_time_s"] > 0
+    placements = [t["placement"] for t in plan["tables"].values()]
+    assert chosen["placements"] == {p: placements.count(p) for p in set(placements)}
+    assert run.data.metrics["step_time_predicted_s"] == pytest.approx(plan["predicted_step_time_s"])
+    assert run.data.metrics["step_time_model_predicted_s"] == pytest.approx(plan["model_predicted_step_time_s"])
 
 
 def test_mlflow_ui_command_shows_the_charts(ray_2_cpus, tiny_data, tmp_path):
