@@ -136,6 +136,12 @@ class Calibration:
     #: then the probes' fixed costs still hold it)
     ddp_step_s: float = 0.0
 
+    def summary(self) -> str:
+        """One line: the links' α and bandwidth, the dense step, the fused lookup."""
+        return (f"all-reduce {1e6 * self.all_reduce.latency_s:.0f} us + {self.all_reduce.bandwidth_mb_s:,.0f} MB/s, "
+                f"all-to-all {1e6 * self.all_to_all.latency_s:.0f} us + {self.all_to_all.bandwidth_mb_s:,.0f} MB/s, "
+                f"dense step {1e3 * self.dense_step_s:.1f} ms, lookup {1e9 * self.lookup_s:.0f} ns/id")
+
     def link(self, collective: str) -> LinkCost:
         return self.all_reduce if collective == "all_reduce" else self.all_to_all
 

@@ -376,6 +376,13 @@ def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, sec
     )
 
 
+def job_shape(cfg: Any, schema: Any) -> Dict[str, Any]:
+    """The shape calibration measures: the job's local batch, dense and sparse features, dim, MLPs, prefetch."""
+    return dict(local_batch=cfg.data.batch_size, num_dense=len(schema.dense), dim=cfg.model.embedding_dim,
+                num_sparse=len(schema.sparse), bottom_mlp=list(cfg.model.bottom_mlp), top_mlp=list(cfg.model.top_mlp),
+                prefetch_input_dist=cfg.train.prefetch_input_dist)
+
+
 def run_on_ranks(fn: Callable[..., Any], args: Sequence[Any], world: int, cpus_per_worker: float, use_gpu: bool,
                  timeout_s: float = 180.0, strategy: str = "PACK") -> List[Any]:
     """``fn(device, world, *args)`` on ``world`` Ray actors placed like the Train workers (same CPU share, GPU,
@@ -435,4 +442,4 @@ def calibrate_cluster(world: int, cpus_per_worker: float, use_gpu: bool, num_nod
 
 
 __all__ = ["calibrate_cluster", "calibrate_rank", "combine", "measure_collectives", "measure_compute", "measure_rank",
-           "run_on_ranks"]
+           "run_on_ranks", "job_shape"]

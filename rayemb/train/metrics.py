@@ -60,6 +60,14 @@ def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float],
     return out
 
 
+def step_time_line(check: Dict[str, float]) -> str:
+    """The driver's line for :func:`step_time_check`'s figures."""
+    model = check.get("step_time_model_predicted_over_measured")
+    return (f"rayemb: step time {1e3 * check['step_time_measured_s']:.1f} ms measured, "
+            f"{1e3 * check['step_time_predicted_s']:.1f} ms predicted ({check['step_time_predicted_over_measured']:.2f}x)"
+            + (f"; the step-time model alone {model:.2f}x" if model else ""))
+
+
 def best_and_last_checkpoint(result: Any) -> Tuple[Optional[str], Optional[str]]:
     """(retained epoch-end checkpoint with the best valid_auc, newest checkpoint) of a Ray Train result."""
     last = result.checkpoint.path if result.checkpoint is not None else None

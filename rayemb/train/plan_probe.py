@@ -17,7 +17,7 @@ stepped on synthetic batches drawn from the job's statistics (each table's
 pooling, and its ids with the measured heavy hitters' frequencies). Beside it
 the same job on the other side of the hybrid choice is built (without hybrid
 when the model chose hybrid tables, else with hybrid on the tables that could
-have it: ``rayemb.train.trainer._other_side``): both are stepped in one
+have it: :func:`other_side`): both are stepped in one
 :class:`~rayemb.train.calibrate_probes.Interleaved` set, so that a slow moment
 of the host slows both alike, and the faster one trains. Its median step is the
 job's predicted step time; the model's figure stays in plan.json as ``model_predicted_step_time_s``.
@@ -25,9 +25,10 @@ job's predicted step time; the model's figure stays in plan.json as ``model_pred
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -167,4 +168,70 @@ def probe_plans(cfg: Any, schema: Any, plans: Sequence[Any], samples: Dict[str, 
     return ProbeResult(step_s, int(np.argmin(step_s)), time.monotonic() - t0)
 
 
-__all__ = ["TableSample", "table_samples", "probe_rank", "probe_plans", "ProbeResult", "PROBE_BATCHES", "placement_counts"]
+def other_side(cfg: Any, job_plan: Any, split: Any) -> Optional[Any]:
+    """The config of the plan the probe times beside the model's: without hybrid when the model placed tables
+    hybrid; else, hybrid pinned on every unpinned model-parallel table with infrequent rows and a hot set. The
+    model's bias either way (measured: it over-predicted hybrid plans 1.4-1.5x on the emulated cluster, the
+    pooled one 1.1-1.2x) is then settled by measurement. None when hybrid is off or no table could be hybrid."""
+    if not cfg.planner.hybrid:
+        return None
+    if "hybrid" in placement_counts(job_plan.summary):
+        return cfg.replace(planner=dataclasses.replace(cfg.planner, hybrid=False))
+    tables = split.tables if split is not None else {}
+    could = [name for name, t in job_plan.summary["tables"].items()
+             if t["placement"] != "data_parallel" and name not in cfg.planner.tables and name in tables
+             and 0 < tables[name].num_hot < tables[name].num_embeddings]
+    if not could:
+        return None
+    pins = {**cfg.planner.tables, **{name: {"hybrid": True} for name in could}}
+    return cfg.replace(planner=dataclasses.replace(cfg.planner, tables=pins))
+
+
+def _placements(summary: Dict[str, Any]) -> Dict[str, str]:
+    return {name: t["placement"] for name, t in summary["tables"].items()}
+
+
+def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any, plan_for: Callable[[Any], Any],
+                    world: int, cpus_per_worker: float) -> Any:
+    """``job_plan`` and the same job planned (``plan_for(config)``) on the other side of the hybrid choice
+    (:func:`other_side`), timed on the live cluster (:func:`probe_plans`); returns the faster, its plan.json
+    holding the probe's record (``plan_probe``), the probed step as ``predicted_step_time_s`` and the model's
+    as ``model_predicted_step_time_s``.
+
+    Skipped (``job_plan`` as it is) with ``planner.probe_steps: 0``, with a sequence tower (the probe's
+    synthetic batches have no histories) and, said loudly, when the probe fails.
+    """
+    if cfg.planner.probe_steps == 0 or cfg.model.sequence_tower != "none":
+        return job_plan
+    candidates = [job_plan]
+    other = other_side(cfg, job_plan, split)
+    if other is not None:
+        alt = plan_for(other)
+        if _placements(alt.summary) != _placements(job_plan.summary):  # pins leave no other side
+            candidates.append(alt)
+    print(f"rayemb: probing {len(candidates)} plan(s) for {cfg.planner.probe_steps} steps on {world} ranks ...",
+          flush=True)
+    try:
+        result = probe_plans(cfg, schema, candidates, table_samples(schema, stats, split), world, cpus_per_worker,
+                             cfg.scaling.use_gpu, cfg.scaling.placement_strategy)
+    except Exception as e:  # noqa: BLE001 - the model's plan and prediction stand, said loudly
+        print(f"rayemb: WARNING: plan probe failed ({type(e).__name__}: {e}); training the model's plan "
+              "(planner.probe_steps=0 skips the probe)", flush=True)
+        return job_plan
+    record = result.to_dict(candidates)
+    for plan, step_s in zip(candidates, result.step_s):
+        print("rayemb: plan probe: " + ", ".join(f"{p} x{n}" for p, n in placement_counts(plan.summary).items())
+              + f": {1e3 * step_s:.1f} ms/step measured, {1e3 * plan.summary['predicted_step_time_s']:.1f} ms "
+              "predicted by the model", flush=True)
+    chosen = candidates[result.chosen]
+    if result.chosen:
+        print("rayemb: plan probe: the step-time model's second choice measured faster; training it", flush=True)
+    summary = chosen.summary
+    summary["model_predicted_step_time_s"] = summary["predicted_step_time_s"]
+    summary["predicted_step_time_s"] = result.step_s[result.chosen]
+    summary["plan_probe"] = record
+    return chosen
+
+
+__all__ = ["TableSample", "table_samples", "probe_rank", "probe_plans", "ProbeResult", "PROBE_BATCHES", "placement_counts",
+           "other_side", "choose_by_probe"]

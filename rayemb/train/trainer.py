@@ -17,7 +17,6 @@ same errors and mark the MLflow run FAILED with the reason.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import os
@@ -35,7 +34,7 @@ from rayemb.planner.tables import split_rule
 from rayemb.planner.topology import resize_topology
 from rayemb.planner.types import parse_pins
 from rayemb.train.artifacts import log_charts, log_plan, log_stats_and_split, to_json
-from rayemb.train.metrics import best_and_last_checkpoint, step_time_check
+from rayemb.train.metrics import best_and_last_checkpoint, step_time_check, step_time_line
 from rayemb.train.outputs import JobOutputs, check_output_dir, read_splits, tracking_uri as job_tracking_uri
 from rayemb.train.plan_probe import placement_counts as _placement_counts
 from rayemb.train.resources import WorkerResources, worker_resources
@@ -220,16 +219,23 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
         split = rule.split(stats)
     print(f"rayemb: frequent-category split ({split.rule} threshold, W={split.world_size}, "
           f"B={split.global_batch_size}):\n{split.summary_table()}", flush=True)
+
+    def plan_for(config: JobConfig, plan_split: Any = None, topo: Any = topology) -> Any:
+        return ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(config, inputs.schema, stats, plan_split or split,
+                                                                      topo, calibration))
+
     try:
-        job_plan = ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(cfg, inputs.schema, stats, split, topology,
-                                                                        calibration))
+        job_plan = plan_for(cfg)
     except ray.exceptions.RayTaskError as e:
         user_error = find_user_error(e)
         if user_error is not None:  # the planner's own message, not the remote traceback
             raise user_error from None
         raise
-    if calibration is not None:  # measured at job start: the plan too (planner.probe_steps)
-        job_plan = probe_plan(inputs, topology, stats, split, calibration, resources, job_plan)
+    if calibration is not None and inputs.world_size > 1:  # measured at job start: the plan too
+        from rayemb.train.plan_probe import choose_by_probe
+
+        job_plan = choose_by_probe(cfg, inputs.schema, job_plan, stats, split, plan_for, inputs.world_size,
+                                   resources.cpus_per_worker)
     summary = job_plan.summary
     # what shards the model, not what was measured on the way (a resumed job re-calibrates)
     fingerprint = hashlib.sha1(to_json({k: v for k, v in summary.items() if k not in MEASURED_PLAN_KEYS})
@@ -242,83 +248,11 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
         topo = resize_topology(topology, world)
         world_split = split_rule(topo, cfg.data.batch_size * world, cfg.model.embedding_dim,
                                  calibration=calibration).split(stats)
-        plans[world] = ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(cfg, inputs.schema, stats, world_split,
-                                                                           topo, calibration))
+        plans[world] = plan_for(cfg, world_split, topo)
         print(f"rayemb: elastic plan for {world} ranks: " + ", ".join(
             f"{p} x{n}" for p, n in _placement_counts(plans[world].summary).items()), flush=True)
     return PlannedJob(topology, stats, split, job_plan, fingerprint, resources, check_resume_from(inputs.cfg, inputs.schema),
                       plans_by_world=plans)
-
-
-def probe_plan(inputs: JobInputs, topology: Any, stats: Any, split: Any, calibration: Any,
-               resources: WorkerResources, job_plan: Any) -> Any:
-    """The plan probe (:mod:`rayemb.train.plan_probe`): ``job_plan`` and the same job planned on the other side
-    of the hybrid choice (:func:`_other_side`), timed on the live cluster; the faster trains, its probed step
-    the predicted step time.
-
-    Skipped (``job_plan`` as it is) on one rank, with ``planner.probe_steps: 0``, with a sequence tower (the
-    probe's synthetic batches have no histories) and, said loudly, when the probe fails.
-    """
-    import ray
-
-    from rayemb.train.plan_probe import probe_plans, table_samples
-
-    cfg = inputs.cfg
-    if cfg.planner.probe_steps == 0 or inputs.world_size < 2 or cfg.model.sequence_tower != "none":
-        return job_plan
-    candidates = [job_plan]
-    other = _other_side(cfg, job_plan, split)
-    if other is not None:
-        alt = ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(other, inputs.schema, stats, split, topology,
-                                                                     calibration))
-        if _placements(alt.summary) != _placements(job_plan.summary):  # pins leave no other side
-            candidates.append(alt)
-    print(f"rayemb: probing {len(candidates)} plan(s) for {cfg.planner.probe_steps} steps on {inputs.world_size} "
-          "ranks ...", flush=True)
-    try:
-        result = probe_plans(cfg, inputs.schema, candidates, table_samples(inputs.schema, stats, split),
-                             inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,
-                             cfg.scaling.placement_strategy)
-    except Exception as e:  # noqa: BLE001 - the model's plan and prediction stand, said loudly
-        print(f"rayemb: WARNING: plan probe failed ({type(e).__name__}: {e}); training the model's plan "
-              "(planner.probe_steps=0 skips the probe)", flush=True)
-        return job_plan
-    record = result.to_dict(candidates)
-    for plan, step_s in zip(candidates, result.step_s):
-        print(f"rayemb: plan probe: " + ", ".join(f"{p} x{n}" for p, n in _placement_counts(plan.summary).items())
-              + f": {1e3 * step_s:.1f} ms/step measured, {1e3 * plan.summary['predicted_step_time_s']:.1f} ms "
-              "predicted by the model", flush=True)
-    chosen = candidates[result.chosen]
-    if result.chosen:
-        print("rayemb: plan probe: the step-time model's second choice measured faster; training it", flush=True)
-    summary = chosen.summary
-    summary["model_predicted_step_time_s"] = summary["predicted_step_time_s"]
-    summary["predicted_step_time_s"] = result.step_s[result.chosen]
-    summary["plan_probe"] = record
-    return chosen
-
-
-def _other_side(cfg: JobConfig, job_plan: Any, split: Any) -> Optional[JobConfig]:
-    """The config of the plan the probe times beside the model's: without hybrid when the model placed tables
-    hybrid; else, hybrid pinned on every unpinned model-parallel table with infrequent rows and a hot set. The
-    model's bias either way (measured: it over-predicted hybrid plans 1.2-1.5x on the emulated cluster) is then
-    settled by measurement. None when hybrid is off or no table could be hybrid."""
-    if not cfg.planner.hybrid:
-        return None
-    if "hybrid" in _placement_counts(job_plan.summary):
-        return cfg.replace(planner=dataclasses.replace(cfg.planner, hybrid=False))
-    tables = split.tables if split is not None else {}
-    could = [name for name, t in job_plan.summary["tables"].items()
-             if t["placement"] != "data_parallel" and name not in cfg.planner.tables and name in tables
-             and 0 < tables[name].num_hot < tables[name].num_embeddings]
-    if not could:
-        return None
-    pins = {**cfg.planner.tables, **{name: {"hybrid": True} for name in could}}
-    return cfg.replace(planner=dataclasses.replace(cfg.planner, tables=pins))
-
-
-def _placements(summary: Dict[str, Any]) -> Dict[str, str]:
-    return {name: t["placement"] for name, t in summary["tables"].items()}
 
 
 def elastic_worlds(cfg: JobConfig) -> List[int]:
@@ -340,11 +274,9 @@ def calibrate(inputs: JobInputs, topology: Any, resources: WorkerResources) -> A
     cfg = inputs.cfg
     if cfg.planner.objective != "step_time" or not cfg.planner.calibrate:
         return None
-    from rayemb.train.calibrate import calibrate_cluster
+    from rayemb.train.calibrate import calibrate_cluster, job_shape
 
-    shape = dict(local_batch=cfg.data.batch_size, num_dense=len(inputs.schema.dense), dim=cfg.model.embedding_dim,
-                 num_sparse=len(inputs.schema.sparse), bottom_mlp=list(cfg.model.bottom_mlp),
-                 top_mlp=list(cfg.model.top_mlp), prefetch_input_dist=cfg.train.prefetch_input_dist)
+    shape = job_shape(cfg, inputs.schema)
     print(f"rayemb: calibrating the step-time model on {inputs.world_size} ranks ...", flush=True)
     try:
         cal = calibrate_cluster(inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,
@@ -353,10 +285,7 @@ def calibrate(inputs: JobInputs, topology: Any, resources: WorkerResources) -> A
         print(f"rayemb: WARNING: calibration failed ({type(e).__name__}: {e}); planning with the built-in "
               "constants (planner.calibrate=false skips it)", flush=True)
         return None
-    print(f"rayemb: calibrated in {cal.seconds:.1f}s: all-reduce {1e6 * cal.all_reduce.latency_s:.0f} us + "
-          f"{cal.all_reduce.bandwidth_mb_s:,.0f} MB/s, all-to-all {1e6 * cal.all_to_all.latency_s:.0f} us + "
-          f"{cal.all_to_all.bandwidth_mb_s:,.0f} MB/s, dense step {1e3 * cal.dense_step_s:.1f} ms, "
-          f"lookup {1e9 * cal.lookup_s:.0f} ns/id", flush=True)
+    print(f"rayemb: calibrated in {cal.seconds:.1f}s: {cal.summary()}", flush=True)
     return cal
 
 
@@ -458,11 +387,7 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
         if "step_time_measured_s" in final:
             run_logger.log_metrics({k: v for k, v in final.items() if k.startswith("step_time_")
                                     and k != "step_time_s"}, step=0)
-            model = final.get("step_time_model_predicted_over_measured")
-            print(f"rayemb: step time {1e3 * final['step_time_measured_s']:.1f} ms measured, "
-                  f"{1e3 * final['step_time_predicted_s']:.1f} ms predicted "
-                  f"({final['step_time_predicted_over_measured']:.2f}x)"
-                  + (f"; the step-time model alone {model:.2f}x" if model else ""), flush=True)
+            print(step_time_line(final), flush=True)
         if best_checkpoint:
             run_logger.set_tags({"rayemb.best_checkpoint": best_checkpoint})
         if last_checkpoint:
