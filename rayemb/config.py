@@ -219,13 +219,13 @@ class PlannerConfig:
     #: steps of the plan probe at job start (rayemb.train.plan_probe): the step-time model's plan and the same
     #: job on the other side of the hybrid choice, built as the workers will and timed on the live cluster; the
     #: faster trains and its step is the predicted one. 0: no probe (the model's choice and prediction stand)
-    probe_steps: int = 15
+    probe_steps: int = 30
 
     def __post_init__(self) -> None:
         _require(0.0 <= self.tie_margin < 1.0, "planner.tie_margin", f"{self.tie_margin!r} is not in [0, 1)",
                  "Use a fraction such as 0.05 (0: always the lowest prediction).")
         _require(isinstance(self.probe_steps, int) and 0 <= self.probe_steps <= 1000, "planner.probe_steps",
-                 f"{self.probe_steps!r} is not a step count in [0, 1000]", "Use e.g. 15 (0: no plan probe).")
+                 f"{self.probe_steps!r} is not a step count in [0, 1000]", "Use e.g. 30 (0: no plan probe).")
         _require(self.engine in PLANNER_ENGINES, "planner.engine", f"{self.engine!r} is unknown",
                  f"Use one of {PLANNER_ENGINES}.")
         _require(self.objective in PLANNER_OBJECTIVES, "planner.objective", f"{self.objective!r} is unknown",
