@@ -3,10 +3,10 @@
 The step-time model (:mod:`rayemb.planner.step_time`) prices a plan from
 constants measured on tiny probe modules, one placement kind at a time, and
 bytes at one α-β line per collective. Real links are not a line: on the
-emulated 100 mbit link an all-to-all sending 33 KB per rank took 0.4 ms after
-a 30 ms idle gap, 1.0 ms between other collectives and 2.6 ms each in three
-back-to-back, where the line through 4 KiB and 1 MiB prices it at 3.1 ms (the
-shaper's bucket lets short bursts through at full speed). On that cluster the model over-predicted the hybrid plan 1.4-1.5x
+emulated 100 mbit link an all-to-all sending 33 KB per rank took 0.3 ms after
+a 30 ms idle gap, 1.2 ms between other collectives and 2.5 ms each in three
+back to back, where the line through 4 KiB and 1 MiB prices it at 3.4 ms (the
+shaper's bucket lets short bursts through at full speed; jobs/bench/link_shape.py). On that cluster the model over-predicted the hybrid plan 1.4-1.5x
 and the pooled plan 1.1-1.2x (docs/benchmarks.md): good enough to rank plans,
 not to say what a step will cost.
 
