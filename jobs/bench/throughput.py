@@ -243,6 +243,39 @@ def acceptance(rows: Mapping[str, Mapping[str, Any]], forced: Sequence[str] = FO
     }
 
 
+def by_plan(runs: Sequence[Mapping[str, Any]], forced: Sequence[str] = FORCED) -> Dict[str, Any]:
+    """Runs of identical plans pooled (reported beside the verdict, which compares rows).
+
+    ``auto`` often trains the very plan a forced row runs (``table_wise x26``); those rows then differ only by
+    when they ran (on this host one plan's runs spread up to ±14 % within one benchmark). Pooled, "auto within
+    5 % of its best pure placement" asks whether auto chose the fastest plan: ``auto_plan_vs_best_pure_plan``
+    is the median samples/s of every run of auto's plan (the one most auto runs chose) over the best median
+    among the forced rows' plans."""
+    import statistics
+
+    plans: Dict[str, Dict[str, Any]] = {}
+    auto_keys: List[str] = []
+    for r in runs:
+        if r.get("variant") not in (AUTO, *forced) or not r.get("samples_per_s") or not r.get("plan"):
+            continue
+        key = json.dumps(r["plan"], sort_keys=True)
+        p = plans.setdefault(key, {"summary": r.get("plan_summary"), "variants": [], "runs": []})
+        if r["variant"] not in p["variants"]:
+            p["variants"].append(r["variant"])
+        p["runs"].append(r["samples_per_s"])
+        if r["variant"] == AUTO:
+            auto_keys.append(key)
+    for p in plans.values():
+        p["samples_per_s"] = statistics.median(p["runs"])
+    out: Dict[str, Any] = {"plans": list(plans.values())}
+    pure = [p["samples_per_s"] for p in plans.values() if any(v in forced for v in p["variants"])]
+    if auto_keys and pure:
+        auto_plan = plans[max(auto_keys, key=auto_keys.count)]
+        out["auto_plan"] = auto_plan["summary"]
+        out["auto_plan_vs_best_pure_plan"] = auto_plan["samples_per_s"] / max(pure)
+    return out
+
+
 def table_rows(rows: Mapping[str, Mapping[str, Any]], acc: Mapping[str, Any]) -> List[Dict[str, Any]]:
     """The printed/JSON rows: peer, auto, then the forced plans, with ratios to the peer and the best forced plan."""
     peer = (rows.get(PEER) or {}).get("samples_per_s")
@@ -569,7 +602,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "chart": png,
         "runs": runs,
     }
-    report(args.out, doc, out_rows, COLUMNS, KEYS, footer=verdict(acc))
+    doc["by_plan"] = pooled = by_plan(runs, forced)
+    footer = verdict(acc)
+    if pooled.get("auto_plan_vs_best_pure_plan") is not None:
+        footer += (f"\nby plan (runs of identical plans pooled): auto's plan ({pooled['auto_plan']}) "
+                   f"{pooled['auto_plan_vs_best_pure_plan']:.3f}x the best forced plan")
+    report(args.out, doc, out_rows, COLUMNS, KEYS, footer=footer)
     if png:
         print(f"wrote {png}")
     if args.check:

@@ -210,3 +210,23 @@ def test_peer_imports_nothing_from_rayemb():
             modules.add(node.module or "")
     assert "torchrec.models.dlrm" in modules
     assert not [m for m in modules if m.split(".")[0] in ("rayemb", "_report")]
+
+
+def test_by_plan_pools_the_runs_of_auto_s_plan_with_the_forced_rows_that_ran_it():
+    from throughput import by_plan
+
+    tw = {"C1": "table_wise", "C2": "table_wise"}
+    hy = {"C1": "hybrid", "C2": "data_parallel"}
+    runs = [{"variant": "auto", "plan": tw, "plan_summary": "table_wise x2", "samples_per_s": 54.0},
+            {"variant": "table_wise", "plan": tw, "plan_summary": "table_wise x2", "samples_per_s": 66.0},
+            {"variant": "auto", "plan": tw, "plan_summary": "table_wise x2", "samples_per_s": 60.0},
+            {"variant": "table_wise", "plan": tw, "plan_summary": "table_wise x2", "samples_per_s": 56.0},
+            {"variant": "hybrid", "plan": hy, "plan_summary": "hybrid x1, data_parallel x1", "samples_per_s": 44.0},
+            {"variant": "peer", "samples_per_s": 57.0}]
+    out = by_plan(runs)
+    # auto's rows alone: 57 vs table_wise's 61 (0.93); pooled, they are one plan, the best one
+    assert out["auto_plan"] == "table_wise x2" and out["auto_plan_vs_best_pure_plan"] == 1.0
+    assert sorted(p["samples_per_s"] for p in out["plans"]) == [44.0, 58.0]
+    # auto on the slower plan: pooled against the best forced plan
+    runs2 = [dict(r, plan=hy, plan_summary="hybrid x1, data_parallel x1") if r["variant"] == "auto" else r for r in runs]
+    assert by_plan(runs2)["auto_plan_vs_best_pure_plan"] == 54.0 / 61.0  # median of 54, 60, 44 over table_wise's
