@@ -40,6 +40,8 @@ COLLECTIVES = ("all_reduce", "all_to_all")
 REPEATS = 7
 #: tries of a collective's two-size probe when the large message did not time slower than the small one
 COLLECTIVE_ATTEMPTS = 3
+#: each retry's large message this many times the last one's
+COLLECTIVE_GROWTH = 4
 #: CUDA compute probes. The CPU sizes (256 vs 8192 ids, 1k vs 50k replicated rows) all run in launch-bound
 #: time on a GPU, so their slopes are 0 or noise there. On CUDA each probe grows by GPU_GROWTH from the CPU's
 #: small size until it takes GPU_TIME_RATIO x the small size's time (the kernel's work dominates the launch),
@@ -87,13 +89,13 @@ def _grown_slope(step_at: Callable[[int], Callable[[], None]], x0: int, x_max: i
     return max((t - t0) / max(x - x0, 1), 0.0)
 
 
-def _collective_steps(device: Any, world: int) -> Dict[str, Tuple[float, Callable[[], None]]]:
+def _collective_steps(device: Any, world: int, growth: int = 1) -> Dict[str, Tuple[float, Callable[[], None]]]:
     """``family/small`` and ``family/large`` -> (bytes one rank sends, one call) for all-reduce and all-to-all."""
     import torch
     import torch.distributed as dist
 
     q = (world - 1) / world
-    large = LARGE_MESSAGE_BYTES if device.type == "cuda" else CPU_LARGE_MESSAGE_BYTES
+    large = (LARGE_MESSAGE_BYTES if device.type == "cuda" else CPU_LARGE_MESSAGE_BYTES) * growth
     out: Dict[str, Tuple[float, Callable[[], None]]] = {}
     for name in COLLECTIVES:
         for label, size in (("small", SMALL_MESSAGE_BYTES), ("large", large)):
@@ -105,10 +107,11 @@ def _collective_steps(device: Any, world: int) -> Dict[str, Tuple[float, Callabl
     return out
 
 
-def add_collectives(iv: Interleaved, device: Any, world: int) -> Callable[[], Dict[str, LinkCost]]:
+def add_collectives(iv: Interleaved, device: Any, world: int, growth: int = 1) -> Callable[[], Dict[str, LinkCost]]:
     """Adds a small and a large all-reduce and all-to-all to ``iv``; returns what reads each family's α-β once
-    it has run: β from the median difference large - small within a round, α from the small message."""
-    steps = _collective_steps(device, world)
+    it has run: β from the median difference large - small within a round, α from the small message
+    (``growth``: the large message that many times its size)."""
+    steps = _collective_steps(device, world, growth)
     for name, (_, fn) in steps.items():
         iv.add(name, fn)
 
@@ -138,8 +141,10 @@ def measure_collectives(device: Any, world: int, links: Optional[Dict[str, LinkC
 
     ``links``: already measured (in the calibration's interleaved set), kept when every rank found bytes
     costing time. When any rank saw a large message time no slower than the small one (β clamped to 0: bytes
-    free; a stall during the small one's calls does it), every rank measures again, the collectives alone, so
-    that all run the same collectives: up to COLLECTIVE_ATTEMPTS measurements in all, the last one kept.
+    free; a stall during the small one's calls does it, or a link so fast that 1 MiB is lost in the noise, as
+    gloo on loopback under load), every rank measures again, the collectives alone, so that all run the same
+    collectives, each time with a large message COLLECTIVE_GROWTH x larger than the last: up to
+    COLLECTIVE_ATTEMPTS measurements in all, the last one kept.
     """
     import torch
     import torch.distributed as dist
@@ -148,7 +153,7 @@ def measure_collectives(device: Any, world: int, links: Optional[Dict[str, LinkC
     for attempt in range(1, COLLECTIVE_ATTEMPTS + 1):
         if links is None:
             iv = Interleaved(sync, dist.barrier)
-            read = add_collectives(iv, device, world)
+            read = add_collectives(iv, device, world, growth=COLLECTIVE_GROWTH ** (attempt - 1))
             iv.run(rounds=REPEATS, warmup=1)
             links = read()
         if _all_ranks(all(c.seconds_per_byte > 0 for c in links.values()), device):

@@ -55,3 +55,20 @@ def test_calibration_on_two_gloo_ranks_prices_plans():
     small = predict_step_time([TableSpec("a", rows=1_000, dim=16)], {"a": Placement.DATA_PARALLEL}, topo, 512, cal)
     large = predict_step_time([TableSpec("a", rows=500_000, dim=16)], {"a": Placement.DATA_PARALLEL}, topo, 512, cal)
     assert large.total_s > small.total_s
+
+
+def _remeasure(rank, world_size):
+    import torch
+
+    from rayemb.planner.step_time import LinkCost
+    from rayemb.train.calibrate import measure_collectives
+
+    torch.set_num_threads(1)
+    free = {"all_reduce": LinkCost(1e-3, 0.0), "all_to_all": LinkCost(1e-3, 0.0)}  # bytes free: beta clamped to 0
+    return measure_collectives(torch.device("cpu"), world_size, dict(free))
+
+
+def test_collectives_measured_again_with_a_larger_message_when_bytes_came_out_free():
+    links = run_multiprocess(_remeasure, 2)[0]
+    # the interleaved set's figures were not kept: every rank measured again, and bytes cost time
+    assert links["all_reduce"].seconds_per_byte > 0 and links["all_to_all"].seconds_per_byte > 0
