@@ -223,7 +223,12 @@ def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any
     candidates = [job_plan]
     other = other_side(cfg, job_plan, split)
     if other is not None:
-        alt = plan_for(other)
+        try:
+            alt = plan_for(other)
+        except Exception as e:  # noqa: BLE001 - e.g. a table pinned `sharding: hybrid` has no side without
+            print(f"rayemb: plan probe: the other side of the hybrid choice has no plan ({type(e).__name__}); "
+                  "probing the model's plan alone", flush=True)
+            alt = job_plan
         if _placements(alt.summary) != _placements(job_plan.summary):  # pins leave no other side
             candidates.append(alt)
     print(f"rayemb: probing {len(candidates)} plan(s) for {cfg.planner.probe_steps} steps on {world} ranks ...",
