@@ -75,3 +75,26 @@ def report(path: str, doc: Dict[str, Any], rows: Iterable[Mapping[str, Any]], co
         print(footer)
     print(f"wrote {path}")
     return 0
+
+
+def pool_by_plan(runs: Iterable[Mapping[str, Any]]) -> "tuple[Dict[str, Dict[str, Any]], Dict[str, str]]":
+    """Runs of identical plans pooled: (plan key -> {summary, variants, runs, samples_per_s (median)}, variant ->
+    its plan's key, the one most of its runs chose, the first of those on a tie). Runs without samples/s or plan
+    are left out."""
+    import json
+    import statistics
+
+    plans: Dict[str, Dict[str, Any]] = {}
+    variant_runs: Dict[str, list] = {}
+    for r in runs:
+        if not r.get("samples_per_s") or not r.get("plan"):
+            continue
+        key = json.dumps(r["plan"], sort_keys=True)
+        p = plans.setdefault(key, {"summary": r.get("plan_summary"), "variants": [], "runs": []})
+        if r["variant"] not in p["variants"]:
+            p["variants"].append(r["variant"])
+        p["runs"].append(r["samples_per_s"])
+        variant_runs.setdefault(r["variant"], []).append(key)
+    for p in plans.values():
+        p["samples_per_s"] = statistics.median(p["runs"])
+    return plans, {v: max(keys, key=keys.count) for v, keys in variant_runs.items()}

@@ -60,7 +60,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(os.path.dirname(_HERE))
 sys.path[:0] = [_HERE, _REPO]
 
-from _report import report  # noqa: E402
+from _report import pool_by_plan, report  # noqa: E402
 from host_cpu import CLASSES, HostCpu  # noqa: E402
 from throughput import (  # noqa: E402
     AUTO,
@@ -123,25 +123,9 @@ def by_plan(runs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     auto chose the fastest plan, and the hybrid/pooled ratio uses every run of each plan. Per bandwidth: each
     plan's variants, runs and median samples/s; ``auto_plan_vs_best_plan`` (auto's plan: the one most of its
     runs chose); ``hybrid_plan_vs_pooled_plan`` (against the best pooled variant's plan)."""
-    import statistics
-
     out: Dict[str, Any] = {}
     for bw in sorted({r["bandwidth_mbit"] for r in runs}, reverse=True):
-        plans: Dict[str, Dict[str, Any]] = {}
-        variant_runs: Dict[str, List[str]] = {}
-        for r in runs:
-            if r["bandwidth_mbit"] != bw or not r.get("samples_per_s") or not r.get("plan"):
-                continue
-            key = json.dumps(r["plan"], sort_keys=True)
-            p = plans.setdefault(key, {"summary": r.get("plan_summary"), "variants": [], "runs": []})
-            if r["variant"] not in p["variants"]:
-                p["variants"].append(r["variant"])
-            p["runs"].append(r["samples_per_s"])
-            variant_runs.setdefault(r["variant"], []).append(key)
-        for p in plans.values():
-            p["samples_per_s"] = statistics.median(p["runs"])
-        # a variant's plan: the one most of its runs chose (the first of those on a tie)
-        variant_plan = {v: max(keys, key=keys.count) for v, keys in variant_runs.items()}
+        plans, variant_plan = pool_by_plan(r for r in runs if r["bandwidth_mbit"] == bw)
         entry: Dict[str, Any] = {"plans": list(plans.values())}
         best = max((p["samples_per_s"] for p in plans.values()), default=None)
         if AUTO in variant_plan and best:

@@ -62,7 +62,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from _report import report  # noqa: E402
+from _report import pool_by_plan, report  # noqa: E402
 
 SCHEMA_VERSION = 1
 CONFIG = os.path.join(_REPO, "jobs", "configs", "synth_small.yaml")
@@ -251,26 +251,11 @@ def by_plan(runs: Sequence[Mapping[str, Any]], forced: Sequence[str] = FORCED) -
     5 % of its best pure placement" asks whether auto chose the fastest plan: ``auto_plan_vs_best_pure_plan``
     is the median samples/s of every run of auto's plan (the one most auto runs chose) over the best median
     among the forced rows' plans."""
-    import statistics
-
-    plans: Dict[str, Dict[str, Any]] = {}
-    auto_keys: List[str] = []
-    for r in runs:
-        if r.get("variant") not in (AUTO, *forced) or not r.get("samples_per_s") or not r.get("plan"):
-            continue
-        key = json.dumps(r["plan"], sort_keys=True)
-        p = plans.setdefault(key, {"summary": r.get("plan_summary"), "variants": [], "runs": []})
-        if r["variant"] not in p["variants"]:
-            p["variants"].append(r["variant"])
-        p["runs"].append(r["samples_per_s"])
-        if r["variant"] == AUTO:
-            auto_keys.append(key)
-    for p in plans.values():
-        p["samples_per_s"] = statistics.median(p["runs"])
+    plans, variant_plan = pool_by_plan(r for r in runs if r.get("variant") in (AUTO, *forced))
     out: Dict[str, Any] = {"plans": list(plans.values())}
     pure = [p["samples_per_s"] for p in plans.values() if any(v in forced for v in p["variants"])]
-    if auto_keys and pure:
-        auto_plan = plans[max(auto_keys, key=auto_keys.count)]
+    if AUTO in variant_plan and pure:
+        auto_plan = plans[variant_plan[AUTO]]
         out["auto_plan"] = auto_plan["summary"]
         out["auto_plan_vs_best_pure_plan"] = auto_plan["samples_per_s"] / max(pure)
     return out
