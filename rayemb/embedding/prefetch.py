@@ -78,6 +78,13 @@ class InputDistPrefetch:
         ctx, splits = entry
         return module.compute_and_output_dist(ctx, splits.wait().wait())
 
+    def finish(self) -> None:
+        """Completes the pending exchanges and drops them: a started exchange left in flight when the process
+        group goes away can abort the process (seen: SIGABRT of one calibration rank)."""
+        for _, splits in self._pending.values():
+            splits.wait().wait()
+        self.clear()
+
     def clear(self) -> None:
         """Drops the pending exchanges (counted in :attr:`dropped`)."""
         self.dropped += len(self._pending)
@@ -98,6 +105,11 @@ class StepPrefetch:
         """Starts the input exchange of the batch whose (device) KJT ``sparse`` the next forward gets."""
         for owner in self.owners:
             owner.prefetch.start(sparse, owner.sharded_inputs(sparse))
+
+    def finish(self) -> None:
+        """Completes every pending exchange (:meth:`InputDistPrefetch.finish`); every rank calls it alike."""
+        for owner in self.owners:
+            owner.prefetch.finish()
 
     @property
     def hits(self) -> int:
