@@ -132,7 +132,7 @@ class Calibration:
     #: bytes one rank sends in the dense arch's gradient all-reduce (its time is inside ``dense_step_s``)
     dense_sync_bytes: float = 0.0
     #: seconds per step of the job's one DistributedDataParallel wrapper (hooks, its all-reduce's round trip),
-    #: measured by :func:`rayemb.train.calibrate_probes.probe_ddp`; 0: not measured (older calibrations, and
+    #: measured by :func:`rayemb.train.calibrate_probes.add_probes` (``ddp/wrapped`` - ``ddp/local``); 0: not measured (older calibrations, and
     #: then the probes' fixed costs still hold it)
     ddp_step_s: float = 0.0
 

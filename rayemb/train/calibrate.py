@@ -342,9 +342,8 @@ def measure_rank(device: Any, world: int, shape: Dict[str, Any]) -> Dict[str, An
     read_probes = add_probes(iv, shape["local_batch"], shape["dim"], device, int(shape.get("num_sparse", 8)),
                              prefetch=prefetch)
     iv.run()
-    probed = read_probes()  # first: completes the probes' prefetched exchanges before any other collective
     links = measure_collectives(device, world, read_links())
-    compute.update(probed)  # replicated_elem_s now includes the gradient's all-reduce on the live links
+    compute.update(read_probes())  # replicated_elem_s now includes the gradient's all-reduce on the live links
     return {"links": links, "compute": compute}
 
 

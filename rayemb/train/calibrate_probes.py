@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -62,12 +62,17 @@ class Interleaved:
                  barrier: Callable[[], None] = lambda: None) -> None:
         self._sync, self._barrier = sync, barrier
         self._steps: Dict[str, Callable[[], None]] = {}
+        self._finish: List[Callable[[], None]] = []
         self.times: Dict[str, List[float]] = {}
 
-    def add(self, name: str, step: Callable[[], None]) -> None:
+    def add(self, name: str, step: Callable[[], None], finish: Optional[Callable[[], None]] = None) -> None:
+        """``finish``: run once after the last round, untimed, e.g. to complete work the step left in flight
+        (a prefetched input exchange must not outlive the process group: it aborted a rank once)."""
         if name in self._steps:
             raise ValueError(f"interleaved step {name!r} added twice")
         self._steps[name] = step
+        if finish is not None:
+            self._finish.append(finish)
 
     def run(self, rounds: int = PROBE_ROUNDS, warmup: int = PROBE_WARMUP_ROUNDS) -> "Interleaved":
         names = list(self._steps)
@@ -81,6 +86,8 @@ class Interleaved:
                 self._sync()
                 if r >= warmup:
                     self.times[name].append(time.perf_counter() - t0)
+        for finish in self._finish:
+            finish()
         return self
 
     def median(self, name: str) -> float:
@@ -93,9 +100,10 @@ class Interleaved:
 
 
 def _probe_step(kind: str, n_tables: int, local_batch: int, dim: int, device: Any, rows: int = PROBE_ROWS,
-                prefetch: bool = False) -> Callable[[], None]:
-    """One training step of ``n_tables`` tiny tables placed as ``kind`` (``prefetch``: each step starts the
-    next one's input exchange before its backward, as the job's loop does with ``train.prefetch_input_dist``)."""
+                prefetch: bool = False) -> Tuple[Callable[[], None], Optional[Callable[[], None]]]:
+    """(one training step of ``n_tables`` tiny tables placed as ``kind``, what completes its pending prefetch, or
+    None). ``prefetch``: each step starts the next one's input exchange before its backward, as the job's loop
+    does with ``train.prefetch_input_dist``."""
     import torch
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -163,8 +171,7 @@ def _probe_step(kind: str, n_tables: int, local_batch: int, dim: int, device: An
         if opt is not None:
             opt.step()
 
-    step.finish = pre.finish if pre is not None else (lambda: None)  # type: ignore[attr-defined]
-    return step
+    return step, (pre.finish if pre is not None else None)
 
 
 def _ddp_steps(local_batch: int, dim: int, device: Any) -> Tuple[Callable[[], None], Callable[[], None]]:
@@ -211,21 +218,17 @@ def add_probes(iv: Interleaved, local_batch: int, dim: int, device: Any, num_tab
     ``prefetch``: the probes step as the job will (``train.prefetch_input_dist``).
     """
     lo, hi = PROBE_TABLES[0], min(max(PROBE_TABLES[1], num_tables), PROBE_MAX_TABLES)
-    finish = []
     for kind in PROBE_KINDS:
         rows = PROBE_DP_ROWS if kind == "data_parallel" else PROBE_ROWS
         for n in (lo, hi):
-            finish.append(_probe_step(kind, n, local_batch, dim, device, rows, prefetch=prefetch))
-            iv.add(f"{kind}/{n}", finish[-1])
-    iv.add("replicated/small", _probe_step("data_parallel", 1, local_batch, dim, device, PROBE_ROWS))
-    iv.add("replicated/large", _probe_step("data_parallel", 1, local_batch, dim, device, PROBE_LARGE_ROWS))
+            iv.add(f"{kind}/{n}", *_probe_step(kind, n, local_batch, dim, device, rows, prefetch=prefetch))
+    iv.add("replicated/small", *_probe_step("data_parallel", 1, local_batch, dim, device, PROBE_ROWS))
+    iv.add("replicated/large", *_probe_step("data_parallel", 1, local_batch, dim, device, PROBE_LARGE_ROWS))
     local, wrapped = _ddp_steps(local_batch, dim, device)
     iv.add("ddp/local", local)
     iv.add("ddp/wrapped", wrapped)
 
     def read() -> Dict[str, Any]:
-        for step in finish:  # the last rounds' prefetched exchanges, completed before anything else runs
-            step.finish()
         groups = {}
         for kind in PROBE_KINDS:
             per_table = max(iv.difference(f"{kind}/{hi}", f"{kind}/{lo}") / (hi - lo), 0.0)

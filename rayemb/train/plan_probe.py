@@ -119,7 +119,6 @@ def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[A
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     iv = Interleaved(sync, dist.barrier)
     counter = CommCounter()
-    pending: List[Any] = []
     for i, plan in enumerate(plans):
         model, optimizer, remapper = sharded_model(cfg, schema, plan, device)
         instrument_ddp(model)
@@ -144,12 +143,8 @@ def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[A
                 optimizer.step()
                 state["k"] = k + 1
 
-        iv.add(f"plan{i}", steps_back_to_back)
-        if prefetch is not None:
-            pending.append(prefetch)
+        iv.add(f"plan{i}", steps_back_to_back, prefetch.finish if prefetch is not None else None)
     iv.run(rounds=max(1, -(-steps // STEPS_PER_ROUND)), warmup=PROBE_WARMUP_ROUNDS)
-    for prefetch in pending:  # the last round's prefetched exchanges, completed before the group goes away
-        prefetch.finish()
     medians = torch.tensor([iv.median(f"plan{i}") / STEPS_PER_ROUND for i in range(len(plans))],
                            dtype=torch.float64)
     dist.all_reduce(medians)
