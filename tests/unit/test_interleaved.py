@@ -75,3 +75,12 @@ def test_adding_a_step_twice_is_an_error():
     iv.add("a", lambda: None)
     with pytest.raises(ValueError, match="added twice"):
         iv.add("a", lambda: None)
+
+
+def test_finish_runs_once_after_the_last_round_untimed():
+    calls = []
+    iv = Interleaved()
+    iv.add("a", lambda: calls.append("a"), finish=lambda: calls.append("finish"))
+    iv.add("b", lambda: calls.append("b"))
+    iv.run(rounds=2, warmup=1)
+    assert calls == ["a", "b", "b", "a", "a", "b", "finish"] and len(iv.times["a"]) == 2
