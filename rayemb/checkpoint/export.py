@@ -30,6 +30,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from rayemb import storage
+from rayemb.checkpoint.safe_reader import SafeFileSystemReader
 from rayemb.checkpoint.store import META_FILE, read_unsharded, verify
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
@@ -39,14 +40,17 @@ _EXPORT_META = ("format", "epoch", "step", "epoch_step", "world_size", "plan_fin
                 "states")
 
 
-def unsharded_state(directory: str) -> Dict[str, Any]:
-    """The checkpoint as nested plain tensors (see the module doc); checks sizes and hashes first."""
+def unsharded_state(directory: str, shown: Optional[str] = None) -> Dict[str, Any]:
+    """The checkpoint as nested plain tensors (see the module doc); checks sizes and hashes first.
+
+    ``shown``: the name messages use for ``directory`` (the URI a local copy came from).
+    """
     if storage.is_remote(directory):
         verify(directory, hashes=False)  # a missing checkpoint is named by its URI, before any download
         with storage.local_copy(directory, prefix="rayemb-export-") as local:
-            return unsharded_state(local)
-    meta = verify(directory)
-    flat = read_unsharded(directory)
+            return unsharded_state(local, shown=directory)
+    meta = verify(directory, shown=shown)
+    flat = read_unsharded(directory, shown=shown)
     out: Dict[str, Any] = {"tables": {}, "dense": {}, "dense_optim": {},
                            "meta": {k: meta[k] for k in _EXPORT_META if k in meta}}
     for key, value in sorted(flat.items()):
@@ -88,20 +92,19 @@ def _reshard_rank(rank: int, world_size: int, src: str, out: str, extra_meta: Di
     import torch.distributed.checkpoint as dcp
 
     from rayemb.checkpoint.exchange import row_range
-    from rayemb.checkpoint.store import _file_digests, _row_sharded, state_shapes
-    from torch.distributed.checkpoint import FileSystemReader
+    from rayemb.checkpoint.store import _file_digests, _row_sharded
 
     meta = verify(src, hashes=rank == 0)
-    md = FileSystemReader(src).read_metadata()
+    reader = SafeFileSystemReader(src)
     request: Dict[str, Any] = {}
-    for key, shape in state_shapes(src).items():
-        dtype = md.state_dict_metadata[key].properties.dtype
+    for key, entry in reader.metadata().state_dict_metadata.items():
+        shape, dtype = list(entry.size), entry.properties.dtype
         if key.startswith("tables."):
             lo, hi = row_range(shape[0], rank, world_size)
             request[key] = _row_sharded(torch.zeros([hi - lo] + shape[1:], dtype=dtype), shape[0], rank, world_size)
         else:
             request[key] = torch.zeros(shape, dtype=dtype)
-    dcp.load(request, storage_reader=dcp.FileSystemReader(src))
+    dcp.load(request, storage_reader=reader)
     dcp.save(request, storage_writer=dcp.FileSystemWriter(out, sync_files=True))
     mine = [n for n in os.listdir(out) if n.startswith(f"__{rank}_") and n.endswith(".distcp")]
     if rank == 0:
@@ -136,6 +139,7 @@ def reshard_checkpoint(directory: str, world_size: int, out: str, plan_file: Opt
         raise DataError(f"Output {out!r} exists. Choose a new directory (reshard never overwrites).",
                         category="bad_config")
     meta = verify(directory)
+    SafeFileSystemReader(directory).metadata()  # a refused .metadata is one error here, not one per rank
     extra: Dict[str, Any] = {}
     if plan_file:
         with open(plan_file) as f:

@@ -15,13 +15,19 @@ A checkpoint directory holds
 
 Loading (:func:`load_logical`) reads the canonical rows of the *loading*
 world (DCP reshards: any world size) and scatters them into the live model's
-slots (:mod:`rayemb.checkpoint.layout`: any plan, hybrid or not). Nothing is
-unpickled: DCP reads tensors by their recorded byte ranges, ``meta.json`` is JSON.
+slots (:mod:`rayemb.checkpoint.layout`: any plan, hybrid or not). DCP's
+``.metadata`` is a pickle: it is read by :mod:`rayemb.checkpoint.safe_reader`,
+which resolves only the classes DCP metadata holds; tensors are read with
+``torch.load(weights_only=True)``, ``meta.json`` is JSON.
 
 Checkpoints may live on remote storage (``s3://bucket/runs/ray_results/<job>/checkpoint_...``,
 where Ray Train uploads them): :func:`read_meta`, :func:`verify` and
 :func:`checkpoints_newest_first` read them there (hashes streamed, nothing
 downloaded); loading needs a local copy (:func:`rayemb.storage.local_copy`).
+A read the store does not answer (an ``OSError`` other than a missing file) is
+tried again with exponential backoff (:data:`STORAGE_TRIES`, :data:`STORAGE_RETRY_S`), then
+raised as a :class:`DataError` (``storage``) naming the checkpoint: it never
+makes a checkpoint look absent.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ import hashlib
 import json
 import logging
 import os
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -39,6 +46,7 @@ import torch.distributed as dist
 from rayemb import storage
 from rayemb.checkpoint.exchange import gather_canonical, row_range, scatter_canonical
 from rayemb.checkpoint.layout import MOMENTUM, WEIGHT, dense_entries, model_slots, set_step_counters, stored_tables
+from rayemb.checkpoint.safe_reader import DCP_METADATA, SafeFileSystemReader
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
 
@@ -46,7 +54,13 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "rayemb-logical-v1"
 META_FILE = "meta.json"
-DCP_METADATA = ".metadata"
+#: a checkpoint read the store did not answer is tried up to STORAGE_TRIES times, waiting
+#: STORAGE_RETRY_FIRST_S, then twice as long each time, for at most STORAGE_RETRY_S in all; then it fails
+STORAGE_TRIES = 5
+STORAGE_RETRY_FIRST_S = 1.0
+STORAGE_RETRY_S = 60.0
+
+_T = TypeVar("_T")
 
 
 def table_key(table: str, state: str) -> str:
@@ -160,17 +174,63 @@ def model_compression(model: Any) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def read_meta(directory: str) -> Optional[Dict[str, Any]]:
+def _io_error(path: str, e: OSError) -> DataError:
+    """A local filesystem error as the ``storage`` error a remote one is (retried, never a verdict)."""
+    return DataError(f"Cannot read {redact_uri(path)!r} ({type(e).__name__}: {e}). Check that the filesystem "
+                     "holding it is mounted and readable from this process.", category="storage")
+
+
+def with_storage_retries(fn: Callable[[], _T], directory: str) -> _T:
+    """``fn()``, tried again with exponential backoff while it raises :class:`DataError` ``storage``.
+
+    The store not answering says nothing about the checkpoint ``directory``: after
+    :data:`STORAGE_TRIES` tries (or :data:`STORAGE_RETRY_S`) the last error is raised,
+    naming the checkpoint. Other errors (a corrupt checkpoint) are raised at once.
+    """
+    from rayemb.tracking.backoff import Backoff
+
+    backoff = Backoff(initial_s=STORAGE_RETRY_FIRST_S, max_s=max(STORAGE_RETRY_S, STORAGE_RETRY_FIRST_S))
+    start, tries = time.monotonic(), 0
+    while True:
+        tries += 1
+        try:
+            return fn()
+        except DataError as e:
+            if e.category != "storage":
+                raise
+            last = e
+        delay = backoff.next_delay_s(finishing=False)
+        if tries >= STORAGE_TRIES or time.monotonic() - start + delay > STORAGE_RETRY_S:
+            break
+        logger.warning("checkpoint %s: the store did not answer (%s); trying again in %.1f s",
+                       redact_uri(directory), last.message.split(". ", 1)[0], delay)
+        time.sleep(delay)
+    raise DataError(f"Checkpoint {redact_uri(directory)!r} could not be read: the store did not answer in {tries} "
+                    f"tries over {time.monotonic() - start:.0f} s. {last.message} This says nothing about the "
+                    "checkpoint itself: run again when the store answers.", category="storage")
+
+
+def _read_meta_once(directory: str) -> Optional[Dict[str, Any]]:
     path = storage.join(directory, META_FILE)
     try:
-        if storage.is_remote(path):
-            meta = json.loads(storage.read_text(path))
-        else:
-            with open(path) as f:
-                meta = json.load(f)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, DataError):
+        raw = storage.read_bytes(path)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except OSError as e:
+        raise _io_error(path, e) from None
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except ValueError:  # JSON or UTF-8: a damaged meta.json is not a checkpoint
         return None
     return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+
+def read_meta(directory: str) -> Optional[Dict[str, Any]]:
+    """``meta.json`` of a checkpoint; None when there is none or it is not one of :data:`FORMAT` (damaged).
+
+    A store that does not answer is tried again, then :class:`DataError` ``storage`` (never None).
+    """
+    return with_storage_retries(lambda: _read_meta_once(directory), directory)
 
 
 def verify(directory: str, hashes: bool = True, shown: Optional[str] = None) -> Dict[str, Any]:
@@ -178,14 +238,19 @@ def verify(directory: str, hashes: bool = True, shown: Optional[str] = None) -> 
 
     Checks every file ``meta.json`` lists exists with its size and (``hashes``) its SHA-256.
     ``directory`` may be a URI: sizes from the store, hashes streamed. ``shown``: the
-    name messages use (e.g. the URI a local download came from).
+    name messages use (e.g. the URI a local download came from). A store that does not
+    answer is tried again, then :class:`DataError` ``storage``.
     """
+    return with_storage_retries(lambda: _verify_once(directory, hashes, shown), shown or directory)
+
+
+def _verify_once(directory: str, hashes: bool, shown: Optional[str]) -> Dict[str, Any]:
     fix = ("Use another checkpoint_* directory (an earlier one of the same job), or start fresh without "
            "--resume-from / train.resume_from.")
     shown = redact_uri(shown or directory)
     if not storage.isdir(directory):
         raise DataError(f"Checkpoint {shown!r} does not exist. {fix}", category="bad_checkpoint")
-    meta = read_meta(directory)
+    meta = _read_meta_once(directory)
     if meta is None:
         raise DataError(f"Checkpoint {shown!r} has no readable {META_FILE} of format {FORMAT} (an incomplete "
                         f"write, or not a rayemb checkpoint). {fix}", category="bad_checkpoint")
@@ -218,6 +283,8 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     import torch.distributed.checkpoint as dcp
 
     meta = dict(meta) if meta is not None else verify(directory, hashes=False)
+    reader = SafeFileSystemReader(directory)
+    shapes = _shapes(reader.metadata())  # a refused .metadata fails here, not wrapped by DCP
     rank, world = dist.get_rank(), dist.get_world_size()
     saved_tables = meta["tables"]
     model_state = model.state_dict()
@@ -240,11 +307,11 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     for name in states:
         for table, (rows, dim) in tables.items():
             lo, hi = row_range(rows, rank, world)
-            tail = [] if name == MOMENTUM and _saved_rowwise(directory, table, meta, rowwise.get(table)) else [dim]
+            tail = [] if name == MOMENTUM and _saved_rowwise(shapes, table, rowwise.get(table)) else [dim]
             request[table_key(table, name)] = _row_sharded(torch.zeros([hi - lo] + tail), rows, rank, world)
     dense = {k: v.detach().cpu().clone() for k, v in dense_entries(model_state, optim_state["state"]).items()}
     request.update(dense)
-    dcp.load(request, storage_reader=dcp.FileSystemReader(directory))
+    dcp.load(request, storage_reader=reader)
     for name in states:
         canonical = {}
         for table in tables:
@@ -269,60 +336,66 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     return dict(meta)
 
 
-def _saved_rowwise(directory: str, table: str, meta: Mapping[str, Any], live_rowwise: Optional[bool]) -> bool:
+def _saved_rowwise(shapes: Mapping[str, List[int]], table: str, live_rowwise: Optional[bool]) -> bool:
     """Whether the checkpoint's ``momentum1`` of ``table`` is 1-D (row-wise), from DCP's metadata."""
-    shapes = meta.get("_state_shapes")
-    if shapes is None:
-        shapes = state_shapes(directory)
-        if isinstance(meta, dict):
-            meta["_state_shapes"] = shapes  # type: ignore[index]
     shape = shapes.get(table_key(table, MOMENTUM))
-    return bool(shape is not None and len(shape) == 1) if shape is not None else bool(live_rowwise)
+    return len(shape) == 1 if shape is not None else bool(live_rowwise)
 
 
-def state_shapes(directory: str) -> Dict[str, List[int]]:
-    """Global shape of every tensor in a DCP checkpoint (from ``.metadata``; no tensor data read)."""
-    from torch.distributed.checkpoint import FileSystemReader
+def _shapes(md: Any) -> Dict[str, List[int]]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    md = FileSystemReader(directory).read_metadata()
     return {k: list(v.size) for k, v in md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
 
 
-def read_unsharded(directory: str, keys: Optional[List[str]] = None) -> Dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint (or ``keys``) as a full plain tensor, without a process group."""
+def state_shapes(directory: str, shown: Optional[str] = None) -> Dict[str, List[int]]:
+    """Global shape of every tensor in a DCP checkpoint (from ``.metadata``, read safely; no tensor data read)."""
+    return _shapes(SafeFileSystemReader(directory, shown).metadata())
+
+
+def read_unsharded(directory: str, keys: Optional[List[str]] = None, shown: Optional[str] = None
+                   ) -> Dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint (or ``keys``) as a full plain tensor, without a process group.
+
+    ``shown``: the name messages use for ``directory`` (e.g. the URI a download came from).
+    """
     import torch.distributed.checkpoint as dcp
 
-    shapes = state_shapes(directory)
-    from torch.distributed.checkpoint import FileSystemReader
-
-    md = FileSystemReader(directory).read_metadata()
-    out = {k: torch.zeros(shape, dtype=md.state_dict_metadata[k].properties.dtype)
-           for k, shape in shapes.items() if keys is None or k in keys}
-    dcp.load(out, storage_reader=dcp.FileSystemReader(directory), no_dist=True)
+    reader = SafeFileSystemReader(directory, shown)
+    entries = reader.metadata().state_dict_metadata
+    out = {k: torch.zeros(list(v.size), dtype=v.properties.dtype)
+           for k, v in entries.items() if keys is None or k in keys}
+    dcp.load(out, storage_reader=reader, no_dist=True)
     return out
+
+
+def _entries(parent: str) -> List[str]:
+    """Names under ``parent``; [] when it does not exist, :class:`DataError` ``storage`` when it cannot be listed."""
+    if storage.is_remote(parent):
+        return storage.listdir(parent)
+    try:
+        return sorted(os.listdir(parent))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as e:
+        raise _io_error(parent, e) from None
 
 
 def checkpoints_newest_first(parent: str) -> List[str]:
     """Complete-looking logical checkpoints directly under ``parent`` (those with a meta.json), newest step first.
 
-    ``parent`` may be a URI; the checkpoints are then URIs too.
+    ``parent`` may be a URI; the checkpoints are then URIs too. A store that does not
+    answer is tried again, then :class:`DataError` ``storage`` (never an empty list).
     """
     found = []
-    if storage.is_remote(parent):
-        for name in storage.listdir(parent):
-            path = storage.join(parent, name)
-            meta = read_meta(path)
-            if meta is not None:
-                found.append((int(meta.get("step", -1)), name, path))
-        return [p for _, _, p in sorted(found, reverse=True)]
-    for name in os.listdir(parent) if os.path.isdir(parent) else []:
-        path = os.path.join(parent, name)
-        meta = read_meta(path) if os.path.isdir(path) else None
+    remote = storage.is_remote(parent)
+    for name in with_storage_retries(lambda: _entries(parent), parent):
+        path = storage.join(parent, name)
+        meta = read_meta(path) if remote or os.path.isdir(path) else None
         if meta is not None:
             found.append((int(meta.get("step", -1)), name, path))
     return [p for _, _, p in sorted(found, reverse=True)]
 
 
-__all__ = ["FORMAT", "META_FILE", "checkpoints_newest_first", "load_logical", "read_meta", "read_unsharded",
-           "save_logical", "state_shapes", "table_key", "verify"]
+__all__ = ["FORMAT", "META_FILE", "STORAGE_RETRY_S", "STORAGE_TRIES", "checkpoints_newest_first", "load_logical",
+           "read_meta", "read_unsharded", "save_logical", "state_shapes", "table_key", "verify", "with_storage_retries"]

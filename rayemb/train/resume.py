@@ -13,7 +13,12 @@ or a resize (``scaling.num_workers: [min, max]``), or a new job with
 
 A checkpoint that fails its size/SHA-256 check is skipped with a warning for
 the previous one (Ray Train keeps ``train.keep_checkpoints``); an explicit
-``--resume-from`` that fails is an error (the driver checks it first).
+``--resume-from`` that fails is an error (the driver checks it first). A store
+that does not answer is not a damaged checkpoint: listing, reading and
+downloading are tried again with backoff
+(:data:`rayemb.checkpoint.store.STORAGE_RETRY_S`), then the resume fails
+naming the checkpoint (:class:`~rayemb.errors.DataError` ``storage``) instead
+of falling back or starting from scratch.
 
 Checkpoints on remote storage (``tracking.output_dir: s3://...``, where Ray
 Train uploads them, or ``--resume-from s3://...``) are found by listing the
@@ -109,15 +114,20 @@ def _node_copy(path: str, nonce: str) -> str:
     import shutil
 
     from rayemb import storage
+    from rayemb.checkpoint.store import with_storage_retries
 
     if not storage.is_remote(path):
         return path
     local = os.path.join(tempfile.gettempdir(), f"rayemb-restore-{nonce}")
+
+    def download() -> str:
+        shutil.rmtree(local, ignore_errors=True)  # a try the store broke off leaves part of the files
+        return storage.download_dir(path, local)
+
     with open(local + ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the first rank of a node downloads, the others wait for it
         if not os.path.exists(local + ".complete"):
-            shutil.rmtree(local, ignore_errors=True)
-            storage.download_dir(path, local)
+            with_storage_retries(download, path)
             open(local + ".complete", "w").close()
     return local
 
@@ -163,7 +173,7 @@ def restore(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tupl
                 break
             except DataError as e:
                 _remove_node_copy(path, local)
-                if not fallback:
+                if not fallback or e.category == "storage":  # an unreachable store is no verdict on it
                     raise
                 logger.warning("checkpoint %s is not usable (%s); falling back to the previous one", _shown(path), e)
         else:
@@ -244,7 +254,7 @@ def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, Dict[str, An
         meta = verify(directory)
     except DataError as e:
         raise DataError(f"{e.message.rstrip('.')} (train.resume_from / --resume-from).",
-                        category="bad_checkpoint") from None
+                        category="storage" if e.category == "storage" else "bad_checkpoint") from None
     saved = meta.get("tables", {})
     for t in table_configs(schema, cfg.model.embedding_dim):
         got = saved.get(t.name)
