@@ -75,6 +75,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
 
 def format_summary(s: Dict[str, Any]) -> str:
     """The lines a user reads at the end of a conversion (the whole summary is in convert_summary.json)."""
+    from rayemb.logs import redact_text
+
     bad = s["bad_lines"]
     kinds = ", ".join(f"{k} {v:,}" for k, v in bad["by_kind"].items())
     out = [f"convert {s['format']}: {s['lines_read']:,} lines -> train {s['rows']['train']:,} rows, valid "
@@ -95,7 +97,7 @@ def format_summary(s: Dict[str, Any]) -> str:
     out.append(f"  wrote {s['out']} in {s['wall_time_s']:.1f}s ({s['lines_per_s']:,.0f} lines/s); details in "
                f"convert_summary.json")
     out.append(f"  train it: rayemb train --config jobs/configs/synth_small.yaml --set data.path={s['out']}")
-    return "\n".join(out)
+    return redact_text("\n".join(out))  # the summary holds redacted URIs; a caller's own dict may not
 
 
 def convert_main(args: argparse.Namespace) -> int:

@@ -36,8 +36,10 @@ def stats_main(args: argparse.Namespace) -> int:
 
     User errors propagate as :class:`DataError` for the CLI's error handler.
     """
+    from rayemb.publish import resolve_dataset
+
     stats = compute_stats(
-        args.data,
+        resolve_dataset(args.data),  # a published dataset: the version its marker names
         exact=bool(getattr(args, "exact", False)),
         split=getattr(args, "split", TRAIN_SPLIT),
         num_heavy_hitters=getattr(args, "num_heavy_hitters", DEFAULT_NUM_HEAVY_HITTERS),

@@ -32,6 +32,7 @@ from rayemb.convert.common import (BadLines, ConvertOptions, RowChecks, empty_ma
                                    string_keys)
 from rayemb.convert.stream import Records, StreamFormat, convert_stream
 from rayemb.errors import DataError
+from rayemb.logs import redact_uri
 
 LABEL, HOUR, ID = "click", "hour", "id"
 DERIVED = {"hour_of_day": 24, "day_of_week": 7}
@@ -54,26 +55,27 @@ class AvazuFormat(StreamFormat):
     def inspect(self, path: str, head: List[str]) -> None:
         columns = [c.strip() for c in head[0].split(",")]
         if self.columns is not None and columns != self.columns:
-            raise DataError(f"Input {path!r} has the header {columns}, unlike the first input's {self.columns}; "
-                            "convert files with the same columns together.", category="wrong_format")
+            raise DataError(f"Input {redact_uri(path)!r} has the header {columns}, unlike the first input's "
+                            f"{self.columns}; convert files with the same columns together.", category="wrong_format")
         missing = [c for c in (LABEL, HOUR) if c not in columns]
         if missing:
             test_file = " (Avazu's test file has no click column: it cannot be trained on)" if LABEL in missing else ""
-            raise DataError(f"Input {path!r} does not look like Avazu data: its header {head[0][:160]!r} lacks "
-                            f"{missing}{test_file}. The first line must be the CSV header id,click,hour,C1,...",
+            raise DataError(f"Input {redact_uri(path)!r} does not look like Avazu data: its header "
+                            f"{head[0][:160]!r} lacks {missing}{test_file}. The first line must be the CSV header "
+                            "id,click,hour,C1,...",
                             category="wrong_format")
         clash = [c for c in columns if c in DERIVED or c == DENSE_HOUR]
         if clash:
-            raise DataError(f"Input {path!r} has column(s) {clash}, names this converter derives from 'hour'; "
-                            "rename them in the header.", category="wrong_format")
+            raise DataError(f"Input {redact_uri(path)!r} has column(s) {clash}, names this converter derives from "
+                            "'hour'; rename them in the header.", category="wrong_format")
         self.columns = columns
         self.key_tables = [c for c in columns if c not in (LABEL, HOUR, ID)]
         if len(head) > 1:
             scratch = BadLines()
             rec = self.parse(pa.array(head[1:], pa.string()), np.arange(2, len(head) + 1), path, scratch)
             if len(rec.label) * 2 < len(head) - 1:
-                raise DataError(f"Input {path!r} does not look like Avazu data: {scratch.total} of the first "
-                                f"{len(head) - 1} rows are malformed ({dict(scratch.counts)}); line 2 is "
+                raise DataError(f"Input {redact_uri(path)!r} does not look like Avazu data: {scratch.total} of the "
+                                f"first {len(head) - 1} rows are malformed ({dict(scratch.counts)}); line 2 is "
                                 f"{head[1][:120]!r}. {self.hint}", category="wrong_format")
 
     def notes(self) -> Dict[str, Any]:

@@ -290,7 +290,7 @@ class BadLines:
         self.counts[kind] = self.counts.get(kind, 0) + n
         have = sum(1 for e in self.examples if e["kind"] == kind)
         for i in np.flatnonzero(mask)[: max(0, BAD_EXAMPLES_PER_KIND - have)]:
-            self.examples.append({"kind": kind, "file": path, "line": int(numbers[i]), "why": why,
+            self.examples.append({"kind": kind, "file": redact_uri(path), "line": int(numbers[i]), "why": why,
                                   "text": str(lines[int(i)].as_py())[:160]})
 
     def add_skipped(self, path: str, skipped: List[Tuple[int, str]]) -> None:
@@ -299,7 +299,7 @@ class BadLines:
             self.counts["unreadable"] = self.counts.get("unreadable", 0) + len(skipped)
             self.lines_read += len(skipped)
             for number, text in skipped[:BAD_EXAMPLES_PER_KIND]:
-                self.examples.append({"kind": "unreadable", "file": path, "line": number,
+                self.examples.append({"kind": "unreadable", "file": redact_uri(path), "line": number,
                                       "why": "holds the byte 0x01", "text": text})
 
     def fraction(self) -> float:
@@ -356,7 +356,7 @@ class Progress:
         where = f" ({100 * min(file_bytes / size, 1):.0f}% of it)" if size and base_name(path) == storage.basename(
             path) else ""
         logger.info("convert %s: %s: %s lines, %s lines/s, at %s%s", self.fmt, stage, f"{self.lines:,}",
-                    f"{self.lines / max(now - self.t0, 1e-9):,.0f}", os.path.basename(path), where)
+                    f"{self.lines / max(now - self.t0, 1e-9):,.0f}", storage.basename(path), where)
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self.t0

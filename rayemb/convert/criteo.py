@@ -36,6 +36,7 @@ from rayemb.convert.common import (BadLines, ConvertOptions, RowChecks, base_nam
                                    matches, split_fields)
 from rayemb.convert.stream import Records, StreamFormat, convert_stream
 from rayemb.errors import DataError
+from rayemb.logs import redact_uri
 
 NUM_DENSE, NUM_CATEGORICAL = 13, 26
 NUM_FIELDS = 1 + NUM_DENSE + NUM_CATEGORICAL
@@ -68,9 +69,9 @@ class CriteoFormat(StreamFormat):
                      "without the header first.")
         elif sum(line.count("\t") == NUM_FIELDS - 2 for line in head) * 2 >= len(head):
             extra = " Its lines have 39 fields: Kaggle's test.txt has no label column and cannot be trained on."
-        raise DataError(f"Input {path!r} does not look like Criteo data: {scratch.total} of the first {len(head)} "
-                        f"lines are malformed ({dict(scratch.counts)}); line 1 is {first[:120]!r}. {self.hint}"
-                        f"{extra}", category="wrong_format")
+        raise DataError(f"Input {redact_uri(path)!r} does not look like Criteo data: {scratch.total} of the first "
+                        f"{len(head)} lines are malformed ({dict(scratch.counts)}); line 1 is {first[:120]!r}. "
+                        f"{self.hint}{extra}", category="wrong_format")
 
     def file_is_valid(self, path: str, days: Tuple[int, ...]) -> bool:
         return any(base_name(path).endswith(f"day_{d}") for d in days)

@@ -16,8 +16,8 @@ batch time; its DLRM needs a dense feature).
 
 Validation is leave-last-out: each user's last rating (by timestamp, ties in file
 order) is in ``valid/`` when the user has at least 2 ratings; the rest is
-``train/``, rows shuffled with ``--seed``. MovieLens fits in memory (25M ratings:
-about 2.4 GB peak), so this converter reads the whole file and sorts it, unlike
+``train/``, rows shuffled with ``--seed``. MovieLens fits in memory (the 25M
+release too), so this converter reads the whole file and sorts it, unlike
 the streaming Criteo/Avazu ones; history lists are built a quarter million rows
 at a time.
 
@@ -41,6 +41,7 @@ from rayemb.convert.output import PartWriter, StagedOutput, arrow_schema, finish
 from rayemb.convert.vocab import FrequencyCounter, Vocabulary, tallies
 from rayemb.data.schema import DatasetSchema, SparseFeature
 from rayemb.errors import ConfigError, DataError
+from rayemb.logs import redact_uri
 
 LAYOUTS = {"::": "ratings.dat", "\t": "u.data", ",": "ratings.csv"}
 _ID = r"^[0-9]{1,18}$"
@@ -54,8 +55,9 @@ def detect_layout(path: str, head: List[str]) -> str:
     for sep in LAYOUTS:
         if sep in first:
             return sep
-    raise DataError(f"Input {path!r} is not a MovieLens ratings file: its first line {first[:120]!r} has none of "
-                    "the separators of u.data (tab), ratings.dat (::) or ratings.csv (,).", category="wrong_format")
+    raise DataError(f"Input {redact_uri(path)!r} is not a MovieLens ratings file: its first line {first[:120]!r} has "
+                    "none of the separators of u.data (tab), ratings.dat (::) or ratings.csv (,).",
+                    category="wrong_format")
 
 
 def _read(path: str, sep: str, opts: ConvertOptions, bad: BadLines, progress: Progress) -> Tuple[np.ndarray, ...]:
@@ -154,8 +156,8 @@ def convert_movielens(opts: ConvertOptions) -> Dict[str, Any]:
         rows = {TRAIN_SPLIT: rng.permutation(np.flatnonzero(~valid)), VALID_SPLIT: np.flatnonzero(valid)}
         for split, idx in rows.items():
             if len(idx) == 0:
-                raise DataError(f"The MovieLens inputs {list(opts.inputs)} leave no {split} rows (leave-last-out "
-                                "needs users with at least 2 ratings).", category="empty_split")
+                raise DataError(f"The MovieLens inputs {[redact_uri(p) for p in opts.inputs]} leave no {split} rows "
+                                "(leave-last-out needs users with at least 2 ratings).", category="empty_split")
             writer = PartWriter(stage.split_dir(split), pa_schema, opts.rows_per_file)
             step = min(opts.rows_per_file, _WRITE_ROWS)
             for start in range(0, len(idx), step):
@@ -169,8 +171,8 @@ def convert_movielens(opts: ConvertOptions) -> Dict[str, Any]:
             writer.close()
         elapsed = progress.elapsed_s()
         summary = {
-            "format": "movielens", "inputs": list(opts.inputs),
-            "layouts": {p: LAYOUTS[s] for p, s in layouts.items()}, "out": opts.out,
+            "format": "movielens", "inputs": [redact_uri(p) for p in opts.inputs],
+            "layouts": {redact_uri(p): LAYOUTS[s] for p, s in layouts.items()}, "out": redact_uri(opts.out),
             "split": "leave-last-out: each user's last rating by timestamp (ties: file order) is validation, for "
                      "users with at least 2 ratings; train rows shuffled with seed %d" % opts.seed,
             "ids": {"mode": "vocab", "min_count": opts.min_count, "oov_id": "the last id of each table",

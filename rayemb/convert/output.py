@@ -1,12 +1,15 @@
-"""Writing a converted dataset atomically: a staging folder next to ``--out``, renamed at the end.
+"""Writing a converted dataset atomically: a staging folder, published at the end.
 
-:class:`StagedOutput` refuses an existing non-empty ``--out`` (unless
-``overwrite``) before any work starts, builds the dataset in
-``<out>.partial-XXXX`` next to it, and only :meth:`StagedOutput.commit` makes
-``<out>`` appear (one rename); on any error the staging folder is removed, so a
-failed conversion leaves nothing behind. :class:`PartWriter` streams one split into
-``part-00000.parquet, ...`` of at most ``rows_per_file`` rows, one row group per
-chunk it is given, so memory holds a chunk, not a part.
+:class:`StagedOutput` refuses an existing ``--out`` (unless ``overwrite``)
+before any work starts, builds the dataset in ``<out>.partial-XXXX`` next to it
+(a local temp folder for a URI), and only :meth:`StagedOutput.commit` makes it
+the dataset at ``<out>`` (:func:`rayemb.publish.publish_dir`: one rename
+locally; in a bucket a new version under ``<out>/_v/`` made visible by its
+``_PUBLISHED.json`` marker, the old dataset readable until then); on any error
+the staging folder is removed, so a failed conversion leaves nothing behind.
+:class:`PartWriter` streams one split into ``part-00000.parquet, ...`` of at
+most ``rows_per_file`` rows, one row group per chunk it is given, so memory
+holds a chunk, not a part.
 
 Example::
 
@@ -32,6 +35,7 @@ from rayemb import storage
 from rayemb.data.schema import DatasetSchema, load_checked
 from rayemb.errors import ConfigError
 from rayemb.logs import redact_uri
+from rayemb.publish import has_output, publish_dir
 
 SUMMARY_FILE = "convert_summary.json"
 
@@ -48,7 +52,8 @@ class StagedOutput:
     """A dataset folder that appears complete or not at all.
 
     Built in a staging folder next to ``out`` and renamed into place; for a URI (``s3://...``) built in a
-    local temp folder and uploaded when complete (an old dataset there is deleted first with ``overwrite``).
+    local temp folder and published as a new version (:mod:`rayemb.publish`); with ``overwrite`` the old
+    dataset stays readable until the new one is, and is deleted after.
     """
 
     def __init__(self, out: str, overwrite: bool = False) -> None:
@@ -60,7 +65,7 @@ class StagedOutput:
         if storage.isfile(self.out):
             raise ConfigError(f"--out {shown!r} is a file; give a directory path for the dataset.",
                               category="out_exists")
-        if storage.listdir(self.out) and not overwrite:
+        if has_output(self.out) and not overwrite:
             raise ConfigError(f"--out {shown!r} already exists and is not empty; pass --overwrite to replace it, or "
                               "choose another directory.", category="out_exists")
 
@@ -82,26 +87,9 @@ class StagedOutput:
         return d
 
     def commit(self) -> None:
-        """Renames the staging folder to ``out`` (replacing an old one only now, when overwrite was asked)."""
-        if self.remote:
-            if storage.listdir(self.out):  # --overwrite: the old dataset's files must not mix with the new
-                fs, p = storage.filesystem(self.out)
-                fs.delete_dir(p)
-            storage.upload_dir(self.path, self.out)
-            shutil.rmtree(self.path, ignore_errors=True)
-            self.path = None
-            return
-        old = None
-        if os.path.isdir(self.out):
-            if os.listdir(self.out):
-                old = tempfile.mkdtemp(prefix=os.path.basename(self.out) + ".old-", dir=os.path.dirname(self.out))
-                os.rename(self.out, os.path.join(old, "data"))
-            else:
-                os.rmdir(self.out)
-        os.rename(self.path, self.out)
+        """Publishes the staging folder as ``out`` (replacing an old dataset only now, when overwrite was asked)."""
+        publish_dir(self.path, self.out, overwrite=self.overwrite)
         self.path = None
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
 
     def __exit__(self, *exc: Any) -> None:
         if self.path is not None:

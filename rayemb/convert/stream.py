@@ -41,6 +41,7 @@ from rayemb.convert.output import PartWriter, StagedOutput, arrow_schema, finish
 from rayemb.convert.vocab import FrequencyCounter, HashEncoder, Vocabulary, tallies
 from rayemb.data.schema import DatasetSchema, SparseFeature
 from rayemb.errors import ConfigError, DataError
+from rayemb.logs import redact_uri
 
 Encoder = Union[HashEncoder, Vocabulary]
 
@@ -95,15 +96,16 @@ def _roles(fmt: StreamFormat, opts: ConvertOptions) -> List[Tuple[str, str]]:
             which = "none" if not any(r == "valid" for _, r in roles) else "all"
             raise ConfigError(
                 f"--valid-days {list(opts.valid_days)} picks inputs whose file name ends with day_N, and {which} of "
-                f"the inputs {[p for p, _ in roles]} do. Pass the day files themselves (e.g. --input day_0 ... "
-                "day_23 --valid-days 23), or use --valid-fraction / --valid-input.", category="invalid_option")
+                f"the inputs {[redact_uri(p) for p, _ in roles]} do. Pass the day files themselves (e.g. --input "
+                "day_0 ... day_23 --valid-days 23), or use --valid-fraction / --valid-input.",
+                category="invalid_option")
         return roles
     return [(p, "rows") for p in opts.inputs]
 
 
 def _split_description(fmt: StreamFormat, opts: ConvertOptions) -> str:
     if opts.valid_inputs:
-        return f"--valid-input: every row of {list(opts.valid_inputs)}"
+        return f"--valid-input: every row of {[redact_uri(p) for p in opts.valid_inputs]}"
     if opts.valid_days:
         what = "rows dated on day(s) of month" if fmt.days_by_row else "input files named day_N for N in"
         return f"--valid-days: {what} {list(opts.valid_days)}"
@@ -154,7 +156,7 @@ def _check_heads(fmt: StreamFormat, roles: List[Tuple[str, str]]) -> None:
     for path, _ in roles:
         head = head_lines(path)
         if not head or head == [""]:
-            raise DataError(f"Input {path!r} is empty; remove it from --input.", category="malformed_input")
+            raise DataError(f"Input {redact_uri(path)!r} is empty; remove it from --input.", category="malformed_input")
         fmt.inspect(path, head)
 
 
@@ -202,8 +204,9 @@ def convert_stream(fmt: StreamFormat, opts: ConvertOptions) -> Dict[str, Any]:
                                 category="empty_split")
         elapsed = time.monotonic() - t0
         summary = {
-            "format": fmt.name, "inputs": list(opts.inputs), "valid_inputs": list(opts.valid_inputs),
-            "out": opts.out, "split": _split_description(fmt, opts),
+            "format": fmt.name, "inputs": [redact_uri(p) for p in opts.inputs],
+            "valid_inputs": [redact_uri(p) for p in opts.valid_inputs], "out": redact_uri(opts.out),
+            "split": _split_description(fmt, opts),
             "ids": ({"mode": "hash", "hash_buckets": opts.hash_buckets} if not opts.vocab_from_train else
                     {"mode": "vocab", "min_count": opts.min_count, "oov_id": "the last id of each table",
                      "rare_values": {t: encoders[t].rare for t in fmt.key_tables}}),

@@ -13,9 +13,11 @@ Two ways to name what to export, both checked before anything is written:
 :func:`export_model` merges the logical checkpoint into the plain model,
 writes ``model.pt`` + ``model.json`` under a temporary name, logs the pyfunc
 model (input example: the first validation rows, signature) and optionally
-registers a version, then renames the directory into place (or uploads it, when
-``--out`` is a URI such as ``s3://bucket/models/criteo``). An error at any
-point leaves no ``--out``. Checkpoints and datasets may be URIs too.
+registers a version, then renames the directory into place (or, when ``--out`` is
+a URI such as ``s3://bucket/models/criteo``, publishes it as a version under
+``--out/_v/`` named by ``--out/_PUBLISHED.json``: :mod:`rayemb.publish`). An
+error at any point leaves no ``--out``. Checkpoints and datasets may be URIs too;
+the dataset at ``data.path`` is read through :func:`rayemb.publish.resolve`.
 
 Example::
 
@@ -39,7 +41,8 @@ from rayemb.config import JobConfig, load_config, resolve_path
 from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, parquet_files
 from rayemb.errors import ConfigError, DataError, TrackingError
-from rayemb.logs import redact_uri
+from rayemb.logs import redact_text, redact_uri
+from rayemb.publish import has_output, publish_dir, resolve_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +72,7 @@ class ExportSource:
 
 
 def _schema_of(cfg: JobConfig, where: str) -> tuple:
-    data_dir = resolve_path(cfg.data.path)
+    data_dir = resolve_dataset(resolve_path(cfg.data.path))  # a published dataset: the version its marker names
     try:
         return DatasetSchema.load(data_dir), data_dir
     except DataError as e:
@@ -102,9 +105,9 @@ def _check_tables(meta: Dict[str, Any], schema: DatasetSchema, cfg: JobConfig, c
         got = saved.get(f.name)
         want = {"num_embeddings": int(f.num_embeddings), "dim": int(cfg.model.embedding_dim)}
         if got is None or {k: int(got.get(k, -1)) for k in want} != want:
-            raise DataError(f"Checkpoint {checkpoint!r} holds table {f.name!r} as {got}; the config and schema make "
-                            f"it {want}. Export with the config and dataset the checkpoint was trained with.",
-                            category="bad_checkpoint")
+            raise DataError(f"Checkpoint {redact_uri(checkpoint)!r} holds table {f.name!r} as {got}; the config and "
+                            f"schema make it {want}. Export with the config and dataset the checkpoint was trained "
+                            "with.", category="bad_checkpoint")
 
 
 def _check_compressed(name: str, rows: int, dim: int, storage: Dict[str, Any], saved: Dict[str, Any],
@@ -116,9 +119,9 @@ def _check_compressed(name: str, rows: int, dim: int, storage: Dict[str, Any], s
         got = saved.get(name + part.suffix)
         want = {"num_embeddings": int(part.rows), "dim": int(part.dim)}
         if got is None or {k: int(got.get(k, -1)) for k in want} != want:
-            raise DataError(f"Checkpoint {checkpoint!r} holds {name}{part.suffix} (table {name!r} stored {storage}) "
-                            f"as {got}; the config and schema make it {want}. Export with the config and dataset the "
-                            "checkpoint was trained with.", category="bad_checkpoint")
+            raise DataError(f"Checkpoint {redact_uri(checkpoint)!r} holds {name}{part.suffix} (table {name!r} stored "
+                            f"{storage}) as {got}; the config and schema make it {want}. Export with the config and "
+                            "dataset the checkpoint was trained with.", category="bad_checkpoint")
 
 
 def source_from_run(run_id: str, tracking_uri: str, kind: str = "best") -> ExportSource:
@@ -203,8 +206,8 @@ def input_example(data_dir: str, schema: DatasetSchema, rows: int = INPUT_EXAMPL
             batch = next(pq.ParquetFile(path, filesystem=fs).iter_batches(batch_size=rows,
                                                                           columns=feature_columns(schema, sequence)))
             return batch.to_pandas()
-    raise DataError(f"Dataset {data_dir!r} has no parquet files in {VALID_SPLIT}/ or {TRAIN_SPLIT}/ for the model's "
-                    "input example. Restore the training dataset at the config's data.path.",
+    raise DataError(f"Dataset {redact_uri(data_dir)!r} has no parquet files in {VALID_SPLIT}/ or {TRAIN_SPLIT}/ "
+                    "for the model's input example. Restore the training dataset at the config's data.path.",
                     category="missing_data")
 
 
@@ -212,14 +215,15 @@ def check_out(out: str) -> str:
     """Absolute ``out`` (a URI as it is); :class:`DataError` when it exists and is not an empty directory."""
     storage.check_supported(out, "--out")
     out = storage.abspath(out)
-    if storage.isfile(out) or storage.listdir(out):
+    if storage.isfile(out) or has_output(out):
         raise DataError(f"--out {redact_uri(out)!r} exists and is not empty. Choose a new directory (rayemb never "
                         "overwrites a model or predictions).", category="output_exists")
     return out
 
 
 def staging_dir(out: str) -> str:
-    """A fresh local directory to build ``out`` in: next to it (renamed by :func:`publish`), else a temp dir."""
+    """A fresh local directory to build ``out`` in: next to it (renamed by :func:`publish`), else a temp dir
+    (uploaded by :func:`publish`)."""
     if storage.is_remote(out):
         return tempfile.mkdtemp(prefix="rayemb-out-")
     tmp = f"{out.rstrip(os.sep)}.partial-{os.getpid()}"
@@ -227,13 +231,10 @@ def staging_dir(out: str) -> str:
     return tmp
 
 
-def publish(tmp: str, out: str) -> None:
-    """Puts the finished ``tmp`` at ``out``: one rename locally, an upload (then ``tmp`` removed) for a URI."""
-    if storage.is_remote(out):
-        storage.upload_dir(tmp, out)
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
+def publish(tmp: str, out: str) -> str:
+    """Puts the finished ``tmp`` at ``out`` (:func:`rayemb.publish.publish_dir`: one rename locally; for a URI a
+    new version made visible by its marker); returns the directory readers resolve ``out`` to."""
+    return publish_dir(tmp, out)
 
 
 def _new_run(source: ExportSource) -> str:
@@ -251,7 +252,7 @@ def _new_run(source: ExportSource) -> str:
     run = client.create_run(exp_id, run_name=f"export-{source.cfg.name}",
                             tags={**standard_tags(), TAG_KIND: "export",
                                   "rayemb.checkpoint": redact_uri(source.checkpoint)})
-    client.log_text(run.info.run_id, source.cfg.to_yaml(), "config.yaml")
+    client.log_text(run.info.run_id, redact_text(source.cfg.to_yaml()), "config.yaml")
     return run.info.run_id
 
 
@@ -279,14 +280,14 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
         "source": {"checkpoint": redact_uri(source.checkpoint), "checkpoint_kind": source.checkpoint_kind,
                    "run_id": source.run_id, "tracking_uri": redact_uri(source.tracking_uri),
                    "experiment": source.experiment,
-                   "data_path": source.data_dir, "plan_fingerprint": meta.get("plan_fingerprint"),
+                   "data_path": redact_uri(source.data_dir), "plan_fingerprint": meta.get("plan_fingerprint"),
                    "world_size": meta.get("world_size")},
     }
     tmp = staging_dir(out)
     created_run = None
     try:
         state = inference_state(unsharded_state(source.checkpoint), source.schema, mcfg,
-                                source=f"Checkpoint {source.checkpoint!r}")
+                                source=f"Checkpoint {redact_uri(source.checkpoint)!r}")
         model = InferenceModel.from_state(state, source.schema, mcfg, source.cfg.data.id_policy, info)
         example_pred = model.predict(example)
         model.save(tmp)
@@ -306,14 +307,15 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
         if created_run:
             client.set_terminated(created_run, "FINISHED")
         size = sum(os.path.getsize(os.path.join(tmp, n)) for n in os.listdir(tmp))
-        publish(tmp, out)
+        published = publish(tmp, out)
     except BaseException:
         if created_run:  # the run made for this export says it failed; nothing is left under --out
             MlflowClient(source.tracking_uri).set_terminated(created_run, "FAILED")
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"out": out, "run_id": run_id, "model_uri": logged.model_uri, "runs_uri": f"runs:/{run_id}/model",
+    return {"out": out, "published": published, "run_id": run_id, "model_uri": logged.model_uri,
+            "runs_uri": f"runs:/{run_id}/model",
             "registered": register, "version": getattr(version, "version", None), "step": info["step"],
             "epoch": info["epoch"], "checkpoint": source.checkpoint, "metrics": dict(source.metrics),
             "tables": len(source.schema.sparse), "bytes": size, "example_predictions": example_pred.tolist(),

@@ -45,9 +45,10 @@ class RayembPyfuncModel(mlflow.pyfunc.PythonModel):
     """An exported rayemb model as an MLflow pyfunc (module docstring)."""
 
     def load_context(self, context: Any) -> None:
+        from rayemb.publish import resolve
         from rayemb.serve.model import InferenceModel
 
-        self._model = InferenceModel.load(context.artifacts[ARTIFACT_KEY])
+        self._model = InferenceModel.load(resolve(context.artifacts[ARTIFACT_KEY]))
 
     def predict(self, context: Any, model_input: pandas.DataFrame, params: Optional[Dict[str, Any]] = None
                 ) -> pandas.DataFrame:
@@ -176,23 +177,29 @@ def local_model_dir(model: str, tracking_uri: Optional[str], scratch: Optional[s
                 local = mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=scratch,
                                                             tracking_uri=tracking_uri)
         except MlflowException as e:
-            raise TrackingError(f"MLflow model {model!r} cannot be found in the store {tracking_uri!r} "
-                                f"({e.message.splitlines()[0][:200]}). Check the name and version "
+            from rayemb.logs import redact_text, redact_uri
+
+            raise TrackingError(f"MLflow model {model!r} cannot be found in the store {redact_uri(tracking_uri)!r} "
+                                f"({redact_text(e.message.splitlines()[0][:200])}). Check the name and version "
                                 "(`mlflow models` UI / `rayemb export --register`) and --tracking-uri.",
                                 category="not_found") from None
         return _artifact_dir(local, f"--model {model!r}"), model
-    if storage.is_remote(model):  # an export directory in a bucket: its few files, downloaded into scratch
+    from rayemb.publish import resolve
+    from rayemb.serve.model import INFO_FILE, STATE_FILE
+
+    if storage.is_remote(model):  # an export in a bucket: its published version's few files, into scratch
         from rayemb.logs import redact_uri
 
-        if not storage.listdir(model):
+        published = resolve(model, expect=(INFO_FILE, STATE_FILE))
+        if not storage.listdir(published):
             raise DataError(f"--model {redact_uri(model)!r} does not exist or is empty. Pass the --out of `rayemb "
                             "export`, or an MLflow URI.", category="not_found")
-        local = storage.download_dir(model, os.path.join(scratch or tempfile.mkdtemp(prefix="rayemb-model-"),
-                                                         "model"))
+        local = storage.download_dir(published, os.path.join(scratch or tempfile.mkdtemp(prefix="rayemb-model-"),
+                                                             "model"))
         return local_model_dir(local, tracking_uri)[0], model
     if os.path.isfile(os.path.join(model, "MLmodel")):
         return _artifact_dir(model, f"--model {model!r}"), os.path.abspath(model)
-    return model, os.path.abspath(model)
+    return resolve(model), os.path.abspath(model)
 
 
 __all__ = ["ARTIFACT_KEY", "MODEL_NAME", "RayembPyfuncModel", "is_mlflow_uri",

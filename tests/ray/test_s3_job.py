@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 from sklearn.metrics import roc_auc_score
 
 from rayemb import storage
+from rayemb.publish import resolve
 from rayemb.cli import main as rayemb_main
 from rayemb.config import load_config
 from rayemb.serve.model import InferenceModel
@@ -145,13 +146,13 @@ def test_job_reads_writes_and_resumes_on_s3(s3_ray, tiny_data, tmp_path, capfd, 
     model_uri, preds = f"s3://{BUCKET}/models/synth", f"s3://{BUCKET}/preds"
     assert rayemb_main(["export", "--run-id", second.run_id, "--tracking-uri", second.tracking_uri,
                         "--checkpoint-kind", "last", "--out", model_uri]) == 0
-    assert {"model.json", "model.pt"} <= set(storage.listdir(model_uri))
+    assert {"model.json", "model.pt"} <= set(storage.listdir(resolve(model_uri)))  # the version its marker names
     assert rayemb_main(["predict", "--model", model_uri, "--data", f"s3://{BUCKET}/data/valid", "--out", preds]) == 0
-    with storage.local_copy(preds) as local:
+    with storage.local_copy(resolve(preds)) as local:
         scored = pq.read_table(local)
     valid = pq.read_table(os.path.join(tiny_data, "valid"))
     assert scored.num_rows == valid.num_rows and scored.column("label").equals(valid.column("label"))
-    with storage.local_copy(model_uri) as local:  # the same rows scored by the model read back from the bucket
+    with storage.local_copy(resolve(model_uri)) as local:  # the same rows scored by the model read back from the bucket
         expected = InferenceModel.load(local).predict(valid)
     np.testing.assert_allclose(scored.column("prediction").to_numpy(), expected, rtol=0, atol=1e-6)
     assert roc_auc_score(valid.column("label").to_numpy(), expected) > 0.6

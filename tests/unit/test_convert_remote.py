@@ -1,5 +1,6 @@
 """``rayemb convert`` from and to a bucket (moto's S3 server on 127.0.0.1): inputs streamed from S3
-(gzip included), the dataset uploaded only when complete, equal to a local conversion of the same files."""
+(gzip included), the dataset published only when complete (a version named by its marker), equal to a
+local conversion of the same files."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from test_storage import BUCKET, moto_server, s3  # noqa: F401  (moto's server a
 
 from rayemb import storage
 from rayemb.data.schema import load_checked
+from rayemb.publish import read_marker, resolve_dataset
 
 def _tables(root: str):
-    with storage.local_copy(root) as local:
+    with storage.local_copy(resolve_dataset(root)) as local:
         return {split: pq.read_table(os.path.join(local, split)).to_pylist() for split in ("train", "valid")}, \
             sorted(os.listdir(local))
 
@@ -30,22 +32,24 @@ def test_criteo_from_s3_to_s3_equals_a_local_conversion(s3, tmp_path):
     out = f"s3://{BUCKET}/criteo"
     assert run("criteo", "--input", *remote_in, "--out", out, *argv) == 0
 
-    schema = load_checked(out)  # what `rayemb train` checks, on the bucket
+    schema = load_checked(resolve_dataset(out))  # what `rayemb train` checks, on the bucket
     assert [f.num_embeddings for f in schema.sparse] == [97] * 26
     remote, names = _tables(out)
     local, local_names = _tables(str(tmp_path / "local"))
     assert remote == local and len(remote["train"]) == 120 and len(remote["valid"]) == 80
     assert names == local_names == ["convert_summary.json", "schema.yaml", "train", "valid"]
     keys = s3.keys(BUCKET, "criteo/")
-    assert "criteo/train/part-00002.parquet" in keys and not [k for k in keys if "partial" in k]
+    first = read_marker(out)["version"]
+    assert f"criteo/{first}/train/part-00002.parquet" in keys and "criteo/_PUBLISHED.json" in keys
+    assert not [k for k in keys if "partial" in k]
 
     # an existing dataset is kept unless --overwrite, which replaces it whole (no file of the old one left)
     assert run("criteo", "--input", remote_in[0], "--out", out, "--hash-buckets", 5) == 2
     assert s3.keys(BUCKET, "criteo/") == keys
     assert run("criteo", "--input", remote_in[0], "--out", out, "--hash-buckets", 5, "--rows-per-file", 1000,
                "--overwrite") == 0
-    assert load_checked(out).sparse[0].num_embeddings == 5
-    assert "criteo/train/part-00002.parquet" not in s3.keys(BUCKET, "criteo/")
+    assert load_checked(resolve_dataset(out)).sparse[0].num_embeddings == 5
+    assert read_marker(out)["version"] != first and not s3.keys(BUCKET, f"criteo/{first}/")
 
 
 def test_a_failed_conversion_leaves_nothing_in_the_bucket(s3, tmp_path, capsys):

@@ -1,0 +1,46 @@
+"""A small logical checkpoint of a plain DLRM, written without a process group, for export tests.
+
+``rayemb export`` reads what :func:`rayemb.checkpoint.store.save_logical` writes: a DCP checkpoint whose
+tensors are ``tables.<table>.weight`` (whole tables, logical rows) and ``dense.<param>``, and a
+``meta.json`` listing every file with its size and SHA-256. This writes the same from a freshly
+initialized plain model (one rank), so tests of what happens around an export need neither Ray nor gloo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Dict
+
+
+def write_checkpoint(directory: str, schema: Any, model_cfg: Dict[str, Any], seed: int = 0) -> str:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from rayemb.checkpoint.store import DCP_METADATA, FORMAT, META_FILE
+    from rayemb.serve.model import _table_of, build_dlrm
+
+    torch.manual_seed(seed)
+    model = build_dlrm(schema, model_cfg)
+    state, tables = {}, {}
+    for key, value in model.state_dict().items():
+        table = _table_of(key)
+        if table is None:
+            state[f"dense.{key}"] = value.detach().clone()
+        else:
+            state[f"tables.{table}.weight"] = value.detach().clone()
+            tables[table] = {"num_embeddings": int(value.shape[0]), "dim": int(value.shape[1])}
+    os.makedirs(directory, exist_ok=True)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(directory), no_dist=True)
+    files = {}
+    for name in sorted(os.listdir(directory)):
+        if name == DCP_METADATA or name.endswith(".distcp"):
+            with open(os.path.join(directory, name), "rb") as f:
+                data = f.read()
+            files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    meta = {"format": FORMAT, "world_size": 1, "epoch": 0, "step": 3, "epoch_complete": True, "tables": tables,
+            "states": ["weight"], "rng": [], "files": files}
+    with open(os.path.join(directory, META_FILE), "w") as f:
+        json.dump(meta, f, indent=1, sort_keys=True)
+    return directory
