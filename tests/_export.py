@@ -5,7 +5,7 @@
 follows the plan is the same: a few optimizer steps on this rank's slice of
 the training rows, ``save_logical`` (the checkpoint ``rayemb export`` reads),
 and this rank's half of the validation rows scored as
-``rayemb.train.loop.evaluate`` does.
+``rayemb.train.validation.evaluate`` does.
 """
 
 from __future__ import annotations

@@ -21,6 +21,12 @@ row cut to its ``max_length`` most recent ids
 (:func:`rayemb.embedding.sequence.truncate_recent`), ids checked with the same
 ``id_policy``. It is separate because it feeds another module (the DLRM's
 ``sequence`` EmbeddingCollection) and the hybrid remap is for pooled tables only.
+
+Padding (validation scores every row): the sharded model's input exchange
+needs the same batch size on every rank, so a short last batch is padded to the
+full size (``converter(table, pad_to=B)``) and a rank with no rows left runs a
+batch of padding only (``converter.padding(B)``). A padding row has dense
+zeros, empty bags, label 0, and ``Batch.mask`` False; metrics leave it out.
 """
 
 from __future__ import annotations
@@ -47,9 +53,16 @@ class Batch:
     labels: "torch.Tensor"  # (B,) float32
     #: the sequence features' KJT (keys = schema.sequence_names), None when not asked for
     sequence: Optional["KeyedJaggedTensor"] = None
+    #: (B,) bool, False on padding rows; None when every row is real
+    mask: Optional["torch.Tensor"] = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
+
+    @property
+    def rows(self) -> int:
+        """Real (not padding) rows."""
+        return len(self) if self.mask is None else int(self.mask.sum())
 
 
 def _column(batch: pa.Table, name: str) -> pa.Array:
@@ -109,35 +122,30 @@ class BatchConverter:
 
     def sequence_kjt(self, batch: pa.Table) -> "KeyedJaggedTensor":
         """The sequence features of ``batch`` as one KJT: latest ``max_length`` ids per row, key-major."""
-        import torch
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+        return _kjt(self.schema.sequence_names, self._sequence_arrays(batch), 0)
 
+    def _sequence_arrays(self, batch: pa.Table) -> List[Tuple[np.ndarray, np.ndarray]]:
         from rayemb.embedding.sequence import truncate_recent
 
-        all_values, all_lengths = [], []
+        out = []
         for feat in self.schema.sequence:
             values, lengths = sparse_arrays(batch, feat.name, multi_hot=True)
             values = apply_id_policy(values, feat.num_embeddings, self.id_policy, feat.name)
             lengths, values = truncate_recent(lengths, values, feat.max_length)
-            all_values.append(values)
-            all_lengths.append(lengths)
-        return KeyedJaggedTensor.from_lengths_sync(
-            keys=self.schema.sequence_names,
-            values=torch.from_numpy(np.concatenate(all_values)),
-            lengths=torch.from_numpy(np.concatenate(all_lengths).astype(np.int32)),
-        )
+            out.append((values, lengths))
+        return out
 
     @property
     def keys(self) -> List[str]:
         return self.schema.sparse_names
 
-    def __call__(self, batch: pa.Table) -> Batch:
-        import torch
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
+    def __call__(self, batch: pa.Table, pad_to: Optional[int] = None) -> Batch:
+        """``batch`` as tensors; with ``pad_to``, padding rows (module docstring) fill it up to ``pad_to`` rows."""
         n = batch.num_rows
         if n == 0:
             raise DataError("Received an empty batch; the dataset split has no rows.")
+        if pad_to is not None and pad_to < n:
+            raise ValueError(f"a batch of {n} rows cannot be padded to {pad_to}")
         dense = np.empty((n, len(self.schema.dense)), dtype=np.float32)
         for i, c in enumerate(self.schema.dense):
             col = pc.fill_null(_column(batch, c), 0).to_numpy(zero_copy_only=False)
@@ -155,17 +163,47 @@ class BatchConverter:
             raise DataError(f"Label column {self.schema.label!r} has {labels.null_count} null value(s); drop those rows.")
         labels_np = labels.to_numpy(zero_copy_only=False).astype(np.float32)
 
-        all_values, all_lengths = [], []
+        sparse = []
         for feat in self.schema.sparse:
             values, lengths = sparse_arrays(batch, feat.name, feat.multi_hot)
-            all_values.append(apply_id_policy(values, feat.num_embeddings, self.id_policy, feat.name))
-            all_lengths.append(lengths)
-        kjt = KeyedJaggedTensor.from_lengths_sync(
-            keys=self.keys,
-            values=torch.from_numpy(np.concatenate(all_values)),
-            lengths=torch.from_numpy(np.concatenate(all_lengths)),
-        )
+            sparse.append((apply_id_policy(values, feat.num_embeddings, self.id_policy, feat.name), lengths))
+        sequence = self._sequence_arrays(batch) if self.sequence else None
+        return self._assemble(dense, labels_np, sparse, sequence, 0 if pad_to is None else pad_to - n)
+
+    def padding(self, rows: int) -> Batch:
+        """A batch of ``rows`` padding rows only, for a rank whose shard has no rows left."""
+        def empty(features: Any) -> List[Tuple[np.ndarray, np.ndarray]]:
+            return [(np.zeros(0, np.int64), np.zeros(0, np.int32)) for _ in features]
+
+        return self._assemble(np.zeros((0, len(self.schema.dense)), np.float32), np.zeros(0, np.float32),
+                              empty(self.schema.sparse), empty(self.schema.sequence) if self.sequence else None, rows)
+
+    def _assemble(self, dense: np.ndarray, labels: np.ndarray, sparse: List[Tuple[np.ndarray, np.ndarray]],
+                  sequence: Optional[List[Tuple[np.ndarray, np.ndarray]]], pad: int) -> Batch:
+        """The :class:`Batch` of these arrays followed by ``pad`` padding rows (remapped, masked)."""
+        import torch
+
+        n = labels.size
+        if pad:
+            dense = np.concatenate([dense, np.zeros((pad, dense.shape[1]), np.float32)])
+            labels = np.concatenate([labels, np.zeros(pad, np.float32)])
+        kjt = _kjt(self.keys, sparse, pad)
         if self.remap is not None:
             kjt = self.remap(kjt)
-        return Batch(dense=torch.from_numpy(dense), sparse=kjt, labels=torch.from_numpy(labels_np),
-                     sequence=self.sequence_kjt(batch) if self.sequence else None)
+        return Batch(dense=torch.from_numpy(dense), sparse=kjt, labels=torch.from_numpy(labels),
+                     sequence=None if sequence is None else _kjt(self.schema.sequence_names, sequence, pad),
+                     mask=torch.arange(n + pad) < n if pad else None)
+
+
+def _kjt(keys: List[str], features: List[Tuple[np.ndarray, np.ndarray]], pad: int) -> "KeyedJaggedTensor":
+    """One key-major KJT of per-feature ``(values, lengths)``, each feature followed by ``pad`` empty bags."""
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    values = [v for v, _ in features]
+    lengths = [np.concatenate([ln, np.zeros(pad, ln.dtype)]) if pad else ln for _, ln in features]
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=keys,
+        values=torch.from_numpy(np.concatenate(values) if values else np.zeros(0, np.int64)),
+        lengths=torch.from_numpy((np.concatenate(lengths) if lengths else np.zeros(0)).astype(np.int32, copy=False)),
+    )

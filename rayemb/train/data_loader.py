@@ -12,6 +12,12 @@ Two ways in, one interface (:class:`RankBatches`):
   the step runs (a bounded queue, ``PREFETCH_BATCHES`` deep); each step still
   checks that every rank has a batch.
 
+Training drops a rank's last, partial batch (every step is a full batch);
+validation keeps it (``drop_last=False``), its converter padding it to the
+full batch (:mod:`rayemb.train.validation`). So the driver's
+:func:`split_steps` asks the train split for one global batch and the valid
+split for one row.
+
 Either way the first batch of an epoch must arrive within
 ``data.first_batch_timeout_s``; if it does not, :class:`DataStarvedError`
 says why it usually happens (no CPU free on any node for Ray Data's read
@@ -30,7 +36,9 @@ from typing import Any, Callable, Iterator, List, Optional
 
 import numpy as np
 
+from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.errors import DataError
+from rayemb.logs import redact_uri
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +54,24 @@ class DataStarvedError(DataError):
 
     def __init__(self, message: str, category: str = "data_starved") -> None:
         super().__init__(message, category)
+
+
+def split_steps(train_rows: int, valid_rows: int, cfg: Any, data_dir: str) -> int:
+    """Train steps per epoch at the job's size (``JobConfig``); a :class:`DataError` when the train split has less
+    than one global batch or the valid split no row (validation pads its last batch: one row is enough)."""
+    steps = train_rows // cfg.scaling.num_workers // cfg.data.batch_size
+    if steps < 1:
+        raise DataError(
+            f"The {TRAIN_SPLIT} split of {redact_uri(data_dir)!r} has {train_rows} rows, fewer than one global batch "
+            f"(data.batch_size={cfg.data.batch_size} x scaling.num_workers={cfg.scaling.num_workers}). "
+            "Generate more rows or lower data.batch_size."
+        )
+    if valid_rows < 1:
+        raise DataError(
+            f"The {VALID_SPLIT} split of {redact_uri(data_dir)!r} has no rows; validation needs at least one. "
+            "Give the dataset a non-empty valid/ split (e.g. rayemb convert --valid-fraction)."
+        )
+    return steps
 
 
 def cluster_cpu_report() -> str:
@@ -114,8 +140,9 @@ class RankBatches:
 
     Args:
         shard: the rank's Ray Data shard (``ray.train.get_dataset_shard(split)``).
-        batch_size: rows per batch (the last, partial batch is dropped).
+        batch_size: rows per batch.
         convert: pyarrow table -> batch (``BatchConverter``).
+        drop_last: drop the shard's last, partial batch (training); False hands it to ``convert`` (validation).
         in_memory: keep the converted batches after the first pass.
         first_batch_timeout_s: the wait for an epoch's first batch before :class:`DataStarvedError`.
         split, rank, cpus_per_worker: for messages.
@@ -125,8 +152,8 @@ class RankBatches:
 
     def __init__(self, shard: Any, batch_size: int, convert: Callable[[Any], Any], *, in_memory: bool,
                  first_batch_timeout_s: float, split: str, rank: int, cpus_per_worker: Optional[float] = None,
-                 seed: int = 0, shuffle: bool = True) -> None:
-        self.shard, self.batch_size, self.convert = shard, batch_size, convert
+                 seed: int = 0, shuffle: bool = True, drop_last: bool = True) -> None:
+        self.shard, self.batch_size, self.convert, self.drop_last = shard, batch_size, convert, drop_last
         self.in_memory = in_memory
         self.first_batch_timeout_s = first_batch_timeout_s
         self.split, self.rank, self.cpus_per_worker = split, rank, cpus_per_worker
@@ -146,8 +173,8 @@ class RankBatches:
         return len(self._cache)
 
     def _source(self) -> Iterator[Any]:
-        return iter(self.shard.iter_batches(batch_size=self.batch_size, batch_format="pyarrow", drop_last=True,
-                                            prefetch_batches=2))
+        return iter(self.shard.iter_batches(batch_size=self.batch_size, batch_format="pyarrow",
+                                            drop_last=self.drop_last, prefetch_batches=2))
 
     def _stream(self) -> Iterator[Any]:
         pre = _Prefetcher(self._source, self.convert, PREFETCH_BATCHES)
@@ -190,4 +217,5 @@ class RankBatches:
         return (self._cache[i] for i in order)
 
 
-__all__ = ["RankBatches", "DataStarvedError", "starvation_message", "cluster_cpu_report", "PREFETCH_BATCHES"]
+__all__ = ["RankBatches", "DataStarvedError", "split_steps", "starvation_message", "cluster_cpu_report",
+           "PREFETCH_BATCHES"]

@@ -5,18 +5,18 @@ it with the driver's plan under ``DistributedModelParallel``, streams its shard
 of the train split, and runs the same number of steps as every other rank (a
 rank that runs dry early would hang the collectives, so ranks also agree on
 "everyone still has a batch" every step). After each epoch it evaluates AUC
-and logloss on the validation split, gathered over all ranks, and reports.
+and logloss on every row of the validation split, gathered over all ranks
+(:mod:`rayemb.train.validation`), and reports.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Tuple
 
 if TYPE_CHECKING:
     from rayemb.config import JobConfig
@@ -110,41 +110,6 @@ def check_finite_loss(loss_value: float, step: int, epoch: int, rank: int) -> No
         )
 
 
-def _gather(arr: np.ndarray) -> np.ndarray:
-    import torch.distributed as dist
-
-    parts: List[Optional[np.ndarray]] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, arr)
-    return np.concatenate([p for p in parts if p is not None and p.size])
-
-
-def evaluate(model, data, device, max_steps: Optional[int] = None) -> Dict[str, float]:
-    """AUC and logloss of ``model`` on a split's :class:`RankBatches`, over the union of all ranks' shards."""
-    import torch
-
-    from rayemb.train.metrics import auc, logloss
-
-    model.eval()
-    logits, labels = [], []
-    it = data.epoch(0)
-    agreed = _agreed_steps(data, max_steps, device)
-    limit = agreed if agreed is not None else max_steps
-    steps = 0
-    with torch.no_grad():
-        while limit is None or steps < limit:
-            batch = next(it, None)
-            if agreed is None and not _all_have(batch is not None, device):
-                break
-            out = model(batch.dense.to(device), batch.sparse.to(device), _sequence_of(batch, device))
-            logits.append(out.float().cpu().numpy())
-            labels.append(batch.labels.numpy())
-            steps += 1
-    model.train()
-    z = _gather(np.concatenate(logits) if logits else np.zeros(0, np.float32))
-    y = _gather(np.concatenate(labels) if labels else np.zeros(0, np.float32))
-    return {"valid_auc": auc(y, z), "valid_logloss": logloss(y, z), "valid_rows": float(y.size)}
-
-
 class _DeviceBatch(NamedTuple):
     """One step's tensors on the device."""
 
@@ -229,13 +194,14 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     from rayemb.model.dlrm import sequence_features, table_configs
     from rayemb.train.data_loader import RankBatches
     from rayemb.train.resume import CheckpointSchedule, restore, save_and_report
+    from rayemb.train.validation import evaluate
 
     quiet_third_party_logs()
 
     cfg: JobConfig = loop_config["job"]  # the frozen config object itself, pickled by Ray
     schema: DatasetSchema = loop_config["schema"]
-    # Step metrics go straight to the driver's queue: ray.train.report is a barrier across ranks (about
-    # 2 s per call measured on a 2-core machine), so it is kept for epoch ends.
+    # Step metrics go straight to the driver's queue: ray.train.report is a slow barrier across ranks, so it is
+    # kept for epoch ends.
     metrics_queue = loop_config.get("metrics_queue")
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -262,8 +228,10 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                      rank=rank, cpus_per_worker=loop_config.get("cpus_per_worker"), seed=cfg.train.seed)
     train_data = RankBatches(ray.train.get_dataset_shard("train"), cfg.data.batch_size, converter, split="train",
                              **data_args)
-    valid_data = RankBatches(ray.train.get_dataset_shard("valid"), cfg.data.batch_size, converter, split="valid",
-                             shuffle=False, **data_args)
+    # every validation row is scored: the last batch is padded to the full size, padding is masked out
+    valid_data = RankBatches(ray.train.get_dataset_shard("valid"), cfg.data.batch_size,
+                             functools.partial(converter, pad_to=cfg.data.batch_size), split="valid",
+                             shuffle=False, drop_last=False, **data_args)
     global_batch = cfg.data.batch_size * world
     log_every = cfg.train.log_every_n_steps
 
@@ -375,7 +343,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 timer.reset()
             if schedule.due(step, time_flag) and epoch_steps < steps_per_epoch:
                 checkpoint(epoch, epoch_steps, False, {"step": step, "epoch": epoch, "checkpoint": 1})
-        valid = evaluate(model, valid_data, device)
+        valid = evaluate(model, valid_data, device, padding=lambda: converter.padding(cfg.data.batch_size))
         # every rank sees the same gathered AUC, so all make the same decision; the last epoch is no early stop
         stop = best.update(epoch, valid["valid_auc"]) and epoch + 1 < cfg.train.epochs
         if rank == 0:

@@ -1,0 +1,128 @@
+"""Validation scores every row of the valid split, on any world size.
+
+Three parts make that hold:
+
+* **the split** (:class:`ValidationDataConfig`): Ray Train hands every dataset
+  out with ``streaming_split(equal=True)``, which drops up to ``world - 1``
+  rows so that ranks get equal counts. The valid split is split with
+  ``equal=False`` instead: no row is dropped, and ranks may get unequal
+  shares (a small split can leave a rank none at all).
+* **the batches**: the valid split keeps each rank's last, partial batch
+  (``RankBatches(drop_last=False)``), padded to the full local batch by the
+  converter (:mod:`rayemb.data.batching`). The sharded model's input exchange
+  assumes the same batch size on every rank, so a rank whose shard has run
+  dry feeds padding-only batches until no rank has a batch left: every rank
+  runs the same number of forward passes.
+* **the metrics** (:func:`evaluate`): padding rows carry ``Batch.mask`` False
+  and are dropped before the logits are gathered, so AUC (exact, over all
+  gathered logits), logloss and ``valid_rows`` are those of the real rows.
+
+Training batches are unaffected: they stay full (``drop_last=True``) and the
+train split keeps Ray Train's equal split.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+from ray.train import DataConfig
+
+from rayemb.constants import VALID_SPLIT
+
+
+class ValidationDataConfig(DataConfig):
+    """Ray Train's dataset sharding, except that the valid split is split without dropping rows."""
+
+    def configure(self, datasets: Dict[str, Any], world_size: int, worker_handles: Any, worker_node_ids: Any,
+                  **kwargs: Any) -> List[Dict[str, Any]]:
+        others = {name: ds for name, ds in datasets.items() if name != VALID_SPLIT}
+        out = super().configure(others, world_size, worker_handles, worker_node_ids, **kwargs)
+        if VALID_SPLIT in datasets:
+            ds = datasets[VALID_SPLIT]
+            if ds.name is None:
+                ds.set_name(VALID_SPLIT)
+            ds = ds.copy(ds)
+            ds.context.execution_options = self._resolve_execution_options(VALID_SPLIT)
+            hints = worker_node_ids if self._enable_shard_locality else None
+            for rank, split in enumerate(ds.streaming_split(world_size, equal=False, locality_hints=hints)):
+                out[rank][VALID_SPLIT] = split
+        return out
+
+
+def _any_has(has_batch: bool, device: Any) -> bool:
+    """Whether some rank still has a batch (every rank calls it alike)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if has_batch else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _longest_shard(data: Any, device: Any) -> Optional[int]:
+    """For in-memory data: the most batches any rank holds, agreed once; None if streamed."""
+    if data.needs_step_check:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    n = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    return int(n.item())
+
+
+def _gather(arr: np.ndarray) -> np.ndarray:
+    import torch.distributed as dist
+
+    parts: List[Optional[np.ndarray]] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, arr)
+    parts = [p for p in parts if p is not None and p.size]
+    return np.concatenate(parts) if parts else np.zeros(0, arr.dtype)
+
+
+def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
+             max_steps: Optional[int] = None) -> Dict[str, float]:
+    """AUC, logloss and row count of ``model`` on every row of a split's :class:`RankBatches`, all ranks together.
+
+    Args:
+        data: this rank's batches, their last one padded (``Batch.mask``).
+        padding: a batch of padding rows only (``BatchConverter.padding``), fed while this rank has no batch
+            left and another rank has.
+        max_steps: score at most this many batches per rank.
+    """
+    import torch
+
+    from rayemb.train.metrics import validation_metrics
+
+    model.eval()
+    logits: List[np.ndarray] = []
+    labels: List[np.ndarray] = []
+    it = data.epoch(0)
+    agreed = _longest_shard(data, device)
+    limit = agreed if max_steps is None else (max_steps if agreed is None else min(agreed, max_steps))
+    filler = None
+    steps = 0
+    with torch.no_grad():
+        while limit is None or steps < limit:
+            batch = next(it, None)
+            if agreed is None and not _any_has(batch is not None, device):
+                break
+            if batch is None:  # this shard ran dry: padding keeps this rank in the others' collectives
+                filler = batch = filler if filler is not None else padding()
+            sequence = None if batch.sequence is None else batch.sequence.to(device)
+            out = model(batch.dense.to(device), batch.sparse.to(device), sequence).float().cpu().numpy()
+            y = batch.labels.numpy()
+            if batch.mask is not None:
+                keep = batch.mask.numpy()
+                out, y = out[keep], y[keep]
+            logits.append(out)
+            labels.append(y)
+            steps += 1
+    model.train()
+    z = _gather(np.concatenate(logits) if logits else np.zeros(0, np.float32))
+    y = _gather(np.concatenate(labels) if labels else np.zeros(0, np.float32))
+    return validation_metrics(y, z)
+
+
+__all__ = ["ValidationDataConfig", "evaluate"]
