@@ -77,24 +77,88 @@ def report(path: str, doc: Dict[str, Any], rows: Iterable[Mapping[str, Any]], co
     return 0
 
 
-def pool_by_plan(runs: Iterable[Mapping[str, Any]]) -> "tuple[Dict[str, Dict[str, Any]], Dict[str, str]]":
-    """Runs of identical plans pooled: (plan key -> {summary, variants, runs, samples_per_s (median)}, variant ->
-    its plan's key, the one most of its runs chose, the first of those on a tie). Runs without samples/s or plan
-    are left out."""
-    import json
-    import statistics
+def spread(values: Iterable[Optional[float]]) -> Dict[str, Any]:
+    """``{"median", "min", "max", "n"}`` of the values that are not None (None figures where there are none)."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
-    plans: Dict[str, Dict[str, Any]] = {}
-    variant_runs: Dict[str, list] = {}
+
+def _plan_key(plan: Mapping[str, str]) -> str:
+    return json.dumps(dict(plan), sort_keys=True)
+
+
+def _mode(keys: Sequence[str]) -> str:
+    """The most frequent key, the first of those on a tie."""
+    return max(keys, key=keys.count)
+
+
+def auto_plan_check(runs: Iterable[Mapping[str, Any]], auto: str = "auto") -> Dict[str, Any]:
+    """Whether auto trained the fastest plan, and how its own runs compare with forced runs of that same plan.
+
+    ``runs``: one comparison's runs (``variant``, ``plan``: {table: placement}, ``plan_summary``,
+    ``samples_per_s``); failed runs (no samples/s or plan) are left out. A row is a variant; its median
+    samples/s ranks it and its plan is the one most of its runs trained. Returns ``auto_chose_fastest_plan``
+    ("yes": auto's plan is the fastest row's plan, auto's own row included; "no" also when auto has no run),
+    the fastest row and both plans, and ``auto_vs_same_plan``: auto's runs of its plan against every other
+    row's runs of that plan, ``ratio`` of their medians with each side's median, min and max (None when no
+    other row trained it). Runs of one plan are never pooled across rows: a row of auto's slower runs
+    reads slower whichever forced row ran the same placements faster.
+    """
+    by_variant: Dict[str, List[Mapping[str, Any]]] = {}
     for r in runs:
-        if not r.get("samples_per_s") or not r.get("plan"):
-            continue
-        key = json.dumps(r["plan"], sort_keys=True)
-        p = plans.setdefault(key, {"summary": r.get("plan_summary"), "variants": [], "runs": []})
-        if r["variant"] not in p["variants"]:
-            p["variants"].append(r["variant"])
-        p["runs"].append(r["samples_per_s"])
-        variant_runs.setdefault(r["variant"], []).append(key)
-    for p in plans.values():
-        p["samples_per_s"] = statistics.median(p["runs"])
-    return plans, {v: max(keys, key=keys.count) for v, keys in variant_runs.items()}
+        if r.get("samples_per_s") and r.get("plan"):
+            by_variant.setdefault(r["variant"], []).append(r)
+    summaries = {_plan_key(r["plan"]): r.get("plan_summary") for rs in by_variant.values() for r in rs}
+    plan_of = {v: _mode([_plan_key(r["plan"]) for r in rs]) for v, rs in by_variant.items()}
+    median = {v: statistics.median(r["samples_per_s"] for r in rs) for v, rs in by_variant.items()}
+    fastest = max(median, key=median.get) if median else None
+    out: Dict[str, Any] = {"auto_chose_fastest_plan": "no", "fastest_row": fastest,
+                           "fastest_plan": summaries.get(plan_of[fastest]) if fastest else None,
+                           "auto_plan": None, "auto_vs_same_plan": None}
+    if auto not in plan_of:
+        return out
+    mine = plan_of[auto]
+    out["auto_plan"] = summaries.get(mine)
+    out["auto_chose_fastest_plan"] = "yes" if fastest is not None and plan_of[fastest] == mine else "no"
+    auto_runs = [r["samples_per_s"] for r in by_variant[auto] if _plan_key(r["plan"]) == mine]
+    forced = {v: [r["samples_per_s"] for r in rs if _plan_key(r["plan"]) == mine]
+              for v, rs in by_variant.items() if v != auto}
+    forced = {v: vals for v, vals in forced.items() if vals}
+    if forced:
+        a, f = spread(auto_runs), spread(x for vals in forced.values() for x in vals)
+        out["auto_vs_same_plan"] = {"forced_rows": sorted(forced), "auto": a, "forced": f,
+                                    "ratio": a["median"] / f["median"]}
+    return out
+
+
+def auto_plan_line(check: Mapping[str, Any]) -> str:
+    """One printed line of :func:`auto_plan_check`."""
+    line = (f"auto chose the fastest plan: {check['auto_chose_fastest_plan']} (auto's plan: "
+            f"{check.get('auto_plan') or '-'}; fastest row {check.get('fastest_row') or '-'}: "
+            f"{check.get('fastest_plan') or '-'})")
+    same = check.get("auto_vs_same_plan")
+    if same:
+        a, f = same["auto"], same["forced"]
+        line += (f"; auto's runs of its plan {same['ratio']:.3f}x the forced runs of it ({', '.join(same['forced_rows'])}): "
+                 f"median {a['median']:,.0f} [{a['min']:,.0f}-{a['max']:,.0f}] vs {f['median']:,.0f} "
+                 f"[{f['min']:,.0f}-{f['max']:,.0f}] samples/s")
+    return line
+
+
+def row_problem(row: Optional[Mapping[str, Any]], min_runs: int, needs_prediction: bool) -> Optional[str]:
+    """Why a row cannot carry a verdict, or None: it is missing, a run of it failed, none succeeded, it has
+    fewer runs than ``min_runs``, or (``needs_prediction``) it has no predicted-over-measured step."""
+    if row is None:
+        return "missing"
+    if row.get("failed"):
+        return f"{row['failed']} failed run(s)"
+    runs = int(row.get("runs") or 0)
+    if runs == 0 or row.get("samples_per_s") is None:
+        return "no run"
+    if runs < min_runs:
+        return f"{runs} run(s), fewer than the {min_runs} it needs"
+    if needs_prediction and row.get("predicted_over_measured") is None:
+        return "no predicted step time"
+    return None

@@ -1,4 +1,4 @@
-"""Compressed embedding tables (QR, block) vs plain: memory, step time and accuracy (issue 15).
+"""Compressed embedding tables (QR, block) vs plain: memory, step time and accuracy.
 
     python jobs/bench/compression.py --out bench-results/compression.json
 

@@ -12,7 +12,7 @@ row-wise with per-id exchange: the planner's hybrid placement;
   :class:`rayemb.embedding.comm.CommCounter` on the collectives really called
   (all-to-all, all-reduce incl. DDP's, reduce-scatter, all-gather);
 * ``predicted_bytes_per_step``: :func:`rayemb.planner.traffic.predict_bytes_per_step`
-  from the DESIGN §4 cost model, with the hot share h taken from the stats
+  (the byte formulas of docs/hybrid.md), with the hot share h taken from the stats
   sample (not from the measured batches);
 * ``planner_predicted_bytes_per_step``: what the planner's cost model
   (:func:`rayemb.planner.cost.table_bytes`) predicts for the same placement,
@@ -22,7 +22,7 @@ row-wise with per-id exchange: the planner's hybrid placement;
 * ``step_time_s``: forward + backward + optimizer, the slowest rank, mean over steps.
 
 Hot sets come from exact counts over a separate stats sample and
-:class:`rayemb.planner.split.HugeCTRSplitRule` (DESIGN §4).
+:class:`rayemb.planner.split.HugeCTRSplitRule`, the rule the planner deploys.
 
 Usage::
 

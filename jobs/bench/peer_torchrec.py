@@ -23,6 +23,9 @@ Usage::
     torchrun --standalone --nproc-per-node 2 jobs/bench/peer_torchrec.py \\
         --data data/synth_small --batch-size 512 --steps 200 --warmup 20 --out /tmp/peer.json
 
+Across nodes (``multinode.py``'s ``torchrec`` row), one ``torchrun --nnodes N --node-rank K
+--nproc-per-node 1 --master-addr HEAD --master-port P`` per node.
+
 Writes (rank 0) ``{"schema_version": 1, "samples_per_s": ..., "step_ms": {...}, "sharding": {...}, ...}``
 and prints one summary line. Notes on the sharding TorchRec picks on CPU: its
 default ``EmbeddingBagCollectionSharder`` offers row-wise (and table-row-wise)
@@ -207,7 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     apply_optimizer_in_backward(RowWiseAdagrad, model.sparse_arch.parameters(), {"lr": args.lr})
     sharders = get_default_sharders()
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device="cpu"), batch_size=bs)
+    # ranks per host from torchrun: across nodes the planner then knows which ranks share a host (left out,
+    # it takes every rank for one host)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, local_world_size=local_world,
+                                                         compute_device="cpu"), batch_size=bs)
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
     dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),

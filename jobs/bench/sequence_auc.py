@@ -1,4 +1,4 @@
-"""Validation AUC with and without the user-history tower on the same data (issue 15 item 3's acceptance).
+"""Validation AUC with and without the user-history tower on the same data: does the tower help?
 
     python jobs/bench/sequence_auc.py --data data/synth_small_hist --rows 400000 --sequence-length 16 \\
         --seeds 0 1 --out bench-results/sequence_auc.json

@@ -234,6 +234,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
            "interleaved": args.interleave,
            "comm_per_step": comm,
            "threads": args.threads, "world": args.world, "rows": rows,
+           # the step-time model's figure for this plan (no plan probe runs here, so no probed_step_time_s)
            "predicted_step_time_s": job_plan.summary.get("predicted_step_time_s")}
     columns = [(args.ab, "<8", "{}"), ("round", ">6", "{}"), ("fwd ms", ">7", "{:.2f}"), ("bwd ms", ">7", "{:.2f}"),
                ("opt ms", ">7", "{:.2f}"), ("step ms", ">8", "{:.2f}"), ("samples/s", ">10", "{:,.0f}")]

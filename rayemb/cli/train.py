@@ -85,7 +85,8 @@ def write_result_json(result, path: str) -> None:
            "last_checkpoint": redact_uri(result.last_checkpoint),
            "metrics": result.metrics,
            "placements": {t: v["placement"] for t, v in result.plan.get("tables", {}).items()},
-           "predicted_step_time_s": result.plan.get("predicted_step_time_s")}
+           "predicted_step_time_s": result.plan.get("predicted_step_time_s"),  # the step-time model's
+           "probed_step_time_s": result.plan.get("probed_step_time_s")}  # the plan probe's (None: it did not run)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(doc, f, indent=2, sort_keys=True, default=str)

@@ -1,4 +1,4 @@
-"""The planner's vocabulary: every value type and stage ABC, in one file (STYLE §1).
+"""The planner's vocabulary: every value type and stage ABC, in one file.
 
 Read top to bottom: a :class:`ClusterTopology` (what hardware) and
 :class:`TableSpec` s (what tables, with their statistics) go in; a
@@ -23,7 +23,7 @@ from rayemb.errors import PlanError
 GiB: int = 1024**3
 GB_S: float = 1e9  # bytes per second in one GB/s
 
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2  # 2: predicted_step_time_s is the model's alone, the plan probe's is probed_step_time_s
 
 #: PlanError categories (tests assert these, not the wording)
 INSUFFICIENT_STORAGE = "insufficient_storage"
@@ -391,7 +391,7 @@ class PlanResult:
     def from_json(cls, d: Mapping[str, Any], source: str = "plan.json") -> "PlanResult":
         try:
             if int(d["schema_version"]) != PLAN_SCHEMA_VERSION:
-                raise ValueError(f"schema_version {d['schema_version']} (this rayemb reads {PLAN_SCHEMA_VERSION})")
+                raise ValueError(f"schema_version {d['schema_version']}, this rayemb reads {PLAN_SCHEMA_VERSION} only")
             topo = d.get("topology")
             topology = ClusterTopology(
                 num_nodes=int(topo["num_nodes"]), devices_per_node=int(topo["devices_per_node"]),

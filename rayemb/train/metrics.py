@@ -29,16 +29,25 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
 
 
 def logloss(labels: np.ndarray, logits: np.ndarray) -> float:
-    """Mean binary cross-entropy of logits, computed stably (log-sum-exp form)."""
+    """Mean binary cross-entropy of logits, computed stably (log-sum-exp form); NaN for no rows."""
     y = np.asarray(labels, dtype=np.float64).ravel()
     z = np.asarray(logits, dtype=np.float64).ravel()
+    if not y.size:
+        return float("nan")
     return float(np.mean(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
 
 
+def validation_metrics(labels: np.ndarray, logits: np.ndarray) -> Dict[str, float]:
+    """``valid_auc``, ``valid_logloss`` and ``valid_rows`` of every (label, logit) pair given (padding left out)."""
+    labels, logits = np.asarray(labels).ravel(), np.asarray(logits).ravel()
+    return {"valid_auc": auc(labels, logits), "valid_logloss": logloss(labels, logits),
+            "valid_rows": float(labels.size)}
+
+
 def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float],
-                    model_predicted: Optional[float] = None) -> Dict[str, float]:
-    """Measured step time (median over log windows, each epoch's first window left out as warm-up) vs predicted
-    (and vs the step-time model's own prediction, when the plan probe's replaced it)."""
+                    probed: Optional[float] = None) -> Dict[str, float]:
+    """Measured step time (median over log windows, each epoch's first window left out as warm-up) against the
+    step-time model's prediction and, when the plan probe ran, the probe's median step of the trained plan."""
     import statistics
 
     windows, seen_epochs = [], set()
@@ -49,23 +58,21 @@ def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float],
             seen_epochs.add(r.get("epoch"))
             continue
         windows.append(float(r["step_time_s"]))
-    if not windows or not predicted:
+    if not windows or not (predicted or probed):
         return {}
     measured = statistics.median(windows)
-    out = {"step_time_measured_s": measured, "step_time_predicted_s": float(predicted),
-           "step_time_predicted_over_measured": float(predicted) / measured}
-    if model_predicted:
-        out.update({"step_time_model_predicted_s": float(model_predicted),
-                    "step_time_model_predicted_over_measured": float(model_predicted) / measured})
+    out = {"step_time_measured_s": measured}
+    for name, value in (("predicted", predicted), ("probed", probed)):
+        if value:
+            out.update({f"step_time_{name}_s": float(value), f"step_time_{name}_over_measured": float(value) / measured})
     return out
 
 
 def step_time_line(check: Dict[str, float]) -> str:
     """The driver's line for :func:`step_time_check`'s figures."""
-    model = check.get("step_time_model_predicted_over_measured")
-    return (f"rayemb: step time {1e3 * check['step_time_measured_s']:.1f} ms measured, "
-            f"{1e3 * check['step_time_predicted_s']:.1f} ms predicted ({check['step_time_predicted_over_measured']:.2f}x)"
-            + (f"; the step-time model alone {model:.2f}x" if model else ""))
+    return f"rayemb: step time {1e3 * check['step_time_measured_s']:.1f} ms measured" + "".join(
+        f", {1e3 * check[f'step_time_{name}_s']:.1f} ms {name} ({check[f'step_time_{name}_over_measured']:.2f}x)"
+        for name in ("predicted", "probed") if f"step_time_{name}_s" in check)
 
 
 def best_and_last_checkpoint(result: Any) -> Tuple[Optional[str], Optional[str]]:

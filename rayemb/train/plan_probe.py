@@ -2,13 +2,11 @@
 
 The step-time model (:mod:`rayemb.planner.step_time`) prices a plan from
 constants measured on tiny probe modules, one placement kind at a time, and
-bytes at one α-β line per collective. Real links are not a line: on the
-emulated 100 mbit link an all-to-all sending 33 KB per rank took 0.3 ms after
-a 30 ms idle gap, 1.2 ms between other collectives and 2.5 ms each in three
-back to back, where the line through 4 KiB and 1 MiB prices it at 3.4 ms (the
-shaper's bucket lets short bursts through at full speed; jobs/bench/link_shape.py). On that cluster the model over-predicted the hybrid plan 1.4-1.5x
-and the pooled plan 1.1-1.2x (docs/benchmarks.md): good enough to rank plans,
-not to say what a step will cost.
+bytes at one α-β line per collective. Real links are not a line: a shaped link
+lets short bursts through at full speed, so a message costs anything from almost
+nothing to the line's price, depending on what the link carried just before
+(jobs/bench/link_shape.py). The model is good enough to rank plans, not to say
+what a step will cost (docs/benchmarks.md, "Measurements behind design choices").
 
 So before training, the plan is built exactly as the workers will build it
 (:func:`rayemb.train.loop.sharded_model`: the same DLRM, sharding plan, one
@@ -19,8 +17,15 @@ the same job on the other side of the hybrid choice is built (without hybrid
 when the model chose hybrid tables, else with hybrid on the tables that could
 have it: :func:`other_side`): both are stepped in one
 :class:`~rayemb.train.calibrate_probes.Interleaved` set, so that a slow moment
-of the host slows both alike, and the faster one trains. Its median step is the
-job's predicted step time; the model's figure stays in plan.json as ``model_predicted_step_time_s``.
+of the host slows both alike, and the faster one trains. When the candidates'
+tables (weights and optimizer state, as plan.json's ``ranks`` count them) do not
+fit a rank's memory together, they are stepped one after another instead, each
+model freed before the next is built: every candidate is timed either way.
+
+plan.json keeps the two figures apart: ``predicted_step_time_s`` is the
+step-time model's for the trained plan (computed when the plan was made, before
+any probe, for every candidate alike), ``probed_step_time_s`` the probe's median
+step of it; ``plan_probe`` records both for every candidate.
 """
 
 from __future__ import annotations
@@ -34,9 +39,8 @@ import numpy as np
 
 #: synthetic batches cycled through (each step prefetches the next one's input exchange, as training does)
 PROBE_BATCHES = 4
-#: steps a plan runs back to back per round of the interleaved set, as training runs them. One step a round, each
-#: after a barrier (an idle link), read the hybrid plan at 26.8 ms on the emulated 100 mbit cluster where its
-#: training stepped 32.3 ms
+#: steps a plan runs back to back per round of the interleaved set, as training runs them: one step a round, each
+#: after a barrier (an idle link), reads a plan faster than its training steps
 STEPS_PER_ROUND = 3
 
 
@@ -96,74 +100,165 @@ def _batches(schema: Any, samples: Dict[str, TableSample], local_batch: int, see
     return out
 
 
-def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[Any],
-               samples: Dict[str, TableSample], steps: int) -> List[float]:
-    """Median seconds per training step of each of ``plans`` (JobPlans) on this process group, the ranks'
-    medians averaged (a rank actor's work).
+def rank_bytes(summary: Dict[str, Any]) -> List[int]:
+    """Bytes of a plan's tables on each rank, by rank: weights and optimizer state (plan.json's ``ranks``, the
+    planner's rows x dim x element bytes plus optimizer state of every shard placed there, replicas included)."""
+    return [int(r["memory_bytes"]) for r in sorted(summary["ranks"], key=lambda r: r["rank"])]
 
-    The plans are stepped in one interleaved set, STEPS_PER_ROUND steps back to back per round as the loop
-    runs them (the ranks lined up before each round only), each step as the loop's: forward, the loss read,
-    the next batch's input exchange started, backward, optimizer, the collectives' byte counter on.
+
+def fit_together(candidate_bytes: Sequence[int], budget_bytes: int) -> bool:
+    """Whether one rank can hold every candidate's tables at once: their bytes on it, summed, within its budget."""
+    return sum(int(b) for b in candidate_bytes) <= budget_bytes
+
+
+def free_memory_bytes(device: Any) -> int:
+    """Memory free now where this rank's tables live: the GPU's, else the host's available memory."""
+    import os
+
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def _ranks_on_this_host(device: Any) -> int:
+    """How many ranks share this rank's memory: 1 on a GPU, the ranks on this host on CPU."""
+    import socket
+    import zlib
+
+    import torch
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        return 1
+    mine = torch.tensor([zlib.crc32(socket.gethostname().encode())], dtype=torch.int64)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return max(1, sum(int(t.item() == mine.item()) for t in every))
+
+
+def interleave_on_every_rank(device: Any, plans: Sequence[Any], budget_cap: Optional[int] = None) -> bool:
+    """Whether every rank can hold all of ``plans`` at once (a collective: every rank gets the same answer).
+
+    A rank's budget is the least of the topology's table memory (plan.json ``capacity_bytes``), its share of the
+    memory free now, and ``budget_cap`` when given.
     """
     import torch
     import torch.distributed as dist
 
-    from rayemb.embedding.comm import CommCounter, instrument_ddp
-    from rayemb.embedding.prefetch import StepPrefetch
+    rank = dist.get_rank()
+    mine = [rank_bytes(p.summary)[rank] for p in plans]
+    budget = min(int(r["capacity_bytes"]) for p in plans for r in p.summary["ranks"] if r["rank"] == rank)
+    budget = min(budget, free_memory_bytes(device) // _ranks_on_this_host(device))
+    if budget_cap is not None:
+        budget = min(budget, int(budget_cap))
+    fits = torch.tensor([int(fit_together(mine, budget))], dtype=torch.int64, device=device)
+    dist.all_reduce(fits, op=dist.ReduceOp.MIN)
+    return bool(fits.item())
+
+
+def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[Any],
+               samples: Dict[str, TableSample], steps: int, budget_cap: Optional[int] = None) -> Dict[str, Any]:
+    """Median seconds per training step of each of ``plans`` (JobPlans) on this process group, the ranks'
+    medians averaged, and whether they were interleaved (a rank actor's work).
+
+    The plans are stepped in one interleaved set when every rank holds them all at once
+    (:func:`interleave_on_every_rank`), else one after another, each model freed before the next is built.
+    Either way STEPS_PER_ROUND steps run back to back per round as the loop runs them (the ranks lined up
+    before each round only), each step as the loop's: forward, the loss read, the next batch's input exchange
+    started, backward, optimizer, the collectives' byte counter on.
+    """
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    from rayemb.embedding.comm import CommCounter
     from rayemb.train.calibrate_probes import PROBE_WARMUP_ROUNDS, Interleaved
-    from rayemb.train.loop import sharded_model
 
     torch.manual_seed(cfg.train.seed)
     raw = _batches(schema, samples, cfg.data.batch_size, cfg.train.seed + dist.get_rank())
-    loss_fn = torch.nn.BCEWithLogitsLoss()
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    iv = Interleaved(sync, dist.barrier)
     counter = CommCounter()
-    for i, plan in enumerate(plans):
-        model, optimizer, remapper = sharded_model(cfg, schema, plan, device)
-        instrument_ddp(model)
-        batches = [(d.to(device), remapper.remap(k).to(device), y.to(device)) for d, k, y in raw]
-        prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
-        prefetch = prefetch if prefetch is not None and prefetch.enabled else None
-        state = {"k": 0}
-
-        def steps_back_to_back(model=model, optimizer=optimizer, batches=batches, prefetch=prefetch,
-                               state=state) -> None:
-            for _ in range(STEPS_PER_ROUND):
-                k = state["k"]
-                dense, sparse, labels = batches[k % PROBE_BATCHES]
-                with counter:
-                    loss = loss_fn(model(dense, sparse, None), labels)
-                float(loss.detach())  # the loop reads the loss every step (its finite check)
-                with counter:
-                    if prefetch is not None:
-                        prefetch.start(batches[(k + 1) % PROBE_BATCHES][1])
-                    optimizer.zero_grad()
-                    loss.backward()
-                optimizer.step()
-                state["k"] = k + 1
-
-        iv.add(f"plan{i}", steps_back_to_back, prefetch.finish if prefetch is not None else None)
-    iv.run(rounds=max(1, -(-steps // STEPS_PER_ROUND)), warmup=PROBE_WARMUP_ROUNDS)
-    medians = torch.tensor([iv.median(f"plan{i}") / STEPS_PER_ROUND for i in range(len(plans))],
-                           dtype=torch.float64)
+    rounds = max(1, -(-steps // STEPS_PER_ROUND))
+    together = interleave_on_every_rank(device, plans, budget_cap)
+    groups = [list(range(len(plans)))] if together else [[i] for i in range(len(plans))]
+    medians = torch.zeros(len(plans), dtype=torch.float64)
+    for group in groups:
+        iv = Interleaved(sync, dist.barrier)
+        for i in group:
+            iv.add(f"plan{i}", *_plan_steps(cfg, schema, plans[i], device, raw, counter))
+        iv.run(rounds=rounds, warmup=PROBE_WARMUP_ROUNDS)
+        for i in group:
+            medians[i] = iv.median(f"plan{i}") / STEPS_PER_ROUND
+        del iv  # the models of this group go before the next group's are built
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     dist.all_reduce(medians)
-    return (medians / world).tolist()
+    return {"step_s": (medians / world).tolist(), "interleaved": together}
+
+
+def _plan_steps(cfg: Any, schema: Any, plan: Any, device: Any, raw: List[Any],
+                counter: Any) -> "tuple[Callable[[], None], Optional[Callable[[], None]]]":
+    """(STEPS_PER_ROUND training steps of ``plan``'s sharded model, what completes its pending prefetch or
+    None): the model lives as long as the returned step does."""
+    import torch
+
+    from rayemb.embedding.comm import instrument_ddp
+    from rayemb.embedding.prefetch import StepPrefetch
+    from rayemb.train.loop import sharded_model
+
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    model, optimizer, remapper = sharded_model(cfg, schema, plan, device)
+    instrument_ddp(model)
+    batches = [(d.to(device), remapper.remap(k).to(device), y.to(device)) for d, k, y in raw]
+    prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
+    prefetch = prefetch if prefetch is not None and prefetch.enabled else None
+    state = {"k": 0}
+
+    def steps_back_to_back() -> None:
+        for _ in range(STEPS_PER_ROUND):
+            k = state["k"]
+            dense, sparse, labels = batches[k % PROBE_BATCHES]
+            with counter:
+                loss = loss_fn(model(dense, sparse, None), labels)
+            float(loss.detach())  # the loop reads the loss every step (its finite check)
+            with counter:
+                if prefetch is not None:
+                    prefetch.start(batches[(k + 1) % PROBE_BATCHES][1])
+                optimizer.zero_grad()
+                loss.backward()
+            optimizer.step()
+            state["k"] = k + 1
+
+    return steps_back_to_back, (prefetch.finish if prefetch is not None else None)
 
 
 @dataclass
 class ProbeResult:
-    """What the plan probe measured: seconds per step of each candidate, which one won, how long it took."""
+    """What the plan probe measured: seconds per step of each candidate, which one won, how long it took, and
+    whether the candidates were stepped interleaved (else one after another: they did not fit together)."""
 
     step_s: List[float]
     chosen: int
     seconds: float
+    interleaved: bool = True
 
     def to_dict(self, plans: Sequence[Any]) -> Dict[str, Any]:
-        return {"chosen": self.chosen, "seconds": self.seconds, "candidates": [
-            {"placements": placement_counts(p.summary), "probed_step_time_s": s,
-             "model_predicted_step_time_s": p.summary.get("predicted_step_time_s")}
-            for p, s in zip(plans, self.step_s)]}
+        return {"chosen": self.chosen, "seconds": self.seconds,
+                "schedule": "interleaved" if self.interleaved else "sequential", "candidates": [
+                    {"placements": placement_counts(p.summary), "probed_step_time_s": s,
+                     "predicted_step_time_s": p.summary.get("predicted_step_time_s")}
+                    for p, s in zip(plans, self.step_s)]}
 
 
 def placement_counts(summary: Dict[str, Any]) -> Dict[str, int]:
@@ -174,22 +269,23 @@ def placement_counts(summary: Dict[str, Any]) -> Dict[str, int]:
 
 def probe_plans(cfg: Any, schema: Any, plans: Sequence[Any], samples: Dict[str, TableSample], world: int,
                 cpus_per_worker: float, use_gpu: bool, strategy: str = "PACK",
-                timeout_s: float = 300.0) -> ProbeResult:
-    """Times ``plans`` on ``world`` ranks placed like the Train workers (:func:`probe_rank`); the fastest wins."""
+                timeout_s: float = 300.0, budget_cap: Optional[int] = None) -> ProbeResult:
+    """Times ``plans`` on ``world`` ranks placed like the Train workers (:func:`probe_rank`); the fastest wins.
+    ``budget_cap``: at most these bytes of tables per rank at once (more than that: one plan at a time)."""
     from rayemb.train.calibrate import run_on_ranks
 
     t0 = time.monotonic()
-    per_rank = run_on_ranks(probe_rank, (cfg, schema, list(plans), samples, cfg.planner.probe_steps), world,
-                            cpus_per_worker, use_gpu, timeout_s, strategy)
-    step_s = [float(s) for s in per_rank[0]]
-    return ProbeResult(step_s, int(np.argmin(step_s)), time.monotonic() - t0)
+    per_rank = run_on_ranks(probe_rank, (cfg, schema, list(plans), samples, cfg.planner.probe_steps, budget_cap),
+                            world, cpus_per_worker, use_gpu, timeout_s, strategy)
+    step_s = [float(s) for s in per_rank[0]["step_s"]]
+    return ProbeResult(step_s, int(np.argmin(step_s)), time.monotonic() - t0, bool(per_rank[0]["interleaved"]))
 
 
 def other_side(cfg: Any, job_plan: Any, split: Any) -> Optional[Any]:
     """The config of the plan the probe times beside the model's: without hybrid when the model placed tables
     hybrid; else, hybrid pinned on every unpinned model-parallel table with infrequent rows and a hot set. The
-    model's bias either way (measured: it over-predicted hybrid plans 1.4-1.5x on the emulated cluster, the
-    pooled one 1.1-1.2x) is then settled by measurement. None when hybrid is off or no table could be hybrid."""
+    model's bias either way (on shaped links it over-predicts hybrid plans more than pooled ones) is then
+    settled by measurement. None when hybrid is off or no table could be hybrid."""
     if not cfg.planner.hybrid:
         return None
     if "hybrid" in placement_counts(job_plan.summary):
@@ -208,18 +304,10 @@ def _placements(summary: Dict[str, Any]) -> Dict[str, str]:
     return {name: t["placement"] for name, t in summary["tables"].items()}
 
 
-def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any, plan_for: Callable[[Any], Any],
-                    world: int, cpus_per_worker: float) -> Any:
-    """``job_plan`` and the same job planned (``plan_for(config)``) on the other side of the hybrid choice
-    (:func:`other_side`), timed on the live cluster (:func:`probe_plans`); returns the faster, its plan.json
-    holding the probe's record (``plan_probe``), the probed step as ``predicted_step_time_s`` and the model's
-    as ``model_predicted_step_time_s``.
-
-    Skipped (``job_plan`` as it is) with ``planner.probe_steps: 0``, with a sequence tower (the probe's
-    synthetic batches have no histories) and, said loudly, when the probe fails.
-    """
-    if cfg.planner.probe_steps == 0 or cfg.model.sequence_tower != "none":
-        return job_plan
+def probe_candidates(cfg: Any, job_plan: Any, split: Any, plan_for: Callable[[Any], Any]) -> List[Any]:
+    """``job_plan`` and, when there is one, the same job planned (``plan_for(config)``) on the other side of the
+    hybrid choice (:func:`other_side`). Each is planned whole, so each carries the step-time model's own
+    ``predicted_step_time_s``."""
     candidates = [job_plan]
     other = other_side(cfg, job_plan, split)
     if other is not None:
@@ -231,6 +319,30 @@ def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any
             alt = job_plan
         if _placements(alt.summary) != _placements(job_plan.summary):  # pins leave no other side
             candidates.append(alt)
+    return candidates
+
+
+def apply_probe(candidates: Sequence[Any], result: ProbeResult) -> Any:
+    """The candidate the probe chose, its plan.json gaining the probe's median step (``probed_step_time_s``) and
+    record (``plan_probe``). Its ``predicted_step_time_s`` stays the model's for that plan: no timing of the
+    plan feeds it, so it reads the same as with ``planner.probe_steps: 0``."""
+    chosen = candidates[result.chosen]
+    chosen.summary["probed_step_time_s"] = result.step_s[result.chosen]
+    chosen.summary["plan_probe"] = result.to_dict(candidates)
+    return chosen
+
+
+def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any, plan_for: Callable[[Any], Any],
+                    world: int, cpus_per_worker: float) -> Any:
+    """``job_plan`` and the same job on the other side of the hybrid choice (:func:`probe_candidates`), timed on
+    the live cluster (:func:`probe_plans`); returns the faster (:func:`apply_probe`).
+
+    Skipped (``job_plan`` as it is) with ``planner.probe_steps: 0``, with a sequence tower (the probe's
+    synthetic batches have no histories) and, said loudly, when the probe fails.
+    """
+    if cfg.planner.probe_steps == 0 or cfg.model.sequence_tower != "none":
+        return job_plan
+    candidates = probe_candidates(cfg, job_plan, split, plan_for)
     print(f"rayemb: probing {len(candidates)} plan(s) for {cfg.planner.probe_steps} steps on {world} ranks ...",
           flush=True)
     try:
@@ -240,20 +352,16 @@ def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any
         print(f"rayemb: WARNING: plan probe failed ({type(e).__name__}: {e}); training the model's plan "
               "(planner.probe_steps=0 skips the probe)", flush=True)
         return job_plan
-    record = result.to_dict(candidates)
     for plan, step_s in zip(candidates, result.step_s):
         print("rayemb: plan probe: " + ", ".join(f"{p} x{n}" for p, n in placement_counts(plan.summary).items())
-              + f": {1e3 * step_s:.1f} ms/step measured, {1e3 * plan.summary['predicted_step_time_s']:.1f} ms "
-              "predicted by the model", flush=True)
-    chosen = candidates[result.chosen]
+              + f": {1e3 * step_s:.1f} ms/step probed, {1e3 * plan.summary['predicted_step_time_s']:.1f} ms "
+              "predicted by the model" + ("" if result.interleaved else " (one plan at a time: not both in memory)"),
+              flush=True)
     if result.chosen:
         print("rayemb: plan probe: the step-time model's second choice measured faster; training it", flush=True)
-    summary = chosen.summary
-    summary["model_predicted_step_time_s"] = summary["predicted_step_time_s"]
-    summary["predicted_step_time_s"] = result.step_s[result.chosen]
-    summary["plan_probe"] = record
-    return chosen
+    return apply_probe(candidates, result)
 
 
 __all__ = ["TableSample", "table_samples", "probe_rank", "probe_plans", "ProbeResult", "PROBE_BATCHES", "placement_counts",
-           "other_side", "choose_by_probe"]
+           "other_side", "choose_by_probe", "probe_candidates", "apply_probe", "rank_bytes", "fit_together",
+           "interleave_on_every_rank"]

@@ -156,7 +156,8 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
 
     ``planner.objective: step_time`` chooses placements by predicted step time with ``calibration``
     (a :class:`~rayemb.planner.step_time.Calibration`; None: the built-in defaults); ``bytes`` by bytes
-    per step. Either way plan.json records the predicted step time and the constants used.
+    per step. Either way plan.json records the step-time model's ``predicted_step_time_s`` and the constants
+    used; no timing of this plan enters it (the plan probe adds its own figure as ``probed_step_time_s``).
     """
     from torchrec.distributed.types import ShardingPlan
 

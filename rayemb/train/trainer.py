@@ -33,7 +33,9 @@ from rayemb.logs import redact_uri
 from rayemb.planner.tables import split_rule
 from rayemb.planner.topology import resize_topology
 from rayemb.planner.types import parse_pins
+from rayemb.publish import resolve_dataset
 from rayemb.train.artifacts import log_charts, log_plan, log_stats_and_split, to_json
+from rayemb.train.data_loader import split_steps
 from rayemb.train.metrics import best_and_last_checkpoint, step_time_check, step_time_line
 from rayemb.train.outputs import JobOutputs, check_output_dir, read_splits, tracking_uri as job_tracking_uri
 from rayemb.train.plan_probe import placement_counts as _placement_counts
@@ -45,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 #: plan.json entries measured or predicted at job start, left out of the plan fingerprint
 MEASURED_PLAN_KEYS = ("calibration", "predicted_step_time_s", "predicted_step_time_components_s",
-                      "model_predicted_step_time_s", "plan_probe")
+                      "probed_step_time_s", "plan_probe")
 
 
 @dataclass(frozen=True)
@@ -128,30 +130,18 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
 
 
 def check_inputs(cfg: JobConfig) -> JobInputs:
-    """The dataset's schema and every parquet footer, the pins, and enough rows for one global batch."""
-    data_dir, out_dir = resolve_path(cfg.data.path), resolve_path(cfg.tracking.output_dir)  # paths or URIs
+    """The dataset's schema and every parquet footer, the pins, one global batch of train rows and a valid row."""
+    data_dir, out_dir = resolve_dataset(resolve_path(cfg.data.path)), resolve_path(cfg.tracking.output_dir)  # or URIs
     check_output_dir(out_dir)
     schema = load_checked(data_dir)
     parse_pins(pins_of(cfg, schema.sparse_names), schema.sparse_names)
     train_rows, valid_rows = count_rows(data_dir, TRAIN_SPLIT), count_rows(data_dir, VALID_SPLIT)  # footers only
-    steps = _steps(train_rows, cfg, TRAIN_SPLIT, data_dir)
-    _steps(valid_rows, cfg, VALID_SPLIT, data_dir)
+    steps = split_steps(train_rows, valid_rows, cfg, data_dir)
     if cfg.train.max_steps_per_epoch is not None:
         steps = min(steps, cfg.train.max_steps_per_epoch)
     print(f"rayemb: data {redact_uri(data_dir)} ({len(schema.sparse)} sparse tables, {train_rows:,} train / "
           f"{valid_rows:,} valid rows), outputs {redact_uri(out_dir)}", flush=True)
     return JobInputs(cfg, data_dir, out_dir, schema, train_rows, valid_rows, steps)
-
-
-def _steps(rows: int, cfg: JobConfig, split: str, data_dir: str) -> int:
-    steps = rows // cfg.scaling.num_workers // cfg.data.batch_size
-    if steps < 1:
-        raise DataError(
-            f"The {split} split of {redact_uri(data_dir)!r} has {rows} rows, fewer than one global batch "
-            f"(data.batch_size={cfg.data.batch_size} x scaling.num_workers={cfg.scaling.num_workers}). "
-            "Generate more rows or lower data.batch_size."
-        )
-    return steps
 
 
 def job_topology(cfg: JobConfig) -> Any:
@@ -241,8 +231,8 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
     fingerprint = hashlib.sha1(to_json({k: v for k, v in summary.items() if k not in MEASURED_PLAN_KEYS})
                                .encode()).hexdigest()[:12]
     print(f"rayemb: plan {fingerprint}: " + ", ".join(f"{p} x{n}" for p, n in _placement_counts(summary).items())
-          + f"; predicted {1e3 * summary['predicted_step_time_s']:.1f} ms/step ({summary['objective']} objective)",
-          flush=True)
+          + f"; predicted {1e3 * summary['predicted_step_time_s']:.1f} ms/step ({summary['objective']} objective)"
+          + (f", probed {1e3 * summary['probed_step_time_s']:.1f} ms" if "probed_step_time_s" in summary else ""), flush=True)
     plans = {inputs.world_size: job_plan}
     for world in elastic_worlds(cfg):  # an elastic job restarts on fewer ranks: a plan (and hot set) for each
         topo = resize_topology(topology, world)
@@ -383,7 +373,7 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
         for r in reports:
             final.update({k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
         final.update(step_time_check(reports, planned.summary.get("predicted_step_time_s"),
-                                     planned.summary.get("model_predicted_step_time_s")))
+                                     planned.summary.get("probed_step_time_s")))
         if "step_time_measured_s" in final:
             run_logger.log_metrics({k: v for k, v in final.items() if k.startswith("step_time_")
                                     and k != "step_time_s"}, step=0)
@@ -414,6 +404,7 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
 
     from rayemb.tracking.callback import ReportForwarder
     from rayemb.train.loop import train_loop_per_worker
+    from rayemb.train.validation import ValidationDataConfig
 
     cfg, data_dir = inputs.cfg, inputs.data_dir
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -442,6 +433,7 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
         ),
         datasets=read_splits(parquet_files(data_dir, TRAIN_SPLIT), parquet_files(data_dir, VALID_SPLIT)),
+        dataset_config=ValidationDataConfig(),  # the valid split is split without dropping a row
     )
 
 

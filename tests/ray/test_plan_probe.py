@@ -20,7 +20,7 @@ def test_probe_times_each_candidate_on_rank_actors_and_picks_the_faster(ray_2_cp
     from rayemb.data.stats import compute_stats
     from rayemb.planner.tables import split_rule
     from rayemb.planner.types import ClusterTopology
-    from rayemb.train.plan_probe import placement_counts, probe_plans, table_samples
+    from rayemb.train.plan_probe import placement_counts, probe_plans, rank_bytes, table_samples
 
     overrides = [f"data.path={tiny_data}", "data.batch_size=256", "scaling.num_workers=2", "planner.probe_steps=4"]
     cfg = load_config("jobs/configs/synth_small.yaml", overrides)
@@ -37,13 +37,21 @@ def test_probe_times_each_candidate_on_rank_actors_and_picks_the_faster(ray_2_cp
     before = ray.available_resources().get("CPU")
     result = probe_plans(cfg, schema, plans, table_samples(schema, stats, split), world=2, cpus_per_worker=0.5,
                          use_gpu=False)
-    # both candidates were stepped (a step costs time), and the faster one is chosen
-    assert len(result.step_s) == 2 and all(0 < s < 5 for s in result.step_s)
+    # both candidates were stepped (a step costs time), together (tiny tables), and the faster one is chosen
+    assert len(result.step_s) == 2 and all(0 < s < 5 for s in result.step_s) and result.interleaved
     assert result.chosen == min(range(2), key=result.step_s.__getitem__)
     record = result.to_dict(plans)
     assert record["chosen"] == result.chosen and record["seconds"] > 0
     assert [c["placements"] for c in record["candidates"]] == [placement_counts(p.summary) for p in plans]
     assert [c["probed_step_time_s"] for c in record["candidates"]] == result.step_s
+    assert [c["predicted_step_time_s"] for c in record["candidates"]] == [
+        p.summary["predicted_step_time_s"] for p in plans]
+    # when the two do not fit a rank's memory together, each is stepped alone, one after the other: none dropped
+    alone = max(rank_bytes(p.summary)[r] for p in plans for r in range(2))
+    apart = probe_plans(cfg, schema, plans, table_samples(schema, stats, split), world=2, cpus_per_worker=0.5,
+                        use_gpu=False, budget_cap=alone)
+    assert not apart.interleaved and apart.to_dict(plans)["schedule"] == "sequential"
+    assert len(apart.step_s) == 2 and all(0 < s < 5 for s in apart.step_s)
     # the rank actors and their placement group are gone: the job's workers get every CPU back
     for _ in range(50):
         if ray.available_resources().get("CPU") == before:

@@ -35,61 +35,147 @@ def test_split_tables_reads_the_auto_runs_split(tmp_path):
     assert mn.split_tables({"job_dir": str(tmp_path / "missing")}) is None and mn.split_tables({}) is None
 
 
-def _row(bw, variant, sps, pred_ms=None):
+def _row(bw, variant, sps, pred_ms=None, runs=5, failed=0):
+    """A table row as median_row makes it: ``runs`` good runs, ``failed`` failed ones."""
     step = 1024 / sps * 1e3
-    return {"bandwidth_mbit": bw, "variant": variant, "samples_per_s": sps, "step_ms": step,
-            "predicted_over_measured": (pred_ms / step) if pred_ms else None}
+    return {"bandwidth_mbit": bw, "variant": variant, "samples_per_s": sps, "step_ms": step, "runs": runs,
+            "failed": failed, "predicted_over_measured": (pred_ms / step) if pred_ms else None}
 
 
-def test_acceptance_verdicts_per_bandwidth():
-    rows = [_row(100, "auto", 22_000, 50), _row(100, "hybrid", 21_000, 50), _row(100, "no_hybrid", 19_000, 55),
-            _row(100, "hybrid_mp", 20_000, 50),
-            _row(100, "table_wise", 6_000, 170), _row(50, "auto", 14_000, 75), _row(50, "hybrid", 14_500, 70),
-            _row(50, "no_hybrid", 10_000, 100), _row(1000, "auto", 40_000, 20), _row(1000, "hybrid", 30_000, 40)]
-    acc = mn.acceptance(rows)
-    assert acc["per_bandwidth"]["100"]["hybrid_vs_pooled"] == pytest.approx(21_000 / 19_000)
-    assert acc["per_bandwidth"]["100"]["hybrid_vs_pooled_pass"] is False  # 1.11 < 1.3
-    assert acc["per_bandwidth"]["100"]["hybrid_mp_vs_pooled"] == pytest.approx(20_000 / 19_000)  # reported only
-    assert acc["per_bandwidth"]["50"]["hybrid_vs_pooled_pass"] is True  # 1.45
-    assert "hybrid_vs_pooled_pass" not in acc["per_bandwidth"]["1000"]  # fast links: reported, not judged
-    assert acc["hybrid_vs_pooled_pass"] is False
-    assert acc["per_bandwidth"]["50"]["auto_vs_best"] == pytest.approx(14_000 / 14_500)
-    assert acc["auto_vs_best_pass"] is True  # 0.966 >= 0.95 at 50; auto is the best row elsewhere
-    assert acc["prediction_pass"] is False  # 1000 mbit hybrid: 40 ms predicted vs 34 measured is fine, ...
-    assert acc["per_bandwidth"]["1000"]["worst_prediction_error"] == pytest.approx(abs(20 / (1024 / 40_000 * 1e3) - 1))
+def _complete(bw, **sps_pred):
+    """Every default row at one bandwidth: variant=(samples/s, predicted ms) (torchrec: samples/s alone)."""
+    return [_row(bw, v, *(x if isinstance(x, tuple) else (x,)), runs=3 if v == "torchrec" else 5)
+            for v, x in sps_pred.items()]
 
 
-def test_repeats_make_one_row_of_medians():
-    runs = [dict(_row(100, "auto", sps, 45.0), predicted_ms=pred, plan_summary=plan, mb_per_step=0.6)
-            for sps, pred, plan in ((20_000, 45.0, "a"), (26_000, 47.0, "a"), (24_000, 50.0, "b"))]
-    row = mn.median_row(runs)
-    assert row["repeats"] == 3 and row["samples_per_s_runs"] == [20_000, 26_000, 24_000]
-    assert row["samples_per_s"] == 24_000 and row["predicted_ms"] == 47.0
-    assert row["step_ms"] == pytest.approx(1024 / 24_000 * 1e3)  # the median step is the median run's
-    assert row["predicted_over_measured"] == pytest.approx(47.0 / (1024 / 24_000 * 1e3))
+GOOD_100 = dict(auto=(22_000, 47), no_hybrid=(16_000, 64), hybrid=(22_500, 45), table_wise=(7_000, 146),
+                row_wise=(8_000, 128), column_wise=(6_000, 170), torchrec=17_000)
+
+
+def test_acceptance_passes_only_on_complete_rows_within_the_targets():
+    acc = mn.acceptance(_complete(100, **GOOD_100))
+    e = acc["per_bandwidth"]["100"]
+    assert e["hybrid_vs_pooled"] == pytest.approx(22_500 / 16_000) and e["best_pooled"] == "no_hybrid"
+    assert e["auto_vs_best"] == pytest.approx(22_000 / 22_500) and e["best_row"] == "hybrid"
+    assert e["auto_vs_torchrec"] == pytest.approx(22_000 / 17_000)  # reported, not judged
+    errors = {v: abs(x[1] / (1024 / x[0] * 1e3) - 1) for v, x in GOOD_100.items() if v != "torchrec"}
+    assert e["worst_prediction_error"] == pytest.approx(max(errors.values()))
+    assert e["worst_prediction_row"] == max(errors, key=errors.get)
+    assert e["row_problems"] == {}
+    assert all(acc[f"{k}_pass"] for k in mn.VERDICTS)
+    slow = dict(GOOD_100, hybrid=(19_000, 54))  # 1.19x the best pooled row
+    assert mn.acceptance(_complete(100, **slow))["hybrid_vs_pooled_pass"] is False
+    off = dict(GOOD_100, row_wise=(8_000, 160))  # the model 25 % over on one row
+    acc = mn.acceptance(_complete(100, **off))
+    assert acc["prediction_pass"] is False and acc["per_bandwidth"]["100"]["worst_prediction_row"] == "row_wise"
+    fast = {v: x for v, x in GOOD_100.items() if v != "hybrid"}  # fast links: hybrid vs pooled is not judged
+    acc = mn.acceptance(_complete(1000, **fast), variants=[v for v in mn.DEFAULT_VARIANTS if v != "hybrid"])
+    assert "hybrid_vs_pooled_pass" not in acc["per_bandwidth"]["1000"] and acc["hybrid_vs_pooled_pass"] is None
+    assert "not judged" in mn.footer(acc, {}) and acc["auto_vs_best_pass"] is True
+
+
+def test_a_missing_failed_empty_short_or_unpredicted_row_fails_the_verdicts():
+    rows = _complete(100, **GOOD_100)
+    no_hybrid_row = [r for r in rows if r["variant"] != "hybrid"]  # e.g. skipped: no table to make hybrid
+    acc = mn.acceptance(no_hybrid_row)
+    assert acc["hybrid_vs_pooled_pass"] is False and acc["rows_pass"] is False
+    assert acc["per_bandwidth"]["100"]["row_problems"] == {"hybrid": "missing"}
+    assert acc["auto_vs_best_pass"] is False  # the best row may be the missing one
+    assert acc["prediction_pass"] is False
+    for broken, problem in ((dict(failed=1), "1 failed run(s)"), (dict(runs=0, samples_per_s=None), "no run"),
+                            (dict(runs=4), "4 run(s), fewer than the 5 it needs"),
+                            (dict(predicted_over_measured=None), "no predicted step time")):
+        changed = [dict(r, **broken) if r["variant"] == "table_wise" else r for r in rows]
+        acc = mn.acceptance(changed)
+        assert acc["per_bandwidth"]["100"]["row_problems"] == {"table_wise": problem}
+        assert acc["rows_pass"] is False and acc["auto_vs_best_pass"] is False
+        assert acc["hybrid_vs_pooled_pass"] is False and acc["prediction_pass"] is False
+    # the torchrec row is reported beside the verdicts: 3 runs are enough, and it needs no prediction
+    acc = mn.acceptance([dict(r, runs=2) if r["variant"] == "torchrec" else r for r in rows])
+    assert acc["rows_pass"] is False and acc["hybrid_vs_pooled_pass"] and acc["prediction_pass"]
+    # a bandwidth asked for and never measured fails everything
+    acc = mn.acceptance(rows, bandwidths=[100.0, 50.0])
+    assert acc["per_bandwidth"]["50"]["row_problems"]["auto"] == "missing"
+    assert not any(acc[f"{k}_pass"] for k in mn.VERDICTS)
+    assert not any(mn.acceptance([])[f"{k}_pass"] for k in mn.VERDICTS)
+
+
+def test_runs_make_one_row_of_medians_with_min_max():
+    runs = [mn.row_of({"variant": "auto", "samples_per_s": sps, "step_time_s": step, "predicted_step_time_s": pred,
+                       "probed_step_time_s": probed, "plan_summary": plan, "bytes_per_step": 6e5}, 100.0)
+            for sps, step, pred, probed, plan in ((20_000, 0.050, 0.060, 0.045, "a"), (26_000, 0.040, 0.050, 0.041, "a"),
+                                                  (24_000, 0.044, 0.066, 0.040, "b"))]
+    assert runs[0]["predicted_ms"] == pytest.approx(60.0) and runs[0]["probed_ms"] == pytest.approx(45.0)
+    row = mn.median_row(runs + [dict(runs[0], samples_per_s=None, error="boom")])
+    assert row["runs"] == 3 and row["failed"] == 1
+    assert row["samples_per_s_runs"] == [20_000, 26_000, 24_000, None]
+    assert (row["samples_per_s"], row["samples_per_s_min"], row["samples_per_s_max"]) == (24_000, 20_000, 26_000)
+    assert row["step_ms"] == pytest.approx(44.0) and row["predicted_ms"] == pytest.approx(60.0)
+    # the model's ratio per run (1.2, 1.25, 1.5): the median run's, with min-max; the probe's apart
+    assert row["predicted_over_measured"] == pytest.approx(1.25)
+    assert (row["predicted_over_measured_min"], row["predicted_over_measured_max"]) == (pytest.approx(1.2),
+                                                                                        pytest.approx(1.5))
+    assert row["probed_over_measured"] == pytest.approx(0.040 / 0.044)  # of 0.9, 1.025 and 0.909
     assert row["plans"] == ["a", "b"] and row["variant"] == "auto"
-    failed = mn.median_row([{"bandwidth_mbit": 50, "variant": "hybrid", "samples_per_s": None}])
-    assert failed["samples_per_s"] is None and failed["predicted_over_measured"] is None
+    failed = mn.median_row([mn.row_of({"variant": "hybrid", "samples_per_s": None, "error": "x"}, 50.0)])
+    assert failed["samples_per_s"] is None and failed["runs"] == 0 and failed["failed"] == 1
+    assert mn.row_problem(failed, 5, True) == "1 failed run(s)"
 
 
-def test_by_plan_pools_the_runs_of_identical_plans():
-    """auto and hybrid running the same placements are one plan: their runs pool, and auto's plan is then the
-    best plan however their rows' medians fell; each plan's median is over every run of it."""
+def test_plan_choice_reports_auto_s_own_runs_against_forced_runs_of_its_plan():
+    """auto and hybrid train the same placements: auto chose the fastest row's plan, yet its own runs are
+    slower than hybrid's runs of that plan, and nothing pools them into a 1.000 that hides it."""
     same, pooled = {"C1": "hybrid", "C2": "data_parallel"}, {"C1": "table_wise", "C2": "data_parallel"}
-    runs = [{"bandwidth_mbit": 100.0, "variant": v, "samples_per_s": sps, "plan": dict(plan), "plan_summary": v}
+    runs = [{"bandwidth_mbit": 100.0, "variant": v, "samples_per_s": sps, "plan": dict(plan),
+             "plan_summary": "hybrid x1" if plan is same else "table_wise x1"}
             for v, sps, plan in (("auto", 19_000, same), ("auto", 20_000, same), ("auto", 25_000, same),
                                  ("hybrid", 27_000, same), ("hybrid", 26_000, same), ("hybrid", 18_000, same),
                                  ("no_hybrid", 18_000, pooled), ("no_hybrid", 17_000, pooled),
-                                 ("no_hybrid", None, pooled))]
-    e = mn.by_plan(runs)["100.0"]
-    assert [(p["variants"], len(p["runs"])) for p in e["plans"]] == [(["auto", "hybrid"], 6), (["no_hybrid"], 2)]
-    assert e["plans"][0]["samples_per_s"] == 22_500 and e["plans"][1]["samples_per_s"] == 17_500
-    assert e["auto_plan_vs_best_plan"] == 1.0
-    assert e["hybrid_plan_vs_pooled_plan"] == pytest.approx(22_500 / 17_500)
-    rows = [mn.median_row([r for r in runs if r["variant"] == v]) for v in ("auto", "hybrid", "no_hybrid")]
-    assert mn.acceptance(rows)["per_bandwidth"]["100.0"]["auto_vs_best"] == pytest.approx(20_000 / 26_000)
-    runs[0]["plan"] = dict(pooled)  # a run that chose another plan is another plan's run
-    e = mn.by_plan(runs)["100.0"]
-    assert [sorted(p["runs"]) for p in e["plans"]] == [[17_000, 18_000, 19_000],
-                                                       [18_000, 20_000, 25_000, 26_000, 27_000]]
-    assert e["auto_plan_vs_best_plan"] == 1.0  # auto's plan: the one 2 of its 3 runs chose
+                                 ("no_hybrid", None, pooled), ("torchrec", 30_000, pooled))]
+    e = mn.plan_choice(runs)["100"]
+    assert "auto_plan_vs_best_plan" not in e and "plans" not in e
+    assert e["auto_chose_fastest_plan"] == "yes" and e["fastest_row"] == "hybrid"  # torchrec is not a plan row
+    same_plan = e["auto_vs_same_plan"]
+    assert same_plan["forced_rows"] == ["hybrid"] and same_plan["ratio"] == pytest.approx(20_000 / 26_000)
+    assert (same_plan["auto"]["min"], same_plan["auto"]["max"]) == (19_000, 25_000)
+    assert (same_plan["forced"]["min"], same_plan["forced"]["max"]) == (18_000, 27_000)
+    assert "0.769x" in mn.auto_plan_line(e) and "chose the fastest plan: yes" in mn.auto_plan_line(e)
+    # auto trained the pooled plan (2 of its 3 runs) while the hybrid row's plan was faster
+    for r in runs[:2]:
+        r.update(plan=dict(pooled), plan_summary="table_wise x1")
+    e = mn.plan_choice(runs)["100"]
+    assert e["auto_chose_fastest_plan"] == "no" and e["auto_plan"] == "table_wise x1"
+    assert e["fastest_plan"] == "hybrid x1"
+    assert e["auto_vs_same_plan"]["forced_rows"] == ["no_hybrid"]
+    assert e["auto_vs_same_plan"]["ratio"] == pytest.approx(19_500 / 17_500)
+    assert mn.plan_choice([r for r in runs if r["variant"] != "auto"])["100"]["auto_chose_fastest_plan"] == "no"
+
+
+def test_judged_rows_run_five_interleaved_rounds_and_the_others_three():
+    rounds = mn.round_plan(list(mn.DEFAULT_VARIANTS), mn.MIN_RUNS_JUDGED, mn.MIN_RUNS_OTHER)
+    assert len(rounds) == 5 and rounds[0] == list(mn.DEFAULT_VARIANTS)
+    count = {v: sum(v in r for r in rounds) for v in mn.DEFAULT_VARIANTS}
+    assert count.pop("torchrec") == 3 and set(count.values()) == {5}
+    assert set(mn.POOLED) >= {"row_wise", "column_wise"} and set(mn.DEFAULT_VARIANTS) >= {"row_wise", "column_wise"}
+
+
+def test_torchrec_row_runs_one_torchrun_per_node_namespace(tmp_path):
+    import argparse
+
+    from cluster.emulate import IFNAME, EmulatedCluster
+
+    cluster = EmulatedCluster(name="rayemb-bench", nodes=2, state_dir=str(tmp_path))
+    args = argparse.Namespace(nodes=2, data="/d", batch_size=512, steps=40, window=10)
+    argvs = mn.torchrec_argvs(args, cluster, "/o.json", 29400)
+    assert len(argvs) == 2
+    for k, argv in enumerate(argvs):
+        assert argv[:4] == ["ip", "netns", "exec", cluster.ns(k)] and f"GLOO_SOCKET_IFNAME={IFNAME}" in argv
+        assert {"--nnodes=2", f"--node-rank={k}", "--nproc-per-node=1", f"--master-addr={cluster.head_ip}",
+                "--master-port=29400", mn.PEER_SCRIPT} <= set(argv)
+        assert argv[argv.index("--threads") + 1] == "1" and argv[argv.index("--steps") + 1] == "40"
+
+
+def test_help_runs():
+    with pytest.raises(SystemExit) as e:
+        mn.main(["--help"])
+    assert e.value.code == 0

@@ -57,6 +57,9 @@ def test_variant_overrides_pin_every_table():
     assert tp.variant_overrides("no_hybrid", TABLES) == ["planner.hybrid=false"]
     assert tp.variant_overrides("data_parallel", TABLES) == [f"planner.tables.{t}.sharding=data_parallel" for t in TABLES]
     assert tp.variant_overrides("table_wise", TABLES) == [f"planner.tables.{t}.sharding=table_wise" for t in TABLES]
+    for plan in ("row_wise", "column_wise"):  # the pooled baselines every table pinned to
+        assert tp.variant_overrides(plan, TABLES) == [f"planner.tables.{t}.sharding={plan}" for t in TABLES]
+    assert {"row_wise", "column_wise"} <= set(tp.DEFAULT_VARIANTS)
     assert tp.variant_overrides("hybrid", TABLES, ["C1", "C3"]) == ["planner.tables.C1.hybrid=true",
                                                                     "planner.tables.C3.hybrid=true"]
     with pytest.raises(ValueError):
@@ -66,7 +69,7 @@ def test_variant_overrides_pin_every_table():
 
 
 @pytest.mark.parametrize("variant", ["auto", "no_hybrid", "data_parallel", "table_wise", "hybrid", "row_wise",
-                                     "table_wise_no_prefetch"])
+                                     "column_wise", "table_wise_no_prefetch"])
 def test_overrides_make_a_valid_config_with_the_pins(variant, tmp_path):
     from rayemb.config import load_config
     from rayemb.train.sharding import pins_of
@@ -124,45 +127,81 @@ def test_plan_summary_counts_most_common_first():
 # ---- aggregation and acceptance ---- #
 
 
+def _run(variant, sps, step_s=None, pred=None, probed=None, plan=None, **kw):
+    kind = "peer" if variant == "peer" else "auto" if variant == "auto" else "forced"
+    return dict({"variant": variant, "kind": kind, "samples_per_s": sps, "step_time_s": step_s,
+                 "predicted_step_time_s": pred, "probed_step_time_s": probed, "plan": plan}, **kw)
+
+
 def _runs():
     return [
-        {"variant": "peer", "kind": "peer", "samples_per_s": 100.0, "plan": {"C1": "table_wise"}},
-        {"variant": "peer", "kind": "peer", "samples_per_s": 120.0, "step_ms_mean": 30.0},
-        {"variant": "auto", "kind": "auto", "samples_per_s": 110.0, "plan": {"C1": "hybrid"},
-         "time_s": {"data_wait": 0.001, "forward": 0.01, "backward": 0.01, "optimizer": 0.002}},
-        {"variant": "auto", "kind": "auto", "samples_per_s": 120.0},
-        {"variant": "data_parallel", "kind": "forced", "samples_per_s": 100.0},
-        {"variant": "table_wise", "kind": "forced", "samples_per_s": 118.0},
-        {"variant": "table_wise", "kind": "forced", "samples_per_s": None},  # a failed run
+        _run("peer", 100.0, plan={"C1": "table_wise"}), _run("peer", 120.0, step_ms_mean=30.0),
+        _run("peer", 101.0),
+        _run("auto", 110.0, 0.020, 0.022, 0.019, plan={"C1": "hybrid"},
+             time_s={"data_wait": 0.001, "forward": 0.01, "backward": 0.01, "optimizer": 0.002}),
+        _run("auto", 130.0, 0.020, 0.026, 0.020), _run("auto", 112.0, 0.020, 0.024, 0.021),
+        _run("data_parallel", 100.0, 0.02, 0.02),
+        _run("table_wise", 118.0, 0.02, 0.02),
+        _run("table_wise", None),  # a failed run
     ]
 
 
-def test_aggregate_means_and_failed_runs():
+def test_aggregate_medians_with_min_max_and_failed_runs():
     rows = tp.aggregate(_runs())
-    assert rows["peer"]["samples_per_s"] == 110.0 and rows["peer"]["runs"] == 2
+    assert rows["peer"]["samples_per_s"] == 101.0 and rows["peer"]["runs"] == 3  # the median, not the mean (107)
     assert rows["peer"]["samples_per_s_min"] == 100.0 and rows["peer"]["samples_per_s_max"] == 120.0
-    assert rows["auto"]["samples_per_s"] == 115.0 and rows["auto"]["plan"] == {"C1": "hybrid"}
+    assert rows["auto"]["samples_per_s"] == 112.0 and rows["auto"]["plan"] == {"C1": "hybrid"}
+    # the model's prediction over the measured step, per run 1.1, 1.3, 1.2: their median with min-max
+    assert rows["auto"]["predicted_over_measured"] == pytest.approx(1.2)
+    assert rows["auto"]["predicted_over_measured_min"] == pytest.approx(1.1)
+    assert rows["auto"]["predicted_over_measured_max"] == pytest.approx(1.3)
+    assert rows["auto"]["probed_over_measured"] == pytest.approx(1.0)
+    assert rows["peer"]["predicted_over_measured"] is None
     assert rows["auto"]["time_s"]["forward"] == pytest.approx(0.01)
     assert rows["table_wise"]["runs"] == 1 and rows["table_wise"]["failed"] == 1
 
 
-def test_acceptance_ratios_and_verdicts():
-    rows = tp.aggregate(_runs())
-    acc = tp.acceptance(rows, ["data_parallel", "table_wise"])
-    assert acc["auto_vs_peer"] == pytest.approx(115 / 110) and acc["auto_vs_peer_pass"] is True
+def _complete(auto=112.0, pred=0.022, runs=5):
+    """Every row of a peer/auto/data_parallel/table_wise benchmark with ``runs`` runs each."""
+    out = []
+    for i in range(runs):
+        out += [_run("peer", 100.0 + i), _run("auto", auto + i, 0.020, pred, 0.020, plan={"C1": "hybrid"}),
+                _run("data_parallel", 90.0 + i, 0.020, 0.021, plan={"C1": "data_parallel"}),
+                _run("table_wise", 114.0 + i, 0.020, 0.019, plan={"C1": "table_wise"})]
+    return out
+
+
+def test_acceptance_ratios_and_verdicts_on_complete_rows():
+    acc = tp.acceptance(tp.aggregate(_complete()), ["data_parallel", "table_wise"])
+    assert acc["auto_vs_peer"] == pytest.approx(114 / 102) and acc["auto_vs_peer_pass"] is True
     assert acc["best_pure"] == "table_wise"
-    assert acc["auto_vs_best_pure"] == pytest.approx(115 / 118) and acc["auto_vs_best_pure_pass"] is True
-    rows["auto"]["samples_per_s"] = 100.0
-    acc = tp.acceptance(rows, ["data_parallel", "table_wise"])
+    assert acc["auto_vs_best_pure"] == pytest.approx(114 / 116) and acc["auto_vs_best_pure_pass"] is True
+    assert acc["worst_prediction_row"] == "auto" and acc["worst_prediction_error"] == pytest.approx(0.1)
+    assert acc["prediction_pass"] is True and acc["rows_pass"] is True and acc["row_problems"] == {}
+    acc = tp.acceptance(tp.aggregate(_complete(auto=95.0, pred=0.025)), ["data_parallel", "table_wise"])
     assert acc["auto_vs_peer_pass"] is False and acc["auto_vs_best_pure_pass"] is False
+    assert acc["prediction_pass"] is False  # 25 % over
     assert "FAIL" in tp.verdict(acc) and "table_wise" in tp.verdict(acc)
 
 
-def test_acceptance_with_a_missing_side_is_not_applicable():
-    acc = tp.acceptance({"auto": {"samples_per_s": 10.0}}, ["data_parallel"])
-    assert acc["auto_vs_peer"] is None and acc["auto_vs_peer_pass"] is None
-    assert acc["auto_vs_best_pure"] is None and acc["best_pure"] is None
-    assert "n/a" in tp.verdict(acc)
+def test_a_missing_failed_short_or_unpredicted_row_fails_the_verdicts():
+    forced = ["data_parallel", "table_wise"]
+    no_peer = tp.acceptance(tp.aggregate([r for r in _complete() if r["variant"] != "peer"]), forced)
+    assert no_peer["auto_vs_peer"] is None and no_peer["auto_vs_peer_pass"] is False  # not "n/a"
+    assert no_peer["row_problems"] == {"peer": "missing"} and no_peer["rows_pass"] is False
+    assert "auto_vs_peer = - (target >= 1.0): FAIL" in tp.verdict(no_peer)
+    acc = tp.acceptance({"auto": {"samples_per_s": 10.0, "runs": 5, "predicted_over_measured": 1.0}}, forced)
+    assert not any(acc[k] for k in ("auto_vs_peer_pass", "auto_vs_best_pure_pass", "prediction_pass", "rows_pass"))
+    failed = tp.acceptance(tp.aggregate(_complete() + [_run("table_wise", None)]), forced)
+    assert failed["row_problems"] == {"table_wise": "1 failed run(s)"}
+    assert failed["auto_vs_best_pure_pass"] is False and failed["prediction_pass"] is False
+    assert failed["auto_vs_peer_pass"] is True  # it rests on auto and peer only
+    short = tp.acceptance(tp.aggregate(_complete(runs=4)), forced)
+    assert short["row_problems"]["auto"] == "4 run(s), fewer than the 5 it needs"
+    assert not any(short[k] for k in ("auto_vs_peer_pass", "auto_vs_best_pure_pass", "prediction_pass"))
+    unpredicted = [dict(r, predicted_step_time_s=None) if r["variant"] == "data_parallel" else r for r in _complete()]
+    acc = tp.acceptance(tp.aggregate(unpredicted), forced)
+    assert acc["row_problems"] == {"data_parallel": "no predicted step time"} and acc["prediction_pass"] is False
 
 
 def test_table_rows_order_ratios_and_format():
@@ -170,14 +209,14 @@ def test_table_rows_order_ratios_and_format():
     acc = tp.acceptance(rows, ["data_parallel", "table_wise"])
     out = tp.table_rows(rows, acc)
     assert [r["variant"] for r in out] == ["peer", "auto", "data_parallel", "table_wise"]
-    assert out[0]["vs_peer"] == 1.0 and out[1]["vs_best_pure"] == pytest.approx(115 / 118)
+    assert out[0]["vs_peer"] == 1.0 and out[1]["vs_best_pure"] == pytest.approx(112 / 118)
     assert out[1]["step_ms"] == pytest.approx(23.0) and out[1]["plan_summary"] == "hybrid x1"
     assert out[1]["phases_ms"] == "1.0/10.0/10.0/2.0" and out[0]["step_ms"] == 30.0
-    assert out[0]["spread_pct"] == pytest.approx(100 * 20 / 110)
+    assert out[0]["spread_pct"] == pytest.approx(100 * 20 / 101)
     from _report import format_table
 
     text = format_table(out, tp.COLUMNS, tp.KEYS)
-    assert "peer" in text.splitlines()[1] and "115" in text
+    assert "peer" in text.splitlines()[1] and "112" in text and "1.20" in text
 
 
 # ---- the peer's pure parts ---- #
@@ -212,9 +251,7 @@ def test_peer_imports_nothing_from_rayemb():
     assert not [m for m in modules if m.split(".")[0] in ("rayemb", "_report")]
 
 
-def test_by_plan_pools_the_runs_of_auto_s_plan_with_the_forced_rows_that_ran_it():
-    from throughput import by_plan
-
+def test_plan_choice_compares_auto_s_own_runs_with_the_forced_runs_of_its_plan():
     tw = {"C1": "table_wise", "C2": "table_wise"}
     hy = {"C1": "hybrid", "C2": "data_parallel"}
     runs = [{"variant": "auto", "plan": tw, "plan_summary": "table_wise x2", "samples_per_s": 54.0},
@@ -222,11 +259,36 @@ def test_by_plan_pools_the_runs_of_auto_s_plan_with_the_forced_rows_that_ran_it(
             {"variant": "auto", "plan": tw, "plan_summary": "table_wise x2", "samples_per_s": 60.0},
             {"variant": "table_wise", "plan": tw, "plan_summary": "table_wise x2", "samples_per_s": 56.0},
             {"variant": "hybrid", "plan": hy, "plan_summary": "hybrid x1, data_parallel x1", "samples_per_s": 44.0},
-            {"variant": "peer", "samples_per_s": 57.0}]
-    out = by_plan(runs)
-    # auto's rows alone: 57 vs table_wise's 61 (0.93); pooled, they are one plan, the best one
-    assert out["auto_plan"] == "table_wise x2" and out["auto_plan_vs_best_pure_plan"] == 1.0
-    assert sorted(p["samples_per_s"] for p in out["plans"]) == [44.0, 58.0]
-    # auto on the slower plan: pooled against the best forced plan
-    runs2 = [dict(r, plan=hy, plan_summary="hybrid x1, data_parallel x1") if r["variant"] == "auto" else r for r in runs]
-    assert by_plan(runs2)["auto_plan_vs_best_pure_plan"] == 54.0 / 61.0  # median of 54, 60, 44 over table_wise's
+            {"variant": "peer", "plan": hy, "samples_per_s": 90.0}]
+    out = tp.plan_choice(runs)
+    # auto trained the fastest row's plan, but its own runs are slower than table_wise's runs of it: 57 vs 61
+    assert out["auto_plan"] == "table_wise x2" and out["auto_chose_fastest_plan"] == "yes"
+    assert out["fastest_row"] == "table_wise"  # the peer is no rayemb plan
+    same = out["auto_vs_same_plan"]
+    assert same["ratio"] == pytest.approx(57.0 / 61.0) and same["forced_rows"] == ["table_wise"]
+    assert (same["auto"]["min"], same["auto"]["max"], same["forced"]["min"], same["forced"]["max"]) == \
+        (54.0, 60.0, 56.0, 66.0)
+    assert "auto_plan_vs_best_pure_plan" not in out and "plans" not in out
+    # auto on the slower plan, which no forced row ran
+    runs2 = [dict(r, plan=hy, plan_summary="hybrid x1, data_parallel x1") if r["variant"] == "auto" else r
+             for r in runs]
+    out = tp.plan_choice(runs2)
+    assert out["auto_chose_fastest_plan"] == "no" and out["fastest_row"] == "table_wise"
+    assert out["auto_vs_same_plan"]["forced_rows"] == ["hybrid"]
+    assert out["auto_vs_same_plan"]["ratio"] == pytest.approx(57.0 / 44.0)
+
+
+def test_peer_fields_read_the_peer_s_result():
+    res = {"samples_per_s": 50_000.0, "samples_per_s_window_median": 52_000.0,
+           "step_ms": {"mean": 21.0, "p50": 20.0}, "threads_per_rank": 1, "loss_last": 0.4,
+           "sharding": {"C1": {"sharding_type": "table_wise"}, "C2": {"sharding_type": "data_parallel"}}}
+    f = tp.peer_fields(res)
+    assert f["samples_per_s"] == 52_000.0 and f["step_time_s"] == pytest.approx(0.020)
+    assert f["plan"] == {"C1": "table_wise", "C2": "data_parallel"}
+    assert f["plan_summary"] == "data_parallel x1, table_wise x1"
+
+
+def test_help_runs():
+    with pytest.raises(SystemExit) as e:
+        tp.main(["--help"])
+    assert e.value.code == 0

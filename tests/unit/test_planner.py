@@ -86,7 +86,7 @@ def test_plan_json_schema_and_roundtrip_without_torchrec(tmp_path):
     tables = [TableSpec("a", rows=100, dim=8), TableSpec("b", rows=300_000, dim=8, hot_rows=16, hot_share=0.7)]
     r = plan(tables, described_topology(4, 2, compute_device="cpu", ddr_gib=4), 512, engine="fast")
     d = r.to_json()
-    assert d["schema_version"] == 1 and d["world_size"] == 4
+    assert d["schema_version"] == 2 and d["world_size"] == 4
     assert d["predicted_bytes_per_step"] == pytest.approx(sum(t["predicted_bytes_per_step"] for t in d["tables"].values()))
     for t in d["tables"].values():
         assert {"placement", "sharding_type", "ranks", "hot_rows", "predicted_bytes_per_step"} <= set(t)
