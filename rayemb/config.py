@@ -163,7 +163,8 @@ class ScalingConfig:
     use_gpu: bool = False
     #: the GPU nodes' shape the plan assumes while none is up (autoscaling from zero); live GPU nodes win
     gpus_per_node: Optional[int] = None
-    #: HBM per GPU the plan assumes (None: from the accelerator type, else 80)
+    #: HBM per GPU the plan assumes, GiB (None: from the GPU model the GPU nodes, or before any is up
+    #: the GPU node types, name; a GPU job where none does fails asking for this key)
     gpu_memory_gib: Optional[float] = None
     #: host memory per rank the plan assumes (None: the live nodes' memory / ranks)
     memory_per_worker_gib: Optional[float] = None
@@ -190,6 +191,11 @@ class ScalingConfig:
         _require(self.min_workers is None or 1 <= self.min_workers <= self.num_workers, "scaling.min_workers",
                  f"{self.min_workers} is not in [1, num_workers={self.num_workers}]",
                  "Use scaling.num_workers: [min, max] for an elastic job.")
+        _require(self.gpu_memory_gib is None or (isinstance(self.gpu_memory_gib, (int, float))
+                                                  and not isinstance(self.gpu_memory_gib, bool)
+                                                  and self.gpu_memory_gib > 0), "scaling.gpu_memory_gib",
+                 f"{self.gpu_memory_gib!r} is not a positive number of GiB",
+                 "Write the memory of one GPU in GiB, e.g. 24 (A10G, L4), 40 (A100 40GB), 80 (H100).")
         _require(self.cpus_per_worker is None or self.cpus_per_worker > 0, "scaling.cpus_per_worker",
                  f"{self.cpus_per_worker} is not positive", "Use a positive number or null for automatic.")
         _require(self.max_failures >= -1, "scaling.max_failures", f"{self.max_failures} < -1",

@@ -17,7 +17,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--stats", help="stats.json from `rayemb stats` (pooling factors, hot sets)")
     parser.add_argument("--world-size", type=int, help="plan for a described cluster of N ranks (what-if)")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (default 8, cpu: 1)")
-    parser.add_argument("--hbm-gib", type=float, help="GPU memory per device in GiB (default 80)")
+    parser.add_argument("--hbm-gib", type=float, help="GPU memory per device in GiB (a described cluster: default 80; "
+                        "the live one: scaling.gpu_memory_gib, known from the GPU model where the cluster names it)")
     parser.add_argument("--ddr-gib", type=float, help="host memory per rank in GiB (default 128)")
     parser.add_argument("--cpu", action="store_true", help="described cluster without GPUs (tables in host memory)")
     parser.add_argument("--pins", help="YAML/JSON file {TABLE: {sharding: row_wise, hybrid: false, compute_kernel: fused}}; "
@@ -36,9 +37,13 @@ def plan_main(args: argparse.Namespace) -> int:
     from rayemb.planner.report import plot_plan, save_plan_json, summary_table
     from rayemb.planner.tables import tables_from_schema
     from rayemb.planner.topology import described_topology
+    from rayemb.publish import resolve_dataset
 
-    cfg = load_config(args.config, args.overrides)
-    schema = DatasetSchema.load(resolve_path(cfg.data.path))
+    overrides = list(args.overrides)
+    if args.hbm_gib and not args.world_size:  # the live cluster's plan: the job's GPU memory per device
+        overrides.append(f"scaling.gpu_memory_gib={args.hbm_gib}")
+    cfg = load_config(args.config, overrides)
+    schema = DatasetSchema.load(resolve_dataset(resolve_path(cfg.data.path)))
     if args.world_size:
         topo = described_topology(
             args.world_size, args.gpus_per_node or (1 if args.cpu else 8), hbm_gib=args.hbm_gib,

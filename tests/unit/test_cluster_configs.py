@@ -4,8 +4,9 @@ Fast and offline: no cloud SDK, no Kubernetes, no Docker. The launcher configs g
 checks, the ones `ray up` runs before it calls a cloud API (``prepare_config`` merges the provider's
 defaults.yaml; ``validate_config`` checks the result against ray/autoscaler/ray-schema.json), with
 the network refused. rayemb's own requirements (GPU workers from zero, token auth from a file or a
-Secret, the shared mount, the image) are checked by the ``*_problems`` functions below, which list
-what is wrong; every check is also run on broken copies to show that it can fail.
+Secret, the shared mount, the image, an NVIDIA driver that runs the GPU lock's CUDA, S3 access on
+AWS) are checked by the ``*_problems`` functions below, which list what is wrong; every check is
+also run on broken copies to show that it can fail.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "cluster"
 KUBERAY = CLUSTER / "kuberay"
 LOCK = ROOT / "requirements" / "lock-cpu.txt"
+GPU_LOCK = ROOT / "requirements" / "lock-gpu.txt"
 LAUNCHER_CONFIGS = ["aws.yaml", "gcp.yaml"]
 SHARED = "/mnt/shared"
 PVC_NAME = "rayemb-shared"
@@ -447,9 +449,10 @@ def dockerfile_workdir(text: str) -> str:
     return workdirs[-1] if workdirs else "/"
 
 
-def _sed_expr(text: str) -> str:
-    m = re.search(r"sed -E '([^']+)'", text)
-    return m.group(1) if m else ""
+def _torch_guard(text: str) -> str:
+    """The requirement that keeps a CPU torch wheel (e.g. in pip's find-links) out of a GPU install."""
+    m = re.search(r'"torch==\$torch_version,!=\$torch_version\+cpu"', text)
+    return m.group(0) if m else ""
 
 
 def dockerfile_problems(text: str) -> List[str]:
@@ -463,14 +466,18 @@ def dockerfile_problems(text: str) -> List[str]:
         problems.append(f"BASE_IMAGE {base!r} is not Ray {locked_version('ray')} on Python 3.11 (the lock's)")
     if not any(i == "FROM" and "${BASE_IMAGE}" in a for i, a in ins):
         problems.append("FROM does not use the BASE_IMAGE argument")
-    for ref in sorted(set(re.findall(r"requirements/[\w.-]+", text))):
+    for ref in sorted(set(re.findall(r"requirements/[\w.-]+\.txt", text))):
         if not (ROOT / ref).is_file():
             problems.append(f"{ref} does not exist in the repository")
-    if "requirements/lock-cpu.txt" not in text:
-        problems.append("the lock requirements/lock-cpu.txt is not used")
+    copied = " ".join(a for i, a in ins if i == "COPY")
+    for lock in ("requirements/lock-cpu.txt", "requirements/lock-gpu.txt"):
+        if lock not in copied:
+            problems.append(f"the lock {lock} is not copied into the image")
+    if 'lock="requirements/lock-$RAYEMB_EXTRA.txt"' not in text:
+        problems.append("the lock is not picked by RAYEMB_EXTRA (lock-gpu.txt for gpu, lock-cpu.txt for cpu)")
     install_sh = (ROOT / "scripts" / "install.sh").read_text()
-    if not _sed_expr(text) or _sed_expr(text) != _sed_expr(install_sh):
-        problems.append("the torch rewrite of the lock differs from scripts/install.sh's")
+    if not _torch_guard(text) or _torch_guard(text) != _torch_guard(install_sh):
+        problems.append("the GPU install does not refuse torch's +cpu build as scripts/install.sh does")
     if "install-no-deps" not in text or "--no-deps" not in text:
         problems.append("torchrec is not installed with --no-deps from [tool.rayemb] install-no-deps")
     if "ENTRYPOINT" in kinds:
@@ -496,8 +503,8 @@ def test_dockerfile_installs_from_the_lock_and_reaches_train_py():
     assert dockerfile_problems(text) == []
     assert (ROOT / "jobs" / "train.py").is_file()
     patterns = dockerignore_patterns()
-    for kept in ("jobs/train.py", "jobs/configs/synth_small.yaml", "requirements/lock-cpu.txt", "pyproject.toml",
-                 "rayemb/config.py", "scripts/install.sh"):
+    for kept in ("jobs/train.py", "jobs/configs/synth_small.yaml", "requirements/lock-cpu.txt",
+                 "requirements/lock-gpu.txt", "pyproject.toml", "rayemb/config.py", "scripts/install.sh"):
         assert not any(fnmatch.fnmatch(kept, p) or kept.split("/")[0] == p.rstrip("/") for p in patterns), kept
     for left_out in (".venv", "data", "runs", "bench-results"):
         assert left_out in patterns
@@ -513,11 +520,13 @@ def test_launcher_head_setup_uses_the_lock_inside_the_image():
 
 
 DOCKERFILE_BREAKAGES = {
-    "missing lock": (lambda t: t.replace("requirements/lock-cpu.txt", "requirements/lock-gpu.txt"), "does not exist"),
+    "missing lock": (lambda t: t.replace("requirements/lock-gpu.txt", "requirements/lock-cuda.txt"), "does not exist"),
+    "one lock for both": (lambda t: t.replace('lock="requirements/lock-$RAYEMB_EXTRA.txt"',
+                                              'lock="requirements/lock-cpu.txt"'), "picked by RAYEMB_EXTRA"),
     "entrypoint": (lambda t: t + '\nENTRYPOINT ["python", "jobs/train.py"]\n', "ENTRYPOINT"),
     "no workdir": (lambda t: re.sub(r"^WORKDIR .*$", "", t, flags=re.M), "no WORKDIR"),
     "repo not copied": (lambda t: t.replace("COPY --chown=ray:users . .", ""), "not copied"),
-    "other torch rewrite": (lambda t: t.replace(r"torch==\1,!=\1+cpu", r"torch==\1"), "torch rewrite"),
+    "CPU torch admitted": (lambda t: t.replace(",!=$torch_version+cpu", ""), "+cpu build"),
     "torchrec with deps": (lambda t: t.replace("$install --no-deps $nodeps", "$install $nodeps")
                            .replace("--no-deps", ""), "--no-deps"),
     "other Ray": (lambda t: t.replace("rayproject/ray:2.60.0-py311-gpu", "rayproject/ray:2.9.0-py311-gpu"),
@@ -539,3 +548,321 @@ def test_install_no_deps_is_what_the_dockerfile_reads():
     d = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert d["tool"]["rayemb"]["install-no-deps"]
     assert '["tool"]["rayemb"]["install-no-deps"]' in DOCKERFILE.read_text()
+
+
+# --------------------------------------------------------------------------------------------- #
+# NVIDIA driver: every GPU node must run the CUDA of the GPU lock's torch
+# --------------------------------------------------------------------------------------------- #
+
+#: the oldest NVIDIA driver branch that runs each CUDA major (CUDA's minor-version compatibility:
+#: any 12.x on R525+, any 13.x on R580+)
+MIN_DRIVER_FOR_CUDA = {12: 525, 13: 580}
+#: the CUDA toolkit of rayproject/ray's GPU tags: `-cuXYZ` says it, `-gpu` is an alias of the cu121 image
+RAY_GPU_TAG_CUDA = {"gpu": (12, 1)}
+#: a node's start-up driver check, as the configs write it
+DRIVER_CHECK = re.compile(r'nvidia-smi --query-gpu=driver_version.*?"\$\{driver%%\.\*\}" -ge (\d+)', re.S)
+
+
+def lock_pins(path: Path) -> Dict[str, str]:
+    return {m.group(1).lower().replace("_", "-"): m.group(2)
+            for m in re.finditer(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$", path.read_text(), re.M)}
+
+
+def lock_cuda(pins: Dict[str, str]) -> tuple:
+    """(major, minor) of the CUDA the lock's torch is built for: its cuda-toolkit, which the nvidia-*-cuNN
+    packages must agree with; an AssertionError for a lock without one (a CPU lock)."""
+    assert "+" not in pins.get("torch", "+"), f"the lock's torch is not a CUDA build: {pins.get('torch')}"
+    assert "cuda-toolkit" in pins, "the lock pins no cuda-toolkit (torch's CUDA runtime)"
+    major, minor = (int(x) for x in pins["cuda-toolkit"].split(".")[:2])
+    suffixes = {int(m.group(1)) for name in pins for m in [re.search(r"^nvidia-.*-cu(\d+)$", name)] if m}
+    assert suffixes <= {major}, f"nvidia-*-cu{sorted(suffixes)} packages disagree with cuda-toolkit {major}.{minor}"
+    return major, minor
+
+
+def min_driver_for(cuda: tuple) -> int:
+    assert cuda[0] in MIN_DRIVER_FOR_CUDA, f"no minimum NVIDIA driver known for CUDA {cuda[0]}.x"
+    return MIN_DRIVER_FOR_CUDA[cuda[0]]
+
+
+def driver_problems(config: Dict[str, Any], cuda: tuple) -> List[str]:
+    """Where a launcher config's GPU nodes could run an NVIDIA driver older than ``cuda`` needs."""
+    problems: List[str] = []
+    need = min_driver_for(cuda)
+    init = " ".join(config.get("initialization_commands") or [])
+    checks = [int(v) for v in DRIVER_CHECK.findall(init)]
+    if not checks or "lspci" not in init:
+        problems.append("initialization_commands do not check the NVIDIA driver version on GPU nodes")
+    for v in checks:
+        if v < need:
+            problems.append(f"the start-up driver check admits {v}, older than the {need} CUDA {cuda[0]}.{cuda[1]} needs")
+    for name, t in (config.get("available_node_types") or {}).items():
+        for disk in (t.get("node_config") or {}).get("disks") or []:
+            image = (disk.get("initializeParams") or {}).get("sourceImage", "")
+            m = re.search(r"-nvidia-(\d+)$", image)
+            if not m:
+                problems.append(f"node type {name}: image {image!r} names no NVIDIA driver branch (-nvidia-NNN)")
+            elif int(m.group(1)) < need:
+                problems.append(f"node type {name}: image {image!r} has driver {m.group(1)}, "
+                                f"older than the {need} CUDA {cuda[0]}.{cuda[1]} needs")
+    return problems
+
+
+def test_the_gpu_lock_is_torchs_cuda_13_build_and_the_cpu_lock_is_not():
+    pins = lock_pins(GPU_LOCK)
+    assert lock_cuda(pins) == (13, 0)
+    assert pins["torch"] == locked_version("torch").split("+")[0]  # the same release as the CPU lock's
+    with pytest.raises(AssertionError, match="not a CUDA build"):
+        lock_cuda(lock_pins(LOCK))
+    # the lock generator states the CUDA in the header, for people
+    assert "is the CUDA 13.0 build" in GPU_LOCK.read_text()
+
+
+@pytest.mark.parametrize("name", LAUNCHER_CONFIGS)
+def test_launcher_gpu_nodes_run_the_gpu_locks_cuda(name):
+    cuda = lock_cuda(lock_pins(GPU_LOCK))
+    assert driver_problems(load_launcher(name), cuda) == []
+
+
+def _old_family(c: Dict[str, Any]) -> None:
+    for disk in _gpu_type(c)["node_config"]["disks"]:
+        disk["initializeParams"]["sourceImage"] = disk["initializeParams"]["sourceImage"].replace("-nvidia-580",
+                                                                                                  "-nvidia-570")
+
+
+DRIVER_BREAKAGES = {
+    "no driver check": (LAUNCHER_CONFIGS, lambda c: c.__setitem__(
+        "initialization_commands", [x for x in c["initialization_commands"] if "nvidia-smi" not in x]),
+        "do not check the NVIDIA driver"),
+    "check admits 570": (LAUNCHER_CONFIGS, lambda c: c.__setitem__(
+        "initialization_commands", [x.replace("-ge 580", "-ge 570") for x in c["initialization_commands"]]),
+        "admits 570"),
+    "driver-570 image family": (["gcp.yaml"], _old_family, "has driver 570"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(DRIVER_BREAKAGES))
+def test_driver_checks_catch_a_config_that_cannot_run_cuda_13(breakage):
+    names, mutate, expected = DRIVER_BREAKAGES[breakage]
+    cuda = lock_cuda(lock_pins(GPU_LOCK))
+    for name in names:
+        config = load_launcher(name)
+        mutate(config)
+        problems = driver_problems(config, cuda)
+        assert any(expected in p for p in problems), (name, problems)
+
+
+def test_a_cuda_12_lock_needs_only_r525_and_an_unknown_cuda_is_an_error():
+    config = load_launcher("gcp.yaml")
+    _old_family(config)
+    config["initialization_commands"] = [x.replace("-ge 580", "-ge 570") for x in config["initialization_commands"]]
+    assert driver_problems(config, (12, 8)) == []  # a driver-570 image ran the CUDA 12.8 torch
+    assert driver_problems(config, (13, 0)) != []
+    with pytest.raises(AssertionError, match="CUDA 14.x"):
+        driver_problems(config, (14, 0))
+
+
+def test_the_start_up_driver_check_refuses_old_drivers(tmp_path):
+    """The launcher configs' and KubeRay's check, run with a stand-in nvidia-smi printing each driver version."""
+    import subprocess
+
+    kuberay = _gpu_group(the_doc("raycluster.yaml", "RayCluster")["spec"])["template"]["spec"]["initContainers"][0]
+    scripts = {"kuberay": kuberay["command"][2]}
+    for name in LAUNCHER_CONFIGS:
+        scripts[name] = next(c for c in load_launcher(name)["initialization_commands"] if "nvidia-smi" in c)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for driver, ok in (("570.172.08", False), ("580.95.05", True), ("595.71.05", True), ("", False)):
+        # a plain `nvidia-smi` (the wait for the driver) succeeds; the version query prints `driver`
+        (fake / "nvidia-smi").write_text(f"#!/bin/sh\n[ $# -eq 0 ] && exit 0\n[ -n '{driver}' ] && echo '{driver}' || exit 9\n")
+        (fake / "nvidia-smi").chmod(0o755)
+        # the launcher checks run on GPU hosts only: a stand-in lspci says this is one
+        (fake / "lspci").write_text("#!/bin/sh\necho '00:1e.0 3D controller: NVIDIA Corporation GA102GL [A10G]'\n")
+        (fake / "lspci").chmod(0o755)
+        for where, script in scripts.items():
+            p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                               env={"PATH": f"{fake}:/usr/bin:/bin"})
+            assert (p.returncode == 0) == ok, (where, driver, p.returncode, p.stderr)
+            if not ok:
+                assert "older than 580" in p.stderr, (where, p.stderr)
+
+
+def kuberay_driver_problems(spec: Dict[str, Any], cuda: tuple) -> List[str]:
+    problems: List[str] = []
+    need = min_driver_for(cuda)
+    for g in spec["workerGroupSpecs"]:
+        if not _gpu_limit(g):
+            continue
+        inits = (g["template"]["spec"].get("initContainers") or [])
+        checks = [(c, [int(v) for v in DRIVER_CHECK.findall(" ".join(c.get("command") or []))]) for c in inits]
+        checks = [(c, v) for c, v in checks if v]
+        if not checks:
+            problems.append(f"GPU group {g['groupName']}: no init container checks the NVIDIA driver")
+        for c, versions in checks:
+            if min(versions) < need:
+                problems.append(f"GPU group {g['groupName']}: the driver check admits {min(versions)} (< {need})")
+            gpus = ((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")
+            if str(gpus) != str(_gpu_limit(g)):
+                problems.append(f"GPU group {g['groupName']}: the driver check asks for {gpus} GPUs, not the "
+                                f"Ray container's {_gpu_limit(g)} (without GPUs it sees no driver)")
+            if c.get("image") != _ray_container(g["template"]).get("image"):
+                problems.append(f"GPU group {g['groupName']}: the driver check runs another image")
+    return problems
+
+
+@pytest.mark.parametrize("name,path", [("raycluster.yaml", ("spec",)), ("rayjob.yaml", ("spec", "rayClusterSpec"))])
+def test_kuberay_gpu_pods_check_the_driver(name, path):
+    spec = load_docs(name)[0]
+    for key in path:
+        spec = spec[key]
+    cuda = lock_cuda(lock_pins(GPU_LOCK))
+    assert kuberay_driver_problems(spec, cuda) == []
+    broken = copy.deepcopy(spec)
+    init = _gpu_group(broken)["template"]["spec"]["initContainers"][0]
+    init["command"][2] = init["command"][2].replace("-ge 580", "-ge 550")
+    init["resources"]["limits"].pop("nvidia.com/gpu")
+    problems = kuberay_driver_problems(broken, cuda)
+    assert any("admits 550" in p for p in problems) and any("asks for None GPUs" in p for p in problems), problems
+    _gpu_group(broken)["template"]["spec"].pop("initContainers")
+    assert any("no init container" in p for p in kuberay_driver_problems(broken, cuda))
+
+
+def test_the_images_base_cuda_needs_no_newer_driver_than_the_lock():
+    """torch brings its own CUDA runtime; the base image's toolkit must not ask the host for more than it."""
+    args = {a.split("=", 1)[0]: a.split("=", 1)[1] for i, a in dockerfile_instructions(DOCKERFILE.read_text())
+            if i == "ARG" and "=" in a}
+    tag = args["BASE_IMAGE"].rsplit("-", 1)[1]
+    m = re.fullmatch(r"cu(\d\d)(\d)", tag)
+    base = (int(m.group(1)), int(m.group(2))) if m else RAY_GPU_TAG_CUDA[tag]
+    assert min_driver_for(base) <= min_driver_for(lock_cuda(lock_pins(GPU_LOCK)))
+
+
+# --------------------------------------------------------------------------------------------- #
+# The GPU model of the GPU node types: what a job planned before any GPU node is up reads
+# --------------------------------------------------------------------------------------------- #
+
+#: GPU model (Ray's accelerator_type name) of a GCP accelerator type / an AWS instance family
+GCP_ACCELERATOR_MODEL = {"nvidia-tesla-a100": "A100", "nvidia-a100-80gb": "A100-80G", "nvidia-l4": "L4",
+                         "nvidia-h100-80gb": "H100", "nvidia-h200-141gb": "H200", "nvidia-tesla-t4": "T4"}
+AWS_FAMILY_MODEL = {"g5": "A10G", "g6": "L4", "p4d": "A100", "p4de": "A100-80G", "p5": "H100", "p5e": "H200",
+                    "g4dn": "T4"}
+
+
+def gpu_model_problems(config: Dict[str, Any]) -> List[str]:
+    from rayemb.planner.topology import KNOWN_GPU_HBM_BYTES
+
+    problems: List[str] = []
+    name = next(n for n, t in config["available_node_types"].items() if t is _gpu_type(config))
+    t = _gpu_type(config)
+    named = [k.split(":", 1)[1] for k in t["resources"] if k.startswith("accelerator_type:")]
+    if len(named) != 1:
+        return [f"GPU node type {name}: resources name {len(named)} GPU models (accelerator_type:<model>), not one"]
+    if named[0] not in KNOWN_GPU_HBM_BYTES:
+        problems.append(f"GPU node type {name}: accelerator_type:{named[0]} has no known memory")
+    node = t["node_config"]
+    if config["provider"]["type"] == "gcp":
+        actual = {GCP_ACCELERATOR_MODEL.get(a["acceleratorType"]) for a in node.get("guestAccelerators") or []}
+    else:
+        actual = {AWS_FAMILY_MODEL.get(node["InstanceType"].split(".")[0])}
+    if actual != {named[0]}:
+        problems.append(f"GPU node type {name}: accelerator_type:{named[0]} but the machine has {sorted(map(str, actual))}")
+    return problems
+
+
+@pytest.mark.parametrize("name", LAUNCHER_CONFIGS)
+def test_launcher_gpu_type_names_its_gpu_model(name):
+    config = load_launcher(name)
+    assert gpu_model_problems(config) == []
+    wrong = copy.deepcopy(config)
+    res = _gpu_type(wrong)["resources"]
+    model = next(k for k in res if k.startswith("accelerator_type:"))
+    res["accelerator_type:H100"] = res.pop(model)
+    assert any("but the machine has" in p for p in gpu_model_problems(wrong))
+    res.pop("accelerator_type:H100")
+    assert any("name 0 GPU models" in p for p in gpu_model_problems(wrong))
+
+
+# --------------------------------------------------------------------------------------------- #
+# AWS: the instance roles' S3 access (cluster/aws-s3-policy.json)
+# --------------------------------------------------------------------------------------------- #
+
+S3_POLICY = CLUSTER / "aws-s3-policy.json"
+BUCKET = "REPLACE_ME_BUCKET"
+#: S3 requests rayemb makes, as (IAM action, ARN, allowed?): reading a dataset, stats and checkpoints
+#: anywhere in the bucket, and writing a job's outputs under tracking.output_dir = s3://BUCKET/runs
+S3_REQUESTS = [
+    ("s3:ListBucket", f"arn:aws:s3:::{BUCKET}", True),  # listing parquet parts, checkpoints; HEAD bucket
+    ("s3:GetBucketLocation", f"arn:aws:s3:::{BUCKET}", True),  # pyarrow's region lookup
+    ("s3:GetObject", f"arn:aws:s3:::{BUCKET}/criteo/train/part-00000.parquet", True),
+    ("s3:GetObject", f"arn:aws:s3:::{BUCKET}/criteo/schema.yaml", True),
+    ("s3:GetObject", f"arn:aws:s3:::{BUCKET}/runs/ray_results/job/checkpoint_0/meta.json", True),
+    ("s3:PutObject", f"arn:aws:s3:::{BUCKET}/runs/ray_results/job/checkpoint_0/__0_0.distcp", True),
+    ("s3:PutObject", f"arn:aws:s3:::{BUCKET}/runs/jobs/job/plan.json", True),
+    ("s3:DeleteObject", f"arn:aws:s3:::{BUCKET}/runs/ray_results/job/checkpoint_0/meta.json", True),  # keep_checkpoints
+    ("s3:AbortMultipartUpload", f"arn:aws:s3:::{BUCKET}/runs/ray_results/job/checkpoint_1/__3_0.distcp", True),
+    # the data is read-only to the cluster, and other buckets are out of reach
+    ("s3:PutObject", f"arn:aws:s3:::{BUCKET}/criteo/train/part-00000.parquet", False),
+    ("s3:DeleteObject", f"arn:aws:s3:::{BUCKET}/criteo/schema.yaml", False),
+    ("s3:GetObject", "arn:aws:s3:::someone-elses-bucket/secret.csv", False),
+    ("s3:ListBucket", "arn:aws:s3:::someone-elses-bucket", False),
+]
+
+
+def s3_allows(policy: Dict[str, Any], action: str, arn: str) -> bool:
+    """IAM's evaluation for one identity policy: an explicit Deny wins, else any Allow (wildcards as IAM's)."""
+    def matches(statement: Dict[str, Any]) -> bool:
+        actions = statement.get("Action", [])
+        resources = statement.get("Resource", [])
+        actions = [actions] if isinstance(actions, str) else actions
+        resources = [resources] if isinstance(resources, str) else resources
+        return (any(fnmatch.fnmatchcase(action.lower(), a.lower()) for a in actions)
+                and any(fnmatch.fnmatchcase(arn, r) for r in resources))
+
+    statements = policy.get("Statement", [])
+    if any(s.get("Effect") == "Deny" and matches(s) for s in statements):
+        return False
+    return any(s.get("Effect") == "Allow" and matches(s) for s in statements)
+
+
+def s3_policy_problems(policy: Dict[str, Any]) -> List[str]:
+    problems: List[str] = []
+    if policy.get("Version") != "2012-10-17":
+        problems.append(f"Version {policy.get('Version')!r} is not 2012-10-17 (variables and wildcards need it)")
+    for action, arn, allowed in S3_REQUESTS:
+        if s3_allows(policy, action, arn) != allowed:
+            problems.append(f"{action} on {arn} is {'denied' if allowed else 'allowed'}")
+    for s in policy.get("Statement", []):
+        resources = s.get("Resource", [])
+        for r in [resources] if isinstance(resources, str) else resources:
+            if not r.startswith(f"arn:aws:s3:::{BUCKET}"):
+                problems.append(f"statement {s.get('Sid')}: resource {r!r} is not the bucket placeholder {BUCKET}")
+    return problems
+
+
+def test_aws_s3_policy_grants_reading_the_bucket_and_writing_outputs_under_runs():
+    policy = json.loads(S3_POLICY.read_text())
+    assert s3_policy_problems(policy) == []
+    # the placeholder is documented with the others, and the deploy guide gives the policy to both roles
+    assert BUCKET in (CLUSTER / "aws.yaml").read_text() and "aws-s3-policy.json" in (CLUSTER / "aws.yaml").read_text()
+    deploy = (ROOT / "docs" / "deploy.md").read_text()
+    assert BUCKET in deploy and "cluster/aws-s3-policy.json" in deploy
+    assert re.search(r"for r in rayemb-head rayemb-worker; do.*?put-role-policy.*?aws-s3-policy", deploy, re.S)
+
+
+S3_POLICY_BREAKAGES = {
+    "no list": (lambda p: p["Statement"].pop(0), "s3:ListBucket on arn:aws:s3:::REPLACE_ME_BUCKET is denied"),
+    "writes the data": (lambda p: p["Statement"][2].__setitem__("Resource", f"arn:aws:s3:::{BUCKET}/*"),
+                        "s3:PutObject on arn:aws:s3:::REPLACE_ME_BUCKET/criteo/train/part-00000.parquet is allowed"),
+    "every bucket": (lambda p: p["Statement"][1].__setitem__("Resource", "*"), "someone-elses-bucket/secret.csv is allowed"),
+    "no checkpoint cleanup": (lambda p: p["Statement"][2]["Action"].remove("s3:DeleteObject"), "s3:DeleteObject"),
+    "denied reads": (lambda p: p["Statement"].append({"Effect": "Deny", "Action": "s3:*", "Resource": "*"}),
+                     "s3:GetObject on arn:aws:s3:::REPLACE_ME_BUCKET/criteo/schema.yaml is denied"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(S3_POLICY_BREAKAGES))
+def test_s3_policy_checks_catch_a_broken_policy(breakage):
+    policy = json.loads(S3_POLICY.read_text())
+    mutate, expected = S3_POLICY_BREAKAGES[breakage]
+    mutate(policy)
+    problems = s3_policy_problems(policy)
+    assert any(expected in p for p in problems), problems

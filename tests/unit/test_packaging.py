@@ -1,10 +1,12 @@
-"""Packaging: pyproject.toml declares what rayemb/ imports, its pins agree with the
-lock (requirements/lock-cpu.txt), and a clean venv installs from the lock and runs.
+"""Packaging: pyproject.toml declares what rayemb/ imports as ranges that every pin of
+both locks (requirements/lock-cpu.txt, requirements/lock-gpu.txt) satisfies, the GPU
+lock is torch's CUDA build, scripts/install.sh picks the lock for the machine, and a
+clean venv installs from the CPU lock and runs.
 
-torchrec is the documented exception: it is installed with ``pip install --no-deps``
-(its metadata demands the CUDA fbgemm-gpu, which clashes with fbgemm-gpu-cpu), so
-it is named in ``[tool.rayemb] install-no-deps`` instead of ``dependencies``, and
-the fbgemm build comes from the ``cpu``/``gpu`` extra.
+torchrec is the documented exception: its metadata demands the CUDA fbgemm-gpu, which
+clashes with fbgemm-gpu-cpu, so it is in the ``gpu`` extra (where fbgemm-gpu satisfies
+it) and, for CPU, named in ``[tool.rayemb] install-no-deps`` and installed with
+``pip install --no-deps``; the fbgemm build comes from the ``cpu``/``gpu`` extra.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ from packaging.version import Version
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = REPO / "pyproject.toml"
 LOCK = REPO / "requirements" / "lock-cpu.txt"
+GPU_LOCK = REPO / "requirements" / "lock-gpu.txt"
+#: which requirements each lock must satisfy: the dependencies, its own fbgemm extra, the test extra
+#: (the CPU lock also torchrec, installed with --no-deps)
+LOCK_SECTIONS = {
+    "lock-cpu.txt": ("dependencies", "extra cpu", "extra test", "install-no-deps"),
+    "lock-gpu.txt": ("dependencies", "extra gpu", "extra test"),
+}
+#: exact pins pyproject.toml keeps, and why: everything else is a range, so rayemb installs into an
+#: existing Ray image without moving its packages
+EXACT_PINS_ALLOWED = {"torchmetrics": "torchrec 1.8 requires exactly 1.0.3"}
 PACKAGE = "rayemb"
 # Extras that provide runtime code (the fbgemm build); `test` is not one of them.
 RUNTIME_EXTRAS = ("cpu", "gpu")
@@ -50,16 +62,16 @@ def _requirements(section: str = "all") -> List[Tuple[str, Requirement]]:
     return out
 
 
-def _lock() -> Dict[str, str]:
+def _lock(path: Path = LOCK) -> Dict[str, str]:
     pins: Dict[str, str] = {}
-    for n, line in enumerate(LOCK.read_text().splitlines(), 1):
+    for n, line in enumerate(path.read_text().splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)", line)
-        assert m, f"{LOCK.name}:{n}: not an exact `name==version` pin: {line!r}"
+        assert m, f"{path.name}:{n}: not an exact `name==version` pin: {line!r}"
         name = canonicalize_name(m.group(1))
-        assert name not in pins, f"{LOCK.name}:{n}: {name} pinned twice"
+        assert name not in pins, f"{path.name}:{n}: {name} pinned twice"
         pins[name] = m.group(2)
     return pins
 
@@ -162,27 +174,103 @@ def test_import_check_catches_an_undeclared_import(tmp_path):
     assert "import sklearn" in problems[1] and "scikit-learn" in problems[1]
 
 
-def test_pins_agree_with_lock():
-    lock = _lock()
-    assert lock, f"{LOCK} is empty"
-    assert "rayemb" not in lock, "the lock must not pin rayemb itself"
-    assert lock.get("torch", "").endswith("+cpu"), f"the lock's torch must be the CPU build, not {lock.get('torch')}"
+def lock_problems(lock: Dict[str, str], lock_name: str) -> List[str]:
+    """Requirements of pyproject.toml (those ``lock_name`` serves) that the lock's pins do not satisfy."""
     problems = []
     for where, req in _requirements():
-        name = canonicalize_name(req.name)
-        lock_name = name
-        if name == "fbgemm-gpu" and where == "extra gpu":
-            lock_name = "fbgemm-gpu-cpu"  # the CPU lock has the CPU build: the CUDA one must be the same release
-        if lock_name not in lock:
-            problems.append(f"{where}: {req} is not in {LOCK.name}")
+        if where not in LOCK_SECTIONS[lock_name]:
             continue
-        version = Version(lock[lock_name])
-        if lock_name != name:
-            version = Version(version.public)
-        if not req.specifier.contains(version, prereleases=True):
-            problems.append(f"{where}: {req} but {LOCK.name} has {lock_name}=={lock[lock_name]}")
+        name = canonicalize_name(req.name)
+        if name not in lock:
+            problems.append(f"{where}: {req} is not in {lock_name}")
+        elif not req.specifier.contains(Version(lock[name]), prereleases=True):
+            problems.append(f"{where}: {req} but {lock_name} has {name}=={lock[name]}")
+    return problems
+
+
+@pytest.mark.parametrize("path", [LOCK, GPU_LOCK], ids=lambda p: p.name)
+def test_every_lock_pin_satisfies_the_pyproject_ranges(path):
+    lock = _lock(path)
+    assert len(lock) > 100, f"{path} is nearly empty"
+    assert "rayemb" not in lock, "the lock must not pin rayemb itself"
+    problems = lock_problems(lock, path.name)
     assert not problems, "pyproject.toml and the lock disagree (fix one, or run scripts/update_lock.sh):\n  " + \
         "\n  ".join(problems)
+
+
+def test_lock_check_catches_a_pin_outside_the_range():
+    lock = _lock(GPU_LOCK)
+    assert lock_problems({**lock, "ray": "2.59.0"}, "lock-gpu.txt") == \
+        ["dependencies: ray[default,train]<2.61,>=2.60 but lock-gpu.txt has ray==2.59.0"]
+    missing = {k: v for k, v in lock.items() if k != "torchrec"}
+    assert lock_problems(missing, "lock-gpu.txt") == ["extra gpu: torchrec<1.9,>=1.8 is not in lock-gpu.txt"]
+
+
+def test_dependencies_are_ranges_not_pins():
+    """rayemb installs into an existing Ray image: it states what it needs, the locks state exact versions."""
+    d = _pyproject()
+    exact = [r for r in map(Requirement, d["project"]["dependencies"])
+             if any(s.operator in ("==", "===") for s in r.specifier) and r.name not in EXACT_PINS_ALLOWED]
+    assert not exact, f"exact pins in [project] dependencies (use ranges; the locks pin): {exact}"
+    by_name = {Requirement(r).name: Requirement(r) for r in d["project"]["dependencies"]}
+    # the stack rayemb is built against: one minor release each, any patch release of it
+    for name, inside, outside in (("torch", "2.13.9", "2.14.0"), ("ray", "2.60.3", "2.61.0")):
+        assert by_name[name].specifier.contains(inside) and not by_name[name].specifier.contains(outside)
+
+
+def test_gpu_extra_has_torchrec_and_the_cpu_path_installs_it_without_deps():
+    d = _pyproject()
+    gpu = {canonicalize_name(Requirement(r).name) for r in d["project"]["optional-dependencies"]["gpu"]}
+    cpu = {canonicalize_name(Requirement(r).name) for r in d["project"]["optional-dependencies"]["cpu"]}
+    assert {"torchrec", "fbgemm-gpu"} <= gpu and cpu == {"fbgemm-gpu-cpu"}
+    assert [canonicalize_name(Requirement(r).name) for r in d["tool"]["rayemb"]["install-no-deps"]] == ["torchrec"]
+
+
+def test_the_gpu_lock_is_the_cuda_build_of_the_cpu_locks_stack():
+    cpu, gpu = _lock(LOCK), _lock(GPU_LOCK)
+    assert cpu["torch"].endswith("+cpu") and gpu["torch"] == cpu["torch"].split("+")[0]
+    assert gpu["cuda-toolkit"].startswith("13.0."), gpu["cuda-toolkit"]  # torch 2.13.0's CUDA 13.0 runtime
+    assert {"nvidia-cudnn-cu13", "nvidia-nccl-cu13", "nvidia-cublas", "triton"} <= set(gpu)
+    assert gpu["fbgemm-gpu"] == cpu["fbgemm-gpu-cpu"] == "1.8.0" and "fbgemm-gpu-cpu" not in gpu
+    assert gpu["torchrec"] == cpu["torchrec"] == "1.8.0"
+    # everything both environments have is at one version: the GPU lock is resolved against the CPU one
+    differ = {n: (cpu[n], gpu[n]) for n in set(cpu) & set(gpu) if n != "torch" and cpu[n] != gpu[n]}
+    assert not differ, f"the locks disagree on shared packages (bash scripts/update_lock.sh): {differ}"
+    only_cpu = set(cpu) - set(gpu)
+    assert only_cpu == {"fbgemm-gpu-cpu"}, only_cpu
+
+
+def _fake_tools(tmp_path: Path, gpu: bool) -> Dict[str, str]:
+    """A PATH with a stand-in nvidia-smi (``-L`` lists a GPU) when ``gpu``, and the plain tools install.sh uses."""
+    bin_dir = tmp_path / ("bin-gpu" if gpu else "bin-cpu")
+    bin_dir.mkdir()
+    if gpu:
+        (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA A10G (UUID: GPU-0)'\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
+def test_install_sh_uses_the_gpu_lock_where_nvidia_smi_sees_a_gpu(tmp_path, gpu):
+    """install.sh's stamp hashes the lock it uses: an up-to-date stamp made with the expected lock is
+    accepted, one made with the other lock is not (it then installs, which the stand-in python refuses)."""
+    import hashlib
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 17\n")  # never installs anything
+    (venv / "bin" / "python").chmod(0o755)
+    env = {**_fake_tools(tmp_path, gpu), "RAYEMB_VENV": str(venv)}
+    script = REPO / "scripts" / "install.sh"
+    for lock, accepted in ((GPU_LOCK, gpu), (LOCK, not gpu)):
+        stamp = hashlib.sha256(script.read_bytes() + PYPROJECT.read_bytes() + lock.read_bytes()).hexdigest()
+        (venv / ".rayemb-install-stamp").write_text(stamp + "\n")
+        p = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=120)
+        if accepted:
+            assert p.returncode == 0 and "environment up to date" in p.stdout, (lock.name, p.stdout, p.stderr)
+        else:
+            assert p.returncode != 0 and "up to date" not in p.stdout, (lock.name, p.stdout, p.stderr)
+            assert f"from {(GPU_LOCK if gpu else LOCK).name}" in p.stdout, p.stdout
 
 
 def test_requires_python_admits_this_interpreter():
