@@ -20,7 +20,8 @@ run: install
 
 # pytest exits 5 when it collects no test: that must not pass.
 test: install
-	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@t0=$$(date +%s); $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	echo "make test: the suite took $$(( $$(date +%s) - t0 )) s (exit $$rc)"; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
 
 test-fast: install
