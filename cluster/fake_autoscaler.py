@@ -165,7 +165,7 @@ class FakeAutoscalingCluster:
 
     @property
     def temp_dir(self) -> Optional[str]:
-        """Ray's ``--temp-dir`` of this cluster (sessions, logs, sockets of every node)."""
+        """Ray's ``--temp-dir`` of this cluster (Ray sessions, logs, sockets of every node)."""
         return os.path.join(self.dir, "t") if self.dir else None
 
     def start(self, timeout_s: float = 120.0, attempts: int = 3) -> str:

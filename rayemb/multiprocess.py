@@ -1,6 +1,6 @@
 """Spawn N local gloo ranks and run a function in each, for distributed tests and benchmarks.
 
-After TorchRec's ``MultiProcessTestBase`` (STYLE.md §13).
+Modelled on TorchRec's ``MultiProcessTestBase``.
 
 ``run_multiprocess(fn, world_size, **kwargs)`` picks a free 127.0.0.1 port,
 spawns ``world_size`` ranks with ``torch.multiprocessing`` (spawn), runs the

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# Runs rayemb's CUDA-path tests (tests/gpu/) on a lent GPU machine whose python3 has a torch but not the
-# pinned stack (docs/gpu.md says why and how). The pinned wheels travel in 60 MiB pieces pNN of one tar
+# Runs rayemb's CUDA-path tests (tests/gpu/) on an offline GPU machine whose python3 has a torch but not the
+# pinned stack (docs/gpu.md says why and how). The pinned wheels arrive as 60 MiB pieces pNN of one tar
 # (torch 2.13.0, fbgemm_gpu 1.8.0, torchrec 1.8.0, small/{tensordict 0.15.3, pyvers 0.2.3},
-# nccl/nvidia-nccl-cu13 2.29.7), one piece per call, each moved to /tmp/parts by that call (a carried
-# folder is removed from the device at the next call). This joins them, installs them into /tmp/site
-# (--no-deps) ahead of the image's torch 2.11 and runs pytest.
-# Usage (on the device, repo root): bash scripts/gpu_check.sh [pytest args]   (logs go to $OUT when set)
+# nccl/nvidia-nccl-cu13 2.29.7), copied into $PARTS (default /tmp/parts) beforehand. This joins them,
+# installs them into /tmp/site (--no-deps, once) ahead of the machine's own torch and runs pytest.
+# Usage (on the GPU machine, repo root): bash scripts/gpu_check.sh [pytest args]   (logs go to $OUT when set)
 set -uo pipefail
 out=${OUT:-/tmp/gpu_out}; mkdir -p "$out"
 parts=${PARTS:-/tmp/parts}

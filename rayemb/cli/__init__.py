@@ -4,9 +4,9 @@ Each command is a thin layer over library functions, in a module of its own:
 ``gen-data`` and ``train`` (:mod:`rayemb.cli.train`, also ``jobs/train.py``),
 ``stats`` (:mod:`rayemb.cli.stats`), ``plan`` (:mod:`rayemb.cli.plan`) and
 ``compare`` (:mod:`rayemb.cli.compare`), ``convert`` (:mod:`rayemb.cli.convert`),
-``export`` (:mod:`rayemb.cli.export`) and ``predict`` (:mod:`rayemb.cli.predict`). Every command has ``--help`` with an
-example. User errors exit with code 2 and one paragraph naming the input and the
-fix (no traceback; ``RAYEMB_DEBUG=1`` shows it), credentials in URIs redacted.
+``export`` (:mod:`rayemb.cli.export`), ``predict`` (:mod:`rayemb.cli.predict`) and ``checkpoint``
+(:mod:`rayemb.cli.checkpoint`). Every command has ``--help`` with an example. User errors exit with code 2 and
+one paragraph naming the input and the fix (no traceback; ``RAYEMB_DEBUG=1`` shows it), credentials in URIs redacted.
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ def _mg_reduce(ids: np.ndarray, counts: np.ndarray, k: int) -> Tuple[np.ndarray,
 def _count_ids(ids: np.ndarray, num_embeddings: int) -> Tuple[np.ndarray, np.ndarray]:
     """Exact (distinct ids sorted ascending, counts) of valid ids ``0 <= id < num_embeddings``.
 
-    Uses ``np.bincount`` (O(n + V), ~4x faster than sorting) when the table is
+    Uses ``np.bincount`` (O(n + V), faster than sorting) when the table is
     not much larger than the block, else ``np.unique``.
     """
     if ids.size == 0:

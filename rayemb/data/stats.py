@@ -223,9 +223,8 @@ def compute_stats(
     rows = values = blocks = 0
     last_print = t0
     try:
-        # A dataset of file paths whose map tasks read with pyarrow directly: measured here,
-        # read_parquet's reader decoded ~32 M ids/s on 2 CPUs where ParquetFile.iter_batches
-        # decodes ~70-250 M ids/s per CPU, so reading dominated the pass (jobs/bench/stats.py).
+        # A dataset of file paths whose map tasks read with pyarrow directly: Ray Data's read_parquet decodes
+        # several times slower than ParquetFile.iter_batches, and reading dominated the pass (jobs/bench/stats.py).
         # A few files per task (about 4 tasks per CPU) so per-task overhead stays small next to the work.
         cpus = max(1, int(ray.available_resources().get("CPU", 1)))
         num_blocks = max(1, min(len(files), 4 * cpus))

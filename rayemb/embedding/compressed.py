@@ -1,6 +1,6 @@
 """Compressed embedding bags (quotient-remainder and block) built from stock TorchRec modules.
 
-A table too big for a rank can be stored compressed (issue 15; shapes and
+A table too big for a rank can be stored compressed (shapes and
 bytes in :mod:`rayemb.embedding.compression_math`, torch-free for the planner):
 
 * **QR** (Shi et al. 2020, "Compositional Embeddings Using Complementary

@@ -12,7 +12,7 @@ A logical table of V rows and dim D is stored, per :class:`CompressionSpec`, as
   DLRM's ``PrEmbeddingBag``): a V × E_b table and a shared E_b × D projection,
   id i is ``T[i] @ P``; the projection is dense and replicated like the MLPs.
 
-Reference size (issue 15): V = 1,048,576, D = 512, fp32: plain 2048 MiB, block
+Reference size (the one ``jobs/bench/compression.py`` checks): V = 1,048,576, D = 512, fp32: plain 2048 MiB, block
 with E_b = 128 512 MiB (+ 256 KiB projection), QR 4 MiB.
 :func:`compressed_bytes` counts the embedding tables (what the placement
 shards), :func:`projection_bytes` the replicated projection; optimizer state

@@ -5,8 +5,8 @@ TorchRec wraps the lookup of every data-parallel sharding in a DDP of its own
 ``ShardedEmbeddingCollection``), next to the DDP ``DistributedModelParallel``
 puts around the dense arch. A hybrid job's DLRM has three: the dense arch, the
 data-parallel tables of the plain child and the hot rows of the hybrid tables.
-Each is one more gradient all-reduce per step (a round trip on the links: 1.3 ms
-on loopback, 2.9 ms at 100 mbit, ``calibrate_probes.add_probes``) and one more set of hooks,
+Each is one more gradient all-reduce per step (a round trip on the links, which
+``calibrate_probes.add_probes`` measures as ``ddp_step_s``) and one more set of hooks,
 although the three together hold under 1 MB of gradients, one DDP bucket.
 
 :class:`OneDataParallelWrapper` (pass it to ``DistributedModelParallel`` as

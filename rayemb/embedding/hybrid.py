@@ -1,6 +1,6 @@
 """Hybrid embedding: hot rows replicated (data-parallel), cold rows sharded with per-id exchange.
 
-Why (DESIGN §4): with pooled model-parallel sharding (TorchRec TW/RW/CW on an
+Why: with pooled model-parallel sharding (TorchRec TW/RW/CW on an
 ``EmbeddingBagCollection``) every bag's pooled vector crosses the wire, B·D
 values per table and step whatever share of lookups hits a few frequent ids.
 Here each hybrid table is split in two row sets:

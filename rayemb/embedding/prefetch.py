@@ -18,11 +18,11 @@ and the training loop starts the exchange by hand::
     optimizer.step()
     model(dense_next, sparse_next)   # the children find their split sizes in: lengths/values, lookup
 
-Measured on 2 gloo ranks, 2 cores (``jobs/bench/step_profile.py --ab prefetch``): a
-step about 10 % shorter this way. Also waiting for the split sizes after the
-backward (so that lengths and values move during the optimizer step) measured
-slower than no prefetch at all: on CPU the exchange threads then compete with
-the step for the same cores.
+The step is shorter this way (``jobs/bench/step_profile.py --ab prefetch`` compares).
+The wait for the split sizes stays before the backward: waiting after it (so that
+lengths and values move during the optimizer step) is slower than no prefetch at
+all, because on CPU the exchange threads then compete with the step for the same
+cores.
 
 The numbers are exactly those of the plain forward (same calls, same inputs,
 checked bit for bit in ``tests/dist/test_input_prefetch.py``); only when the

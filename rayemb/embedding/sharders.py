@@ -7,7 +7,7 @@ path (FBGEMM CPU TBE kernels + gloo all-to-all / reduce-scatter) runs them
 correctly; ``tests/dist/test_sharding_types.py`` checks every type against an
 unsharded model to 1e-5. These subclasses lift the gate so the planner can
 propose RW/TWRW on CPU clusters and the CPU test suite exercises the same
-sharding types as a GPU run (DESIGN §6).
+sharding types as a GPU run.
 
 Example::
 

@@ -39,7 +39,7 @@ class StepTimeCostModel(PlacementChooser):
     types are final (``placements_are_final``): the torchrec engine places
     their ranks without swapping types by TorchRec's own perf estimate, which
     does not know the calibrated costs (it turned table-wise into column-wise
-    at random on gloo, where column-wise measured up to 2.8x slower).
+    at random on gloo, where column-wise is much slower).
     """
 
     placements_are_final = True

@@ -1,6 +1,6 @@
 """Compressed and cached tables as the planner sees them: their shape, memory tiers, cache hit rate and extra cost.
 
-Three ways to hold a table that does not fit a rank (issue 15); pure, no torch:
+Three ways to hold a table that does not fit a rank; pure, no torch:
 
 * ``compression: qr`` — quotient-remainder embedding (Shi et al., "Compositional Embeddings Using
   Complementary Partitions for Memory-Efficient Recommendation Systems", KDD 2020; DLRM's

@@ -1,6 +1,6 @@
 """Estimator and chooser: each placement's bytes per step and memory per rank, and the per-table choice.
 
-Notation (DESIGN §4): global batch B, dim D, element bytes s, world size W,
+Notation: global batch B, dim D, element bytes s, world size W,
 devices per node L, pooling factor P, hot rows |F|, hot share h, rows V.
 Traffic per placement is :func:`rayemb.planner.traffic.predict_table_bytes`
 (one formula for every placement, checked against measured collective bytes
@@ -201,7 +201,7 @@ def replicated_bytes_per_rank(cost: Cost, table: TableSpec) -> int:
 
 
 class BytesCostModel(PlacementChooser):
-    """Chooses per table among data-parallel, pooled model-parallel and hybrid by predicted bytes (DESIGN §4).
+    """Chooses per table among data-parallel, pooled model-parallel and hybrid: the fewest predicted bytes that fit.
 
     >>> t = [TableSpec("small", rows=100, dim=16), TableSpec("big", rows=10**7, dim=16)]
     >>> choice = BytesCostModel().choose(t, ClusterTopology(1, 8), global_batch=65536, pins={})

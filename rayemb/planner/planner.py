@@ -1,7 +1,6 @@
 """``plan()``: tables + topology + global batch (+ pins) -> :class:`~rayemb.planner.types.PlanResult`, and ``rayemb plan``.
 
-The stages, each with one verb (DESIGN §4, STYLE §12 — pure: no process group,
-no GPU, no Ray):
+The stages, each with one verb (pure: no process group, no GPU, no Ray):
 
 1. **Choose** a placement per table — the estimator and chooser
    :class:`~rayemb.planner.cost.BytesCostModel` (a

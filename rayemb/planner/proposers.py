@@ -1,6 +1,6 @@
 """TorchRec ``Proposer`` s: a memory-binned knapsack (dynamic program) and equal-row grouping.
 
-Both plug into ``EmbeddingShardingPlanner(proposer=[...])`` (STYLE §5); the
+Both plug into ``EmbeddingShardingPlanner(proposer=[...])``; the
 knapsack proposer is the default of the ``torchrec`` engine
 (:mod:`rayemb.planner.torchrec_plan`). Imports torchrec: only the TorchRec
 glue imports this module, never the torch-free planner core.

@@ -3,7 +3,7 @@
 A split stage turns the heavy hitters of the dataset statistics
 (:class:`rayemb.data.stats_types.DatasetStats`, what ``stats.json`` holds)
 into a per-table hot id set F and the predicted hot share h (the fraction of
-lookups that hit F), which decide the hybrid embedding's traffic (DESIGN §4):
+lookups that hit F), which decide the hybrid embedding's traffic:
 all-reduce of |F|·D·s plus 2·(1-h)·B·P·D·s for the cold per-id exchange.
 
 The stage is pluggable (:class:`SplitRule`, one verb); the default is

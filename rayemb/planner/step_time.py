@@ -29,8 +29,8 @@ prices a plan as (per rank, seconds per step)::
   tables, hybrid hot rows) runs on its own thread while the sharded modules'
   all-to-alls run, so the two families' wire times overlap: together they
   take the longest of each alone and all their bytes at the faster family's
-  β (the link's best measured rate), not the sum. Measured on the emulated
-  cluster: summing over-predicted mixed plans by up to 25 % at 50 mbit;
+  β (the link's best measured rate), not the sum, which over-predicts mixed
+  plans on slow links;
 * ``storage`` for compressed and cached tables
   (:func:`rayemb.planner.compression.storage_step_seconds`): two lookups per id
   for QR, the block projection's matmul and replicated elements, cache misses
@@ -182,8 +182,8 @@ def probe_kind(placement: Placement, groups: Optional[Mapping[str, object]] = No
     """The probed module kind whose costs stand for ``placement``.
 
     Column-wise has a probe of its own: TorchRec's column-wise path (shard
-    permutes, the output's column stitching) measured up to ~2.8x table-wise's
-    step on gloo for the same tables. A calibration without that probe
+    permutes, the output's column stitching) steps much slower than table-wise
+    on gloo for the same tables. A calibration without that probe
     (``groups`` given and lacking it; older plan.json files) uses table-wise's.
     """
     if placement in (Placement.DATA_PARALLEL, Placement.HYBRID, Placement.ROW_WISE, Placement.COLUMN_WISE):

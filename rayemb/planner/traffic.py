@@ -1,4 +1,4 @@
-"""Traffic model: bytes one table moves per training step under each placement, by collective (DESIGN §4).
+"""Traffic model: bytes one table moves per training step under each placement, by collective.
 
 Bytes are *sent off-rank, summed over all ranks*, forward + backward — the
 convention :mod:`rayemb.embedding.comm` measures with: an all-reduce of N
@@ -27,7 +27,7 @@ Lengths are int32 (``len`` = 4 bytes), as :mod:`rayemb.data.batching` and the
 hybrid remapper make them; ids are int64. Metadata all-to-alls (per-rank split sizes, W·(W-1)·features·8 bytes) are
 included except for table_row_wise; weighted features add 4 bytes per
 exchanged id. DP/TW/RW/CW and hybrid are checked against measured collective
-bytes by ``jobs/bench/hybrid_comm.py`` (within 1.5 %); table_row_wise is an
+bytes by ``jobs/bench/hybrid_comm.py`` (docs/benchmarks.md); table_row_wise is an
 estimate with no measured counterpart yet. The hybrid rule follows HugeCTR's
 hybrid embedding cost model (frequent rows all-reduced, infrequent rows
 exchanged per id). Pure: no torch.

@@ -7,8 +7,7 @@ Two paths feed one Ray queue that a driver thread drains into the
   ``UserCallback.after_report`` in its controller actor, not in the driver, so
   :class:`ReportForwarder` only puts rank 0's metrics on the queue;
 - step metrics: rank 0 puts them on the queue directly, fire and forget,
-  because ``ray.train.report`` is a barrier across ranks that cost about
-  2 s per call on a 2-core machine.
+  because ``ray.train.report`` is a slow barrier across ranks.
 
 Training never waits on MLflow.
 """

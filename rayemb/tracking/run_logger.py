@@ -1,6 +1,7 @@
 """Driver-side MLflow writer that never slows or fails training.
 
-rayemb's driver is the only MLflow writer (DESIGN.md §7). Every ``log_*`` call
+rayemb's driver is the only MLflow writer (workers send their metrics through
+:mod:`rayemb.tracking.callback`), so runs are never written concurrently. Every ``log_*`` call
 of :class:`RunLogger` only appends a record (:mod:`rayemb.tracking.records`) to
 an in-memory buffer and returns; one background thread drains the buffer in
 batches through an explicit ``MlflowClient(tracking_uri)`` and run id

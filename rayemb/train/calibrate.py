@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 #: message sizes (bytes per rank) of the collective probes
 SMALL_MESSAGE_BYTES = 4 * 1024
 LARGE_MESSAGE_BYTES = 4 * 2**20
-#: on gloo: 1 MiB already takes ~30x the small message on loopback and 80 ms at 100 mbit (each of the
-#: calibration's rounds runs every size once, so the large ones set its length on slow links)
+#: on gloo: 1 MiB already costs many times the small message on loopback and is slow on a slow link (each of
+#: the calibration's rounds runs every size once, so the large ones set its length on slow links)
 CPU_LARGE_MESSAGE_BYTES = 2**20
 COLLECTIVES = ("all_reduce", "all_to_all")
 #: rounds of the collectives when measured alone (measure_collectives' retry)
@@ -321,8 +321,7 @@ def measure_rank(device: Any, world: int, shape: Dict[str, Any]) -> Dict[str, An
     """This rank's figures, in the default process group: ``{"links": family -> LinkCost, "compute": {...}}``.
 
     The kernels and the dense arch's step first (:func:`measure_compute`, local, each alone: timed inside the
-    interleaved set below, the dense step read 17.8-19.6 ms at 100 mbit against 14.3-15.2 alone, and alone
-    matched the jobs). Across ranks, then, one :class:`Interleaved` set of the collectives and the sharded
+    interleaved set below, the dense step reads slower than the job's own; alone it matches the job). Across ranks, then, one :class:`Interleaved` set of the collectives and the sharded
     probes (:func:`rayemb.train.calibrate_probes.add_probes`), so that the probes, and the bytes their figures
     are netted of, are measured under the same conditions.
     """

@@ -36,9 +36,8 @@ PROBE_DP_ROWS = 200
 #: share of the probes' lookups that hit hot rows: half drawn from the hot rows, half uniform over all rows
 PROBE_HOT_SHARE = 0.5 + 0.5 * PROBE_HOT_ROWS / PROBE_ROWS
 #: tables per probe: the per-table slope is (t(hi) - t(1)) / (hi - 1) with hi the job's own table count, clamped
-#: to [8, 32]. With (1, 4) the slope's noise on a loaded 2-core host (+-0.7 ms) often exceeded it, clamping a
-#: hybrid table's cost to 0 and steering whole plans; with (1, 8) a 26-table plan extrapolated the 8-table probe
-#: 3x, and 6 back-to-back calibrations put table-wise's slope anywhere in 0-0.39 ms and swapped the chosen plan
+#: to [8, 32]: with fewer tables the slope drowns in a loaded host's noise (a hybrid table's cost clamped to 0
+#: steers whole plans), and a fixed 8 extrapolates far for a job with many more tables, flipping the chosen plan
 PROBE_TABLES = (1, 8)
 PROBE_MAX_TABLES = 32
 #: timed rounds of an :class:`Interleaved` set (each times every step once), after PROBE_WARMUP_ROUNDS untimed
@@ -50,10 +49,9 @@ class Interleaved:
     """Named steps timed round-robin: each round runs every step once, the ranks lined up (a barrier) before
     each, in an order rotated by one place a round; :meth:`median` and :meth:`difference` read the times.
 
-    Timed one after another, each probe saw the host and the links of its own second or two. This host's speed
-    drifts up to 2x within minutes and a shaped link's rate by a fifth, so back-to-back calibrations on one
-    cluster put a hybrid table's slope anywhere in 0.34-0.85 ms and the dense arch's step 14-22 ms
-    (docs/benchmarks.md, calibration spread). Interleaved, every step sees the same mix of conditions, and a
+    Timed one after another, each probe saw the host and the links of its own second or two. A shared host's
+    speed and a shaped link's rate drift within minutes, so back-to-back calibrations on one cluster disagreed
+    widely (docs/benchmarks.md, "Calibration interleaved"). Interleaved, every step sees the same mix of conditions, and a
     slope between two steps is the median of their differences within a round, in which slow drift cancels.
     Every rank must add the same steps in the same order (their collectives pair up by order).
     """

@@ -1,4 +1,4 @@
-"""Logical checkpoints of compressed tables: any plan, any world size, bit for bit (issue 15).
+"""Logical checkpoints of compressed tables: any plan, any world size, bit for bit.
 
 The job's embedding module (``HybridEmbeddingBagCollection`` whose ``plain``
 child is a ``CompressedEmbeddingBagCollection``, built by

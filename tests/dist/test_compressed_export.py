@@ -1,4 +1,4 @@
-"""The exported model of a job with compressed tables predicts what the sharded model predicts (issue 15).
+"""The exported model of a job with compressed tables predicts what the sharded model predicts.
 
 On 2 gloo ranks the job's own model code (``rayemb.train.loop.sharded_model``:
 ``build_model`` -> ``hybrid_from_placements`` reading each table plan's

@@ -1,4 +1,4 @@
-"""The exported inference model predicts what the sharded training model predicts (issue 14).
+"""The exported inference model predicts what the sharded training model predicts.
 
 On 2 gloo ranks, the job's own model code (``rayemb.train.loop.sharded_model``:
 ``build_model`` + ``DistributedModelParallel``) shards a DLRM over a

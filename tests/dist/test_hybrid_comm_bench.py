@@ -1,10 +1,10 @@
 """The hybrid_comm benchmark runs end to end on 2 and 4 gloo ranks and both cost models match TorchRec's real traffic.
 
 Not a timing test: it checks the JSON schema, that every plan moved bytes
-(counted on the collectives TorchRec really called), that the DESIGN §4
-predictor and the planner's cost model (:func:`rayemb.planner.cost.table_bytes`,
+(counted on the collectives TorchRec really called), that the byte
+predictor (:func:`rayemb.planner.traffic.predict_bytes_per_step`) and the planner's cost model (:func:`rayemb.planner.cost.table_bytes`,
 fed with what stats.json would tell it) are within 10% of the measurement for
-every plan at W = 2 and W = 4 (issue 5 acceptance), and that hybrid moves fewer
+every plan at W = 2 and W = 4, and that hybrid moves fewer
 bytes than pooled table-wise on one-hot Zipf 1.1 data.
 """
 

@@ -1,4 +1,4 @@
-"""Hybrid embedding under DMP trains exactly like an unsharded EmbeddingBagCollection (DESIGN §5).
+"""Hybrid embedding under DMP trains exactly like an unsharded EmbeddingBagCollection.
 
 On 2 and 3 gloo ranks, a ``HybridEmbeddingBagCollection`` (hot halves
 data-parallel, cold halves row-/table-/column-wise, one plain table) plus a

@@ -1,4 +1,4 @@
-"""Logical checkpoints load into any plan and world size and come back bit for bit (issue 13).
+"""Logical checkpoints load into any plan and world size and come back bit for bit.
 
 A model with every placement rayemb uses — hybrid tables with row-, column-
 and table-wise cold halves, plain table-, column-, row-wise and data-parallel

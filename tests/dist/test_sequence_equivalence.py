@@ -1,4 +1,4 @@
-"""Sequence features through a sharded EmbeddingCollection equal an unsharded one (issue 15 item 3).
+"""Sequence features through a sharded EmbeddingCollection equal an unsharded one.
 
 On 2 and 3 gloo ranks, an ``EmbeddingCollection`` of three sequence features
 (:mod:`rayemb.embedding.sequence`) is sharded with ``DistributedModelParallel``

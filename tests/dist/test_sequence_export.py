@@ -1,4 +1,4 @@
-"""A model with a user-history tower exports and predicts what the sharded training model predicts (issue 15).
+"""A model with a user-history tower exports and predicts what the sharded training model predicts.
 
 On 2 gloo ranks the job's own model code (``rayemb.train.loop.sharded_model``)
 shards a DLRM with the ``attention`` tower over a dataset with a sequence

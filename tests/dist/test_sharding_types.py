@@ -6,7 +6,7 @@ EmbeddingBagCollection with ``DistributedModelParallel`` (the type forced throug
 steps (fused in backward; DP tables with a dense optimizer, as TorchRec does), and every rank checks its pooled outputs and every
 table row it holds against an unsharded EBC trained on the global batch, to 1e-5.
 
-Gradient convention (DESIGN §5): each rank's loss ``L_r`` is the sum of its
+Gradient convention: each rank's loss ``L_r`` is the sum of its
 pooled outputs times fixed weights; every table receives the gradient of
 ``mean_r L_r`` (DDP averages DP tables; TorchRec's comm ops divide the
 all-to-all / reduce-scatter gradients by the world size,

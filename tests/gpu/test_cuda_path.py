@@ -1,7 +1,7 @@
 """rayemb's CUDA path on one GPU: FBGEMM CUDA kernels through TorchRec sharding, NCCL, world size 1.
 
 The CPU suite (``tests/dist``) proves the sharded model equal to an unsharded one over gloo; this
-module runs the same checks where a GPU is lent (``docs/gpu.md``), with the same reference code
+module runs the same checks on a GPU machine (``docs/gpu.md``), with the same reference code
 (imported from ``tests/dist/test_hybrid_equivalence.py``, ``tests/dist/test_export_equivalence.py``
 and ``tests/_sparse.py``, not copied):
 

@@ -1,4 +1,4 @@
-"""From a finished job to a registered model and batch predictions (issue 14), and the errors on the way.
+"""From a finished job to a registered model and batch predictions, and the errors on the way.
 
 The slow test trains a tiny job on a local 2-CPU Ray, exports its best
 checkpoint by run id, registers it, scores the validation split with

@@ -1,4 +1,4 @@
-"""Real failures: a SIGKILLed worker, a corrupt newest checkpoint, a node removed under an elastic job (issue 13).
+"""Real failures: a SIGKILLed worker, a corrupt newest checkpoint, a node removed under an elastic job.
 
 Each job runs one epoch of ``tiny_data`` (36,000 train rows / (2 ranks x 256) = 70 steps) with a
 checkpoint every 20 steps, on a real local Ray; the fault is real (the worker process SIGKILLs

@@ -1,4 +1,4 @@
-"""Compressed tables from the planner to the job's module, checkpoint keys and storage specs (issue 15).
+"""Compressed tables from the planner to the job's module, checkpoint keys and storage specs.
 
 The torchrec engine plans the physical tables of the module the job builds
 (same names, same module paths), maps them back to the logical tables, and

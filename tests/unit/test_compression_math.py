@@ -1,6 +1,6 @@
 """Shapes and bytes of QR and block tables (rayemb.embedding.compression_math), torch-free.
 
-Reference size of issue 15: V = 1,048,576 rows, D = 512, fp32, E_b = 128:
+Reference size (the one ``jobs/bench/compression.py`` checks): V = 1,048,576 rows, D = 512, fp32, E_b = 128:
 plain 2048 MiB, block 512 MiB (+ 256 KiB projection), QR 4 MiB (≤ 8 MiB).
 """
 

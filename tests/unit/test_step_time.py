@@ -125,7 +125,7 @@ def test_probe_kinds():
 
 
 def test_column_wise_is_priced_by_its_own_probe():
-    """Column-wise measured ~2.8x table-wise on gloo: with its own probe the model sees it and prefers TW."""
+    """Column-wise steps much slower than table-wise on gloo: with its own probe the model sees it and prefers TW."""
     tables = [TableSpec("big1", rows=200_000, dim=64), TableSpec("big2", rows=200_000, dim=64)]
     cal = _probed(FAST)
     cal = dataclasses.replace(cal, groups={**cal.groups, "column_wise": (0.018, 0.004)})
@@ -301,7 +301,7 @@ def test_combine_takes_the_measured_ddp_wrapper_off_the_replicating_probes():
 
 def test_torchrec_engine_keeps_the_step_time_models_sharding_types():
     """The calibrated choice is final: TorchRec's planner places ranks but swaps no table-wise table for
-    column-wise (or row-wise) by its own perf estimate -- it did so at random on gloo, 2.8x slower."""
+    column-wise (or row-wise) by its own perf estimate -- it did so at random on gloo, where column-wise is much slower."""
     from rayemb.planner import plan
     from rayemb.planner.torchrec_plan import _sharding_types_for
 
