@@ -9,7 +9,7 @@ node's interface has the same name (``emu0``), and every Ray process gets
 Needs root (``ip netns``, ``tc``). Docs: docs/cluster.md.
 
     cluster/emulate.sh up --nodes 3 --cpus-per-node 1 --bandwidth-mbit 200 [--latency-ms 1]
-    cluster/emulate.sh exec -- python jobs/train.py --config jobs/configs/criteo_synth.yaml
+    cluster/emulate.sh exec -- python jobs/train.py --config jobs/configs/synth_small.yaml
     cluster/emulate.sh status
     cluster/emulate.sh down
 
@@ -165,7 +165,8 @@ class EmulatedCluster:
     def __init__(self, name: str = DEFAULT_NAME, nodes: int = 2, cpus_per_node: int = 1,
                  bandwidth_mbit: float = 100, latency_ms: Optional[float] = None,
                  state_dir: Optional[str] = None, subnet: Optional[str] = None,
-                 object_store_bytes: int = DEFAULT_OBJECT_STORE_BYTES, gloo_ifname: bool = True):
+                 object_store_bytes: int = DEFAULT_OBJECT_STORE_BYTES, gloo_ifname: bool = True,
+                 node_local_dirs: Sequence[str] = ()):
         check_name(name)
         if not 1 <= int(nodes) <= MAX_NODES:
             raise EmulateError(f"--nodes {nodes}: need 1..{MAX_NODES}")
@@ -183,6 +184,10 @@ class EmulatedCluster:
         self.object_store_bytes = int(object_store_bytes)
         #: export GLOO_SOCKET_IFNAME to the nodes (False: leave it to the job, as rayemb's RayembTorchConfig does)
         self.gloo_ifname = bool(gloo_ifname)
+        #: directories each node but the head sees as an empty disk of its own (a tmpfs in a private mount
+        #: namespace), as the local disks of a real cluster's machines: what a process on another node writes
+        #: there, the head and the drivers never see. Every other path stays shared.
+        self.node_local_dirs = [os.path.abspath(d) for d in node_local_dirs]
         self.short = short_name(name)
         self.state_dir = Path(state_dir).resolve() if state_dir else REPO / "runs" / "emulate" / name
         try:
@@ -291,6 +296,16 @@ class EmulatedCluster:
         else:
             argv[2:2] = ["--address", f"{self.head_ip}:{GCS_PORT}"]
         return argv
+
+    def node_start_argv(self, k: int) -> List[str]:
+        """Node k's `ray start`, on node-local tmpfs mounts of ``node_local_dirs`` when it is not the head."""
+        argv = self.ray_start_argv(k)
+        if k == 0 or not self.node_local_dirs:
+            return argv
+        mounts = " && ".join(f"mount -t tmpfs -o size=1g,mode=0755 rayemb-node-local {shlex.quote(d)}"
+                             for d in self.node_local_dirs)
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"', "sh",
+                *argv]
 
     def tc_argvs(self, dev: str) -> List[List[str]]:
         """tc commands shaping egress of `dev`: tbf at the rate, after netem delay (half the latency)."""
@@ -426,6 +441,8 @@ class EmulatedCluster:
         shutil.rmtree(self.state_dir / "logs", ignore_errors=True)  # a previous cluster's
         (self.state_dir / "logs").mkdir()
         self.shared_dir.mkdir(exist_ok=True)
+        for d in self.node_local_dirs:  # the mount points; the head's own copy is the host's directory
+            os.makedirs(d, exist_ok=True)
         for k in range(self.nodes):
             home = self.node_home(k)
             if home.exists():
@@ -504,9 +521,9 @@ class EmulatedCluster:
     def _launch(self, k: int, attempt: int) -> subprocess.Popen:
         log_path = self.state_dir / "logs" / f"n{k}.log"
         with open(log_path, "ab") as log:
-            log.write(f"\n===== attempt {attempt}: {shlex.join(self.ray_start_argv(k))}\n".encode())
+            log.write(f"\n===== attempt {attempt}: {shlex.join(self.node_start_argv(k))}\n".encode())
             log.flush()
-            return subprocess.Popen(self.node_exec_argv(k, self.ray_start_argv(k)), env=self.node_env(k),
+            return subprocess.Popen(self.node_exec_argv(k, self.node_start_argv(k)), env=self.node_env(k),
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, cwd=str(REPO))
 

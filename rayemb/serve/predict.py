@@ -2,8 +2,9 @@
 
 ``read_parquet`` → ``map_batches`` with a callable class (one model per actor,
 loaded once from the object store; CPU, or one GPU each with ``use_gpu``) →
-``write_parquet``. ``data`` and ``out`` may be URIs (``s3://...``: read
-through pyarrow.fs, the output uploaded when complete). The output holds ``prediction`` (the probability), the
+parquet files the driver writes as the scored blocks stream back. ``data`` and ``out`` may be URIs (``s3://...``: read
+through pyarrow.fs, the output published as a version under ``out/_v/`` named by
+``out/_PUBLISHED.json`` when complete, :mod:`rayemb.publish`). The output holds ``prediction`` (the probability), the
 label when the input has one, and any kept columns, in the input's row order.
 Inputs are checked from the parquet footers before Ray starts any work, and
 the output appears under its final name only when every file is written.
@@ -36,10 +37,18 @@ from rayemb.serve.model import PREDICTION_COLUMN
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 4096
+#: rows of one output file at most
+ROWS_PER_FILE = 1_000_000
 
 
 def input_files(data: str) -> List[str]:
-    """The parquet files of ``data`` (a file, or a directory searched recursively; a URI's directly), sorted."""
+    """The parquet files of ``data`` (a file, or a directory searched recursively; a URI's directly), sorted.
+
+    A path in a published output (``s3://bucket/criteo/valid``) reads its published version
+    (:func:`rayemb.publish.resolve`)."""
+    from rayemb.publish import resolve
+
+    data = resolve(data)
     if storage.is_remote(data):
         return _remote_input_files(data)
     if os.path.isfile(data):
@@ -166,6 +175,34 @@ def _bundle(model_dir: str) -> Dict[str, Any]:
                                               weights_only=True)}
 
 
+def _write_on_driver(ds: Any, tmp: str) -> None:
+    """Writes the scored rows of ``ds``, in order, to ``part-NNNNN.parquet`` files of at most
+    :data:`ROWS_PER_FILE` rows in the local directory ``tmp``.
+
+    The blocks stream to this process one at a time: a scoring actor on another node would write
+    into that node's own disk, where this process cannot see the files. A block whose schema
+    differs from the open file's (inputs that disagree on a kept column's type) starts a new file.
+    """
+    import pyarrow.parquet as pq
+
+    os.makedirs(tmp, exist_ok=True)
+    writer, rows, n = None, 0, 0
+    try:
+        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            while block.num_rows:
+                if writer is None or rows == ROWS_PER_FILE or not block.schema.equals(writer.schema):
+                    if writer is not None:
+                        writer.close()
+                    writer = pq.ParquetWriter(os.path.join(tmp, f"part-{n:05d}.parquet"), block.schema)
+                    n, rows = n + 1, 0
+                take = min(block.num_rows, ROWS_PER_FILE - rows)
+                writer.write_table(block.slice(0, take))
+                rows, block = rows + take, block.slice(take)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
 def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: bool = False,
             batch_size: int = DEFAULT_BATCH_SIZE, keep_columns: Sequence[str] = (), model_source: str = "",
             cpus_per_worker: float = 1.0) -> Dict[str, Any]:
@@ -210,13 +247,13 @@ def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: 
                                 batch_size=batch_size, batch_format="pyarrow",
                                 compute=ray.data.ActorPoolStrategy(size=num_workers),
                                 num_cpus=cpus_per_worker, num_gpus=1 if use_gpu else 0)
-            ds.write_parquet(tmp)
+            _write_on_driver(ds, tmp)
         written = sorted(glob.glob(os.path.join(tmp, "*.parquet")))
         rows_out = sum(pq.ParquetFile(f).metadata.num_rows for f in written)
         if rows_out != rows_in:
             raise DataError(f"Wrote {rows_out} predictions for {rows_in} input rows; the input changed while it was "
                             "scored. Run again on data that is not being written.", category="invalid_input")
-        publish(tmp, out)
+        published = publish(tmp, out)
     except Exception as e:
         user = find_user_error(e)  # a scoring actor's error arrives wrapped by Ray
         if user is not None and user is not e:
@@ -226,7 +263,7 @@ def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: 
         shutil.rmtree(tmp, ignore_errors=True)
         if started:
             ray.shutdown()
-    files_out = sorted(storage.join(out, os.path.basename(f)) for f in written)
+    files_out = sorted(storage.join(published, os.path.basename(f)) for f in written)
     seconds = time.monotonic() - t0
     return {"out": out, "rows": rows_out, "files": len(files_out), "paths": files_out, "columns": [PREDICTION_COLUMN]
             + passthrough, "seconds": seconds, "rows_per_s": rows_out / max(seconds, 1e-9)}
