@@ -108,7 +108,7 @@ def test_user_errors_have_categories() -> None:
         hy(raw)  # not remapped
 
 
-def test_predictor_matches_design_formulas() -> None:
+def test_predictor_matches_the_byte_formulas() -> None:
     kw = dict(batch_size=1024, dim=16, world_size=4, pooling=1.0, num_rows=1000)
     tw = predict_table_bytes("table_wise", **kw)["all_to_all"]
     # hybrid without hot rows and table-wise cold = pooled table-wise for one-hot bags

@@ -24,7 +24,7 @@ from rayemb.planner.types import Placement, PlanResult, TableSpec
 CPU2 = described_topology(2, 2, compute_device="cpu", ddr_gib=8)
 
 
-def test_cost_formulas_follow_design_table():
+def test_cost_formulas_follow_the_placement_byte_table():
     t = TableSpec("t", rows=1000, dim=16, pooling_factor=1.0, hot_rows=100, hot_share=0.9)
     w, b = 8, 4096
     assert table_bytes(t, Placement.DATA_PARALLEL, w, 8, b) == 2 * (w - 1) * 1000 * 16 * 4
