@@ -1,4 +1,5 @@
-"""A small logical checkpoint of a plain DLRM, written without a process group, for export tests.
+"""Tiny checkpoints for tests: a plain DLRM's logical checkpoint written without a process group, and a
+one-table model with its optimizer for tests that save through rayemb's own path.
 
 ``rayemb export`` reads what :func:`rayemb.checkpoint.store.save_logical` writes: a DCP checkpoint whose
 tensors are ``tables.<table>.weight`` (whole tables, logical rows) and ``dense.<param>``, and a
@@ -44,3 +45,22 @@ def write_checkpoint(directory: str, schema: Any, model_cfg: Dict[str, Any], see
     with open(os.path.join(directory, META_FILE), "w") as f:
         json.dump(meta, f, indent=1, sort_keys=True)
     return directory
+
+
+def tiny_model(seed: int, stepped: bool = False):
+    """A one-table model (``plain.embedding_bags.t``: 6 rows of 4, data-parallel form, plus a dense layer) and
+    its keyed Adagrad; ``stepped``: after one optimizer step on random gradients, so its state is not zero."""
+    import torch
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+
+    torch.manual_seed(seed)
+    model = torch.nn.Module()
+    model.plain = torch.nn.Module()
+    model.plain.embedding_bags = torch.nn.ModuleDict({"t": torch.nn.EmbeddingBag(6, 4)})
+    model.top = torch.nn.Linear(4, 1)
+    opt = KeyedOptimizerWrapper(dict(model.named_parameters()), lambda ps: torch.optim.Adagrad(ps, lr=0.1))
+    if stepped:
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        opt.step()
+    return model, opt

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from _servers import MotoS3Server, free_port
+from _tiny_checkpoint import tiny_model
 
 from rayemb import storage
 from rayemb.checkpoint import store
@@ -156,20 +157,8 @@ def test_a_store_that_stays_down_is_an_error_naming_the_checkpoint(s3, tmp_path,
 # ---- RESUMING A JOB FROM THE STORE ---- #
 
 
-class _Tiny(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.plain = torch.nn.Module()
-        self.plain.embedding_bags = torch.nn.ModuleDict({"t": torch.nn.EmbeddingBag(6, 4)})
-        self.top = torch.nn.Linear(4, 1)
-
-
 def _tiny(seed: int):
-    from torchrec.optim.keyed import KeyedOptimizerWrapper
-
-    torch.manual_seed(seed)
-    model = _Tiny()
-    return model, KeyedOptimizerWrapper(dict(model.named_parameters()), lambda ps: torch.optim.Adagrad(ps, lr=0.1))
+    return tiny_model(seed)
 
 
 @pytest.fixture

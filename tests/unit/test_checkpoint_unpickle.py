@@ -20,6 +20,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from _tiny_checkpoint import tiny_model
+
 from rayemb.checkpoint.safe_reader import ALLOWED_GLOBALS, SafeFileSystemReader, load_metadata
 from rayemb.checkpoint.store import load_logical, read_unsharded, save_logical, verify
 from rayemb.errors import DataError
@@ -28,26 +30,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TABLES = {"t": (6, 4)}
 
 
-class _Tiny(torch.nn.Module):
-    """One plain embedding table (``plain.embedding_bags.t``, data-parallel form) and a dense layer."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.plain = torch.nn.Module()
-        self.plain.embedding_bags = torch.nn.ModuleDict({"t": torch.nn.EmbeddingBag(6, 4)})
-        self.top = torch.nn.Linear(4, 1)
-
-
 def _tiny_trained(seed: int):
-    from torchrec.optim.keyed import KeyedOptimizerWrapper
-
-    torch.manual_seed(seed)
-    model = _Tiny()
-    opt = KeyedOptimizerWrapper(dict(model.named_parameters()), lambda ps: torch.optim.Adagrad(ps, lr=0.1))
-    for p in model.parameters():
-        p.grad = torch.randn_like(p)
-    opt.step()
-    return model, opt
+    return tiny_model(seed, stepped=True)
 
 
 @pytest.fixture(scope="module")
