@@ -1,4 +1,4 @@
-"""The default job across 3 emulated nodes (shaped links, token auth) matches a one-node run's AUC, and
+"""The default job across 3 emulated nodes (shaped links, token auth) learns as on one node, and
 ``rayemb predict`` of its exported model, scored on the other nodes, brings every row back to the driver.
 
 The nodes do not export GLOO_SOCKET_IFNAME: inside a namespace the host name
@@ -101,16 +101,12 @@ def _train(argv_wrap, env, data, out, workers, extra=()):
 
 
 @pytest.mark.skipif(bool(_can_emulate()), reason=_can_emulate() or "ok")
-def test_default_job_on_three_nodes_matches_one_node(tiny_data, tmp_path):
+def test_default_job_on_three_nodes_learns_and_predicts_from_every_node(tiny_data, tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE", "GLOO_SOCKET_IFNAME",
                         "NCCL_SOCKET_IFNAME", "MLFLOW_TRACKING_URI")}
     env["HOME"] = str(tmp_path / "home")
     os.makedirs(env["HOME"])
-
-    # one node: a private local Ray, 3 workers sharing its CPUs
-    one, _ = _train(lambda c: c, env, tiny_data, str(tmp_path / "one"), 3)
-    assert one["status"] == "FINISHED"
 
     state = tempfile.mkdtemp(prefix="emj-", dir=str(tmp_path))
     node_local = tmp_path / "node_local"
@@ -137,9 +133,10 @@ def test_default_job_on_three_nodes_matches_one_node(tiny_data, tmp_path):
     # one split table, the final one: across nodes the hot sets come from the calibrated break-even
     assert out.count("rayemb: frequent-category split (") == 1, out[-4000:]
     assert "rayemb: frequent-category split (calibrated threshold" in out
-    auc_one, auc_multi = one["metrics"]["best_valid_auc"], multi["metrics"]["best_valid_auc"]
-    assert auc_one > 0.7
-    assert abs(auc_multi - auc_one) <= 0.01, (auc_one, auc_multi)
+    # the same model as on one node: training across ranks equals one process's training on the global batch to
+    # 1e-5 for every plan and world size (tests/dist/test_hybrid_equivalence.py); here it must learn as the
+    # default job does on one node
+    assert multi["metrics"]["best_valid_auc"] > 0.7, multi["metrics"]
     # every collective crossed the shaped links: the run counted bytes for them
     assert multi["metrics"]["bytes_per_step.total"] > 0
 

@@ -17,6 +17,7 @@ def test_job_resumes_from_the_epoch_checkpoint_after_a_failure(ray_2_cpus, tiny_
     cfg = load_config("jobs/configs/synth_small.yaml", [
         f"data.path={tiny_data}", f"tracking.output_dir={tmp_path}", "data.batch_size=256", "train.epochs=2",
         "scaling.max_failures=1", "train.log_every_n_steps=10",
+        "planner.calibrate=false",  # the restart is under test, not the plan (tests/ray/test_train_e2e.py has both)
     ])
     result = run_training(cfg)
     assert marker.exists(), "the fault was not injected"
