@@ -30,7 +30,6 @@ def test_job_trains_every_sharding_type(ray_2_cpus, tiny_data, tmp_path):
     cfg = load_config("jobs/configs/synth_small.yaml", [
         f"data.path={tiny_data}", f"tracking.output_dir={tmp_path}", "data.batch_size=256", "train.epochs=1",
         f"planner.tables={pins}", "model.embedding_dim=16",
-        "planner.calibrate=false",  # every table pinned: nothing for the calibrated model to choose
     ])
     result = run_training(cfg)
     assert result.status == "FINISHED"

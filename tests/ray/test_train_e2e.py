@@ -22,11 +22,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def job(_shared_ray, tiny_data, tmp_path_factory):
+def job(ray_2_cpus, tiny_data, tmp_path_factory):
     """One real job shared by the tests below: training it again per test would only repeat the minutes."""
     from rayemb.train.trainer import run_training
 
-    _shared_ray()
     out = tmp_path_factory.mktemp("e2e")
     cfg = load_config(
         "jobs/configs/synth_small.yaml",
