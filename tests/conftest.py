@@ -13,7 +13,7 @@ SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
-    """A small one-hot synthetic dataset (8 tables) shared by the session's tests."""
+    """A small one-hot synthetic dataset (8 tables) shared by every test of the run."""
     from rayemb.data.synthetic import SyntheticSpec, generate
 
     out = str(tmp_path_factory.mktemp("tiny_data"))
