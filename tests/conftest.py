@@ -34,5 +34,20 @@ def ray_2_cpus():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A one-rank gloo process group on 127.0.0.1, for code that needs ``torch.distributed`` without peers."""
+    import torch.distributed as dist
+
+    from rayemb.multiprocess import free_port
+
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 def python_exe() -> str:
     return sys.executable

@@ -157,20 +157,6 @@ def test_a_store_that_stays_down_is_an_error_naming_the_checkpoint(s3, tmp_path,
 # ---- RESUMING A JOB FROM THE STORE ---- #
 
 
-def _tiny(seed: int):
-    return tiny_model(seed)
-
-
-@pytest.fixture
-def one_rank_group():
-    if dist.is_initialized():
-        yield
-        return
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_resume_falls_back_past_damaged_checkpoints_but_not_past_an_unreachable_store(
         s3, one_rank_group, tmp_path, request, monkeypatch, caplog):
     import ray.train
@@ -181,7 +167,7 @@ def test_resume_falls_back_past_damaged_checkpoints_but_not_past_an_unreachable_
     monkeypatch.setattr(store, "STORAGE_TRIES", 2)
     weights = {}
     for step in (10, 20, 30):
-        model, opt = _tiny(seed=step)
+        model, opt = tiny_model(step)
         save_logical(str(tmp_path / "job" / f"checkpoint_{step}"), model, opt, None, TABLES, {"epoch": 0, "step": step})
         weights[step] = model.top.weight.detach().clone()
     (tmp_path / "job" / "checkpoint_20" / "meta.json").write_text('{"format": "rayemb-logical-v1", "st')  # torn
@@ -192,7 +178,7 @@ def test_resume_falls_back_past_damaged_checkpoints_but_not_past_an_unreachable_
     root = storage.join(_root(request), "job")
     storage.upload_dir(str(tmp_path / "job"), root)
 
-    model, opt = _tiny(seed=0)
+    model, opt = tiny_model(0)
     with caplog.at_level(logging.WARNING):
         pos = restore(model, opt, None, TABLES, batch_size=4, checkpoint_root=root)
     assert (pos.step, pos.source) == (10, root + "/checkpoint_10")

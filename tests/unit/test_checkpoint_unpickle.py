@@ -30,27 +30,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TABLES = {"t": (6, 4)}
 
 
-def _tiny_trained(seed: int):
-    return tiny_model(seed, stepped=True)
-
-
-@pytest.fixture(scope="module")
-def one_rank_group():
-    from rayemb.multiprocess import free_port
-
-    if dist.is_initialized():
-        yield
-        return
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def checkpoint(one_rank_group, tmp_path_factory):
     """(directory, model) of a real rayemb checkpoint at step 3."""
     directory = str(tmp_path_factory.mktemp("ckpt") / "checkpoint_000001")
-    model, opt = _tiny_trained(seed=0)
+    model, opt = tiny_model(0, stepped=True)
     save_logical(directory, model, opt, None, TABLES, {"epoch": 0, "step": 3})
     return directory, model
 
@@ -115,7 +99,7 @@ def test_a_rayemb_checkpoint_loads_through_the_restricted_unpickler(checkpoint, 
     flat = read_unsharded(directory)
     assert torch.equal(flat["tables.t.weight"], model.plain.embedding_bags["t"].weight.detach())
     assert torch.equal(flat["dense.top.bias"], model.top.bias.detach())
-    fresh, fresh_opt = _tiny_trained(seed=1)
+    fresh, fresh_opt = tiny_model(1, stepped=True)
     assert not torch.equal(fresh.top.weight, model.top.weight)
     meta = load_logical(directory, fresh, fresh_opt, None, TABLES)
     assert meta["step"] == 3
