@@ -3,11 +3,18 @@
 Modelled on TorchRec's ``MultiProcessTestBase``.
 
 ``run_multiprocess(fn, world_size, **kwargs)`` picks a free 127.0.0.1 port,
-spawns ``world_size`` ranks with ``torch.multiprocessing`` (spawn), runs the
+starts ``world_size`` ranks with ``torch.multiprocessing``, runs the
 module-level ``fn(rank=..., world_size=..., **kwargs)`` in each inside
 :func:`process_group` (creates and destroys the gloo group), asserts every
 exit code is 0 (showing each failing rank's traceback), and returns the
 per-rank return values (which must pickle).
+
+CPU (gloo) ranks are forked from a forkserver that imported torch, TorchRec and
+FBGEMM once: importing TorchRec costs seconds of CPU, and a run of many short
+multi-process calls (a test suite, a benchmark's repeats) would pay it in
+every rank of every call. Each rank still gets the caller's current
+environment, ``sys.path`` and working directory, as a spawned rank would.
+NCCL ranks are spawned: nothing CUDA-related is touched before the child.
 
 Example::
 
@@ -21,8 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import queue
 import socket
+import sys
 import traceback
 from typing import Any, Callable, Iterator, List
 
@@ -55,11 +64,34 @@ def process_group(rank: int, world_size: int, port: int, backend: str = "gloo") 
         dist.destroy_process_group()
 
 
+#: imported once by the forkserver that CPU ranks fork from (a module that fails to import is skipped)
+PRELOAD = ["torch", "torch.distributed", "fbgemm_gpu", "torchrec", "torchrec.distributed", "rayemb.multiprocess"]
+
+
+def _context(backend: str) -> Any:
+    if backend != "gloo":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # no effect once this process's forkserver runs: it keeps its imports
+    return ctx
+
+
+def _caller_state() -> dict:
+    # The forkserver holds the environment and sys.path of the moment it started; a rank must see the
+    # caller's of now, and unpickle fn and its arguments only after that (their module may be on a newer path).
+    return {"environ": dict(os.environ), "sys_path": list(sys.path), "cwd": os.getcwd()}
+
+
 def _entry(rank: int, world_size: int, port: int, backend: str, threads: int,
-           fn: Callable[..., Any], kwargs: dict, resq: Any) -> None:
+           payload: bytes, resq: Any, state: dict) -> None:
+    os.environ.clear()
+    os.environ.update(state["environ"])
+    sys.path[:] = state["sys_path"]
+    os.chdir(state["cwd"])
     # Ranks share the machine's few cores: one intra-op thread each avoids oversubscription.
     torch.set_num_threads(threads)
     try:
+        fn, kwargs = pickle.loads(payload)
         with process_group(rank, world_size, port, backend):
             result = fn(rank=rank, world_size=world_size, **kwargs)
         resq.put((rank, True, result))
@@ -77,12 +109,13 @@ def run_multiprocess(
     threads_per_rank: int = 1,
     **kwargs: Any,
 ) -> List[Any]:
-    """Runs ``fn`` on ``world_size`` spawned ranks; asserts all exit 0; returns results by rank."""
-    ctx = mp.get_context("spawn")
+    """Runs ``fn`` on ``world_size`` local ranks; asserts all exit 0; returns results by rank."""
+    ctx = _context(backend)
     resq = ctx.Queue()
     port = free_port()
+    state, payload = _caller_state(), pickle.dumps((fn, kwargs))
     procs = [
-        ctx.Process(target=_entry, args=(r, world_size, port, backend, threads_per_rank, fn, kwargs, resq))
+        ctx.Process(target=_entry, args=(r, world_size, port, backend, threads_per_rank, payload, resq, state))
         for r in range(world_size)
     ]
     for p in procs:

@@ -2,9 +2,10 @@
 
 ::
 
-    check_inputs(cfg)                      -> JobInputs    config, schema.yaml, every parquet footer, pins, steps
+    check_inputs(cfg)                      -> JobInputs    config, schema.yaml, every parquet footer, pins, steps,
+                                                           the checkpoint to resume from
     compute_statistics(inputs, topology)   -> (DatasetStats, split)   one Ray Data pass; labels, dense, ids checked
-    plan_job(inputs, topology, stats, split) -> PlannedJob  the cost-model plan (a Ray task), resume checkpoint
+    plan_job(inputs, topology, stats, split) -> PlannedJob  the cost-model plan (a Ray task)
     start_tracking(inputs, planned)        -> Tracking     the MLflow run, params, config, plan/stats artifacts
     train(inputs, planned, tracking)       -> TrainResult  Ray Train workers; the run ends FINISHED or FAILED
 
@@ -61,6 +62,8 @@ class JobInputs:
     train_rows: int
     valid_rows: int
     steps_per_epoch: int
+    #: (directory, meta.json) of train.resume_from, checked against the schema (None: not resuming)
+    resume: Optional[Tuple[str, Dict[str, Any]]] = None
 
     @property
     def world_size(self) -> int:
@@ -76,7 +79,7 @@ class PlannedJob:
     fingerprint: str
     #: CPUs per worker, in-memory data, warnings (rayemb.train.resources.WorkerResources)
     resources: Any = None
-    #: (directory, meta.json) of train.resume_from, checked against this plan
+    #: (directory, meta.json) of train.resume_from (JobInputs.resume)
     resume: Optional[Tuple[str, Dict[str, Any]]] = None
     #: world size -> JobPlan: the planned world, and each smaller one an elastic job may restart at
     plans_by_world: Dict[int, Any] = field(default_factory=dict)
@@ -130,7 +133,8 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
 
 
 def check_inputs(cfg: JobConfig) -> JobInputs:
-    """The dataset's schema and every parquet footer, the pins, one global batch of train rows and a valid row."""
+    """The dataset's schema and every parquet footer, the pins, one global batch of train rows and a valid row,
+    and the checkpoint to resume from (its files, tables and dims)."""
     data_dir, out_dir = resolve_dataset(resolve_path(cfg.data.path)), resolve_path(cfg.tracking.output_dir)  # or URIs
     check_output_dir(out_dir)
     schema = load_checked(data_dir)
@@ -139,9 +143,10 @@ def check_inputs(cfg: JobConfig) -> JobInputs:
     steps = split_steps(train_rows, valid_rows, cfg, data_dir)
     if cfg.train.max_steps_per_epoch is not None:
         steps = min(steps, cfg.train.max_steps_per_epoch)
+    resume = check_resume_from(cfg, schema)
     print(f"rayemb: data {redact_uri(data_dir)} ({len(schema.sparse)} sparse tables, {train_rows:,} train / "
           f"{valid_rows:,} valid rows), outputs {redact_uri(out_dir)}", flush=True)
-    return JobInputs(cfg, data_dir, out_dir, schema, train_rows, valid_rows, steps)
+    return JobInputs(cfg, data_dir, out_dir, schema, train_rows, valid_rows, steps, resume)
 
 
 def job_topology(cfg: JobConfig) -> Any:
@@ -241,8 +246,7 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
         plans[world] = plan_for(cfg, world_split, topo)
         print(f"rayemb: elastic plan for {world} ranks: " + ", ".join(
             f"{p} x{n}" for p, n in _placement_counts(plans[world].summary).items()), flush=True)
-    return PlannedJob(topology, stats, split, job_plan, fingerprint, resources, check_resume_from(inputs.cfg, inputs.schema),
-                      plans_by_world=plans)
+    return PlannedJob(topology, stats, split, job_plan, fingerprint, resources, inputs.resume, plans_by_world=plans)
 
 
 def elastic_worlds(cfg: JobConfig) -> List[int]:

@@ -17,14 +17,13 @@ trains on ``sum_r L_r / W`` over the global batch.
 from __future__ import annotations
 
 import os
-import socket
-import traceback
-from typing import Callable, Dict, List
+from typing import List
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from rayemb.multiprocess import run_multiprocess
 
 WORLD_SIZE = 2
 LOCAL_BATCH = 4
@@ -33,45 +32,6 @@ LR = 0.1
 DIM = 8
 TABLE_ROWS = (24, 16, 12)
 ATOL = 1e-5
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank: int, world_size: int, port: int, fn: Callable, kwargs: Dict, errq) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        fn(rank=rank, world_size=world_size, **kwargs)
-    except BaseException:
-        errq.put(f"rank {rank}:\n{traceback.format_exc()}")
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
-def _run_multiprocess(fn: Callable, world_size: int, **kwargs) -> None:
-    """Spawns ``world_size`` gloo ranks running ``fn`` and asserts every rank exits 0."""
-    ctx = mp.get_context("spawn")
-    errq = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, fn, kwargs, errq)) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    errors = []
-    while not errq.empty():
-        errors.append(errq.get())
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    codes = [p.exitcode for p in procs]
-    assert codes == [0] * world_size, f"exit codes {codes}\n" + "\n".join(errors)
 
 
 def _tables():
@@ -212,4 +172,4 @@ def _train_and_compare(rank: int, world_size: int, sharding_type: str, local_wor
     ],
 )
 def test_sharding_type_matches_unsharded(sharding_type: str, local_world_size: int) -> None:
-    _run_multiprocess(_train_and_compare, WORLD_SIZE, sharding_type=sharding_type, local_world_size=local_world_size)
+    run_multiprocess(_train_and_compare, WORLD_SIZE, sharding_type=sharding_type, local_world_size=local_world_size)

@@ -7,12 +7,15 @@ found while training (a diverging loss) must also mark the MLflow run FAILED
 with the reason; that case, and credentials in the tracking URI, are tested
 against a real `mlflow server` at the end.
 
-Cases that stop before Ray starts take a few seconds; those found by the
-statistics pass start a private local Ray (marked slow).
+Cases that stop before Ray starts run `jobs/train.py` in a subprocess and take a
+few seconds; those found by the statistics pass run its `main` in this process on
+the shared local Ray (marked slow).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -192,27 +195,59 @@ CASES: List = [
                  id="stats-json-corrupt"),
     pytest.param(None, ["--set", "train.resume_from={tmp}/no-such-checkpoint"], ["no-such-checkpoint", "does not exist"],
                  id="resume-missing-dir"),
-    # ---- values, found by the statistics pass (a private local Ray) ----
-    pytest.param(_label_with(float("nan")), [], ["label", "NaN", "train"], id="label-nan", marks=SLOW),
-    pytest.param(_label_with(2.0), [], ["label", "not 0 or 1", "2.0"], id="label-not-binary", marks=SLOW),
-    pytest.param(_null_label, [], ["label", "null"], id="label-null", marks=SLOW),
-    pytest.param(_label_with(float("inf"), split="valid"), [], ["label", "valid", "infinite"], id="valid-label-inf",
-                 marks=SLOW),
-    pytest.param(_nan_dense, [], ["I4", "NaN"], id="dense-nan", marks=SLOW),
-    pytest.param(_id_out_of_range, [], ["out-of-range", "data.id_policy"], id="id-out-of-range", marks=SLOW),
-    pytest.param(_corrupt_page, [], ["part-00000.parquet", "corrupt or truncated"], id="parquet-corrupt-page",
-                 marks=SLOW),
-    pytest.param(_empty_train, [], ["0 rows", "fewer than one global batch"], id="split-empty", marks=SLOW),
-    pytest.param("ckpt-missing-rank", [], ["__1_0.distcp is missing", "train.resume_from"], id="resume-missing-rank-file",
-                 marks=SLOW),
-    pytest.param("ckpt-corrupt-rank", [], ["__0_0.distcp is corrupt", "train.resume_from"], id="resume-corrupt-rank-file",
-                 marks=SLOW),
+    pytest.param("ckpt-missing-rank", [], ["__1_0.distcp is missing", "train.resume_from"], id="resume-missing-rank-file"),
+    pytest.param("ckpt-corrupt-rank", [], ["__0_0.distcp is corrupt", "train.resume_from"], id="resume-corrupt-rank-file"),
+]
+
+
+# Values, found by the statistics pass: run in this process on the shared local Ray (a job per case would start
+# a Ray each), through the same entry point as the command line.
+VALUE_CASES: List = [
+    pytest.param(_label_with(float("nan")), [], ["label", "NaN", "train"], id="label-nan"),
+    pytest.param(_label_with(2.0), [], ["label", "not 0 or 1", "2.0"], id="label-not-binary"),
+    pytest.param(_null_label, [], ["label", "null"], id="label-null"),
+    pytest.param(_label_with(float("inf"), split="valid"), [], ["label", "valid", "infinite"], id="valid-label-inf"),
+    pytest.param(_nan_dense, [], ["I4", "NaN"], id="dense-nan"),
+    pytest.param(_id_out_of_range, [], ["out-of-range", "data.id_policy"], id="id-out-of-range"),
+    pytest.param(_corrupt_page, [], ["part-00000.parquet", "corrupt or truncated"], id="parquet-corrupt-page"),
+    pytest.param(_empty_train, [], ["0 rows", "fewer than one global batch"], id="split-empty"),
 ]
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mutate,args,needles", CASES)
 def test_bad_input_is_a_clear_error_and_nothing_is_written(tmp_path, tiny_data, mutate, args, needles):
+    argv, out = _prepare(tmp_path, tiny_data, mutate, args)
+    p = _run(argv, cwd=tmp_path)
+    _assert_one_clear_error(p.returncode, p.stdout, p.stderr, needles, out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mutate,args,needles", VALUE_CASES)
+def test_bad_value_is_a_clear_error_and_nothing_is_written(ray_2_cpus, tmp_path, tiny_data, mutate, args, needles,
+                                                           monkeypatch):
+    argv, out = _prepare(tmp_path, tiny_data, mutate, args)
+    monkeypatch.chdir(tmp_path)
+    # Plain buffers, never closed: a thread of Ray Data's reader may log after the error, and capfd's stream
+    # would be closed under it by the next case, which logging reports with a traceback of its own.
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        rc = _train_main()(argv)
+    _assert_one_clear_error(rc, stdout.getvalue(), stderr.getvalue(), needles, out)
+
+
+def _train_main() -> Callable[[List[str]], int]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_jobs_train", REPO / "jobs" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def _prepare(tmp_path: Path, tiny_data: str, mutate, args: Sequence[str]):
+    """The case's dataset copy and files under ``tmp_path``; returns (argv of jobs/train.py, output dir)."""
     data = tmp_path / "data"
     shutil.copytree(tiny_data, data)
     (tmp_path / "stats.json").write_text("{ not json")
@@ -228,12 +263,15 @@ def test_bad_input_is_a_clear_error_and_nothing_is_written(tmp_path, tiny_data, 
         (tmp_path / "bad.yaml").write_text(mutate)
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     base = [] if "--config" in args else ["--config", str(CONFIG)]
-    p = _run([*base, "--set", f"data.path={data}", "--set", f"tracking.output_dir={out}", "--set", "data.batch_size=256",
-              *extra, *args], cwd=tmp_path)
-    assert p.returncode == 2, (p.returncode, p.stdout[-2000:], p.stderr[-4000:])
-    assert "Traceback" not in p.stderr and "Traceback" not in p.stdout, p.stderr[-4000:]
-    errors = [line for line in p.stderr.splitlines() if line.startswith("rayemb: error: ")]
-    assert len(errors) == 1, p.stderr[-4000:]
+    return [*base, "--set", f"data.path={data}", "--set", f"tracking.output_dir={out}", "--set", "data.batch_size=256",
+            *extra, *args], out
+
+
+def _assert_one_clear_error(rc: int, stdout: str, stderr: str, needles: Sequence[str], out: Path) -> None:
+    assert rc == 2, (rc, stdout[-2000:], stderr[-4000:])
+    assert "Traceback" not in stderr and "Traceback" not in stdout, stderr[-4000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("rayemb: error: ")]
+    assert len(errors) == 1, stderr[-4000:]
     for needle in needles:
         assert needle in errors[0], errors[0]
     assert not out.exists(), f"half-written outputs: {list(out.rglob('*'))[:10]}"

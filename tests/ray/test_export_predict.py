@@ -1,8 +1,9 @@
 """From a finished job to a registered model and batch predictions, and the errors on the way.
 
-The slow test trains a tiny job on a local 2-CPU Ray, exports its best
-checkpoint by run id, registers it, scores the validation split with
-``rayemb predict`` (Ray Data) from the registry URI, and checks that the AUC of
+The slow test takes the tiny job the end-to-end tests trained on a local
+2-CPU Ray (``e2e_job``), exports its best checkpoint by run id, registers
+it, scores the validation split with ``rayemb predict`` (Ray Data) from the
+registry URI, and checks that the AUC of
 the prediction files is the ``valid_auc`` the run logged for that checkpoint;
 that the logged model has a signature and an input example; and that
 ``mlflow.pyfunc.load_model(...).predict(df)`` in a fresh process gives the
@@ -48,22 +49,13 @@ def _fresh_process_predict(uri: str, model_uri: str, parquet: str, rows: int) ->
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_trained_job_to_registered_model_and_batch_predictions(ray_2_cpus, tiny_data, tmp_path, monkeypatch, capsys):
+def test_trained_job_to_registered_model_and_batch_predictions(ray_2_cpus, e2e_job, tiny_data, tmp_path, monkeypatch, capsys):
     import mlflow
     from mlflow import MlflowClient
     from sklearn.metrics import roc_auc_score
 
-    from rayemb.config import load_config
-    from rayemb.train.trainer import run_training
-
     monkeypatch.chdir(tmp_path)
-    # 4,000 valid rows = 2 ranks x 8 batches of 250: the job's evaluation sees every validation row
-    cfg = load_config(str(REPO / "jobs" / "configs" / "synth_small.yaml"), [
-        f"data.path={tiny_data}", f"tracking.output_dir={tmp_path}", "data.batch_size=250", "train.epochs=2",
-        "train.max_steps_per_epoch=15", "train.log_every_n_steps=10", "tracking.experiment=serve",
-        "planner.calibrate=false", "train.early_stopping_patience=null",
-    ])
-    result = run_training(cfg)
+    _, result = e2e_job  # 2 epochs; its evaluation scores all 4,000 validation rows
     assert result.status == "FINISHED"
     uri = result.tracking_uri
     client = MlflowClient(uri)

@@ -24,19 +24,9 @@ from rayemb.errors import DataError
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    """A private 2-CPU Ray on 127.0.0.1. ``address="local"`` starts a new instance even when
-    ``ray start`` left a cluster registered in /tmp/ray/ray_current_cluster (plain
-    ``ray.init(num_cpus=...)`` would try to join it and fail)."""
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             logging_level="WARNING")
-    yield ray
-    ray.shutdown()
+@pytest.fixture
+def ray_local(ray_2_cpus):
+    return ray_2_cpus
 
 
 @pytest.fixture(scope="module")

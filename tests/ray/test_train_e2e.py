@@ -1,4 +1,4 @@
-"""A real training job on a local 2-CPU Ray: 2 gloo workers, sharded DLRM, MLflow sqlite store."""
+"""A real training job on a local 2-CPU Ray (``e2e_job``): 2 gloo workers, sharded DLRM, MLflow sqlite store."""
 
 import contextlib
 import io
@@ -16,23 +16,13 @@ import pytest
 from _servers import free_port
 from mlflow.tracking import MlflowClient
 
-from rayemb.config import load_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-@pytest.fixture(scope="module")
-def job(ray_2_cpus, tiny_data, tmp_path_factory):
-    """One real job shared by the tests below: training it again per test would only repeat the minutes."""
-    from rayemb.train.trainer import run_training
-
-    out = tmp_path_factory.mktemp("e2e")
-    cfg = load_config(
-        "jobs/configs/synth_small.yaml",
-        [f"data.path={tiny_data}", f"tracking.output_dir={out}", "data.batch_size=256",
-         "train.epochs=2", "train.log_every_n_steps=10", "tracking.experiment=e2e"],
-    )
-    return out, run_training(cfg)
+@pytest.fixture
+def job(e2e_job):
+    return e2e_job
 
 
 def test_job_learns_and_is_tracked(job):

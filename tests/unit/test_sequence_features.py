@@ -1,7 +1,8 @@
 """Sequence features in the job: schema entries, the synthetic history column, the batch KJT, the DLRM and its plan.
 
 The distributed equality of the sharded EmbeddingCollection is tests/dist/test_sequence_equivalence.py;
-the whole job (Ray, 2 gloo workers, AUC with and without the tower) is tests/ray/test_sequence_job.py.
+the whole job (Ray, 2 gloo workers) is tests/ray/test_sequence_job.py; AUC with and without the tower is
+jobs/bench/sequence_auc.py.
 """
 
 from __future__ import annotations
