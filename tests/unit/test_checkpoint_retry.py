@@ -191,3 +191,31 @@ def test_resume_falls_back_past_damaged_checkpoints_but_not_past_an_unreachable_
         restore(model, opt, None, TABLES, batch_size=4, checkpoint_root=root)
     assert e.value.category == "storage" and f"Checkpoint '{root}' could not be read" in e.value.message
     assert "starting from scratch" not in caplog.text
+
+
+def test_a_restarted_group_handed_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(
+        one_rank_group, tmp_path, monkeypatch, caplog):
+    """Ray Train hands a restarted worker group its newest registered checkpoint; when a file of it was damaged
+    after it was written, the job resumes from the newest intact one in the same folder, and says so."""
+    import ray.train
+
+    from rayemb.train.resume import restore
+
+    weights = {}
+    for step in (20, 40):
+        model, opt = tiny_model(step)
+        save_logical(str(tmp_path / "job" / f"checkpoint_{step}"), model, opt, None, TABLES, {"epoch": 0, "step": step})
+        weights[step] = model.top.weight.detach().clone()
+    newest = tmp_path / "job" / "checkpoint_40"
+    distcp = newest / "__0_0.distcp"
+    raw = bytearray(distcp.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    distcp.write_bytes(bytes(raw))
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: ray.train.Checkpoint(str(newest)))
+
+    model, opt = tiny_model(0)
+    with caplog.at_level(logging.WARNING):
+        pos = restore(model, opt, None, TABLES, batch_size=4, checkpoint_root=str(tmp_path / "job"))
+    assert (pos.step, pos.source) == (20, str(tmp_path / "job" / "checkpoint_20"))
+    assert torch.equal(model.top.weight, weights[20])
+    assert f"checkpoint {newest} is not usable" in caplog.text and "resuming from the older checkpoint" in caplog.text
