@@ -242,7 +242,6 @@ def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, Dict[str, An
     from rayemb.checkpoint.store import verify
     from rayemb.config import resolve_path
     from rayemb.errors import DataError
-    from rayemb.model.dlrm import table_configs
 
     from rayemb import storage
     from rayemb.logs import redact_uri
@@ -255,6 +254,8 @@ def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, Dict[str, An
     except DataError as e:
         raise DataError(f"{e.message.rstrip('.')} (train.resume_from / --resume-from).",
                         category="storage" if e.category == "storage" else "bad_checkpoint") from None
+    from rayemb.model.dlrm import table_configs  # TorchRec: imported once the files are known to be there
+
     saved = meta.get("tables", {})
     for t in table_configs(schema, cfg.model.embedding_dim):
         got = saved.get(t.name)

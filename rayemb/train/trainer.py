@@ -134,7 +134,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
 
 def check_inputs(cfg: JobConfig) -> JobInputs:
     """The dataset's schema and every parquet footer, the pins, one global batch of train rows and a valid row,
-    and the checkpoint to resume from (its files, tables and dims)."""
+    a given stats.json, and the checkpoint to resume from (its files, tables and dims)."""
     data_dir, out_dir = resolve_dataset(resolve_path(cfg.data.path)), resolve_path(cfg.tracking.output_dir)  # or URIs
     check_output_dir(out_dir)
     schema = load_checked(data_dir)
@@ -143,6 +143,13 @@ def check_inputs(cfg: JobConfig) -> JobInputs:
     steps = split_steps(train_rows, valid_rows, cfg, data_dir)
     if cfg.train.max_steps_per_epoch is not None:
         steps = min(steps, cfg.train.max_steps_per_epoch)
+    if cfg.data.stats_path:  # a damaged stats.json is an input error: found here, before Ray starts
+        from rayemb import storage
+        from rayemb.data.stats_io import load_stats_json
+
+        stats_path = resolve_path(cfg.data.stats_path)
+        if storage.isfile(stats_path):
+            load_stats_json(stats_path)
     resume = check_resume_from(cfg, schema)
     print(f"rayemb: data {redact_uri(data_dir)} ({len(schema.sparse)} sparse tables, {train_rows:,} train / "
           f"{valid_rows:,} valid rows), outputs {redact_uri(out_dir)}", flush=True)

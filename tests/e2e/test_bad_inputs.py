@@ -7,9 +7,10 @@ found while training (a diverging loss) must also mark the MLflow run FAILED
 with the reason; that case, and credentials in the tracking URI, are tested
 against a real `mlflow server` at the end.
 
-Cases that stop before Ray starts run `jobs/train.py` in a subprocess and take a
-few seconds; those found by the statistics pass run its `main` in this process on
-the shared local Ray (marked slow).
+One case runs `jobs/train.py` in a process of its own (the exit status of the
+real command line); the others call the same `main` in this process: those
+found before Ray starts take a fraction of a second, those found by the
+statistics pass run on the shared local Ray (marked slow).
 """
 
 from __future__ import annotations
@@ -214,12 +215,18 @@ VALUE_CASES: List = [
 ]
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("mutate,args,needles", CASES)
-def test_bad_input_is_a_clear_error_and_nothing_is_written(tmp_path, tiny_data, mutate, args, needles):
-    argv, out = _prepare(tmp_path, tiny_data, mutate, args)
+@pytest.mark.timeout(120)
+def test_bad_input_in_a_process_of_its_own_exits_2_with_one_clear_error(tmp_path, tiny_data):
+    """The real command line, exit status included; the cases below call the same ``main`` in this process."""
+    argv, out = _prepare(tmp_path, tiny_data, None, ["--set", "train.epoch=2"])
     p = _run(argv, cwd=tmp_path)
-    _assert_one_clear_error(p.returncode, p.stdout, p.stderr, needles, out)
+    _assert_one_clear_error(p.returncode, p.stdout, p.stderr, ["epoch", "Unknown config key"], out)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mutate,args,needles", CASES)
+def test_bad_input_is_a_clear_error_and_nothing_is_written(tmp_path, tiny_data, mutate, args, needles, monkeypatch):
+    _assert_main_fails_clearly(tmp_path, tiny_data, mutate, args, needles, monkeypatch)
 
 
 @pytest.mark.slow
@@ -227,6 +234,11 @@ def test_bad_input_is_a_clear_error_and_nothing_is_written(tmp_path, tiny_data, 
 @pytest.mark.parametrize("mutate,args,needles", VALUE_CASES)
 def test_bad_value_is_a_clear_error_and_nothing_is_written(ray_2_cpus, tmp_path, tiny_data, mutate, args, needles,
                                                            monkeypatch):
+    _assert_main_fails_clearly(tmp_path, tiny_data, mutate, args, needles, monkeypatch)
+
+
+def _assert_main_fails_clearly(tmp_path, tiny_data, mutate, args, needles, monkeypatch) -> None:
+    """``jobs/train.py``'s ``main`` on the case's inputs, in this process: exit 2, one clear error, no output."""
     argv, out = _prepare(tmp_path, tiny_data, mutate, args)
     monkeypatch.chdir(tmp_path)
     # Plain buffers, never closed: a thread of Ray Data's reader may log after the error, and capfd's stream
