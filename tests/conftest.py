@@ -6,6 +6,7 @@ import os
 import sys
 
 import pytest
+from _shared_ray import SharedRay
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
@@ -19,42 +20,6 @@ def tiny_data(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("tiny_data"))
     generate(SyntheticSpec(rows=40_000, num_tables=8, seed=7, num_signal_tables=6), out)
     return out
-
-
-class SharedRay:
-    """One local 2-CPU Ray on 127.0.0.1 for the tests that run in-process jobs, started when first asked for.
-
-    Starting a Ray costs seconds, and its pooled task workers (Ray Data's readers, the planner's task, with
-    their imports done) serve the next job too, so tests share one. A test that starts a Ray of its own
-    shuts this one down first (``ray.shutdown()``); the next test that asks for it starts it again.
-    """
-
-    ARGS = dict(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-                logging_level="WARNING",
-                runtime_env={"env_vars": {"PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}})
-
-    def __init__(self) -> None:
-        self.gcs_address = None  # of the Ray this handle started
-
-    def _current(self):
-        import ray
-
-        return ray.get_runtime_context().gcs_address if ray.is_initialized() else None
-
-    def ensure(self):
-        import ray
-
-        if self._current() is None:
-            ray.init(**self.ARGS)
-            self.gcs_address = self._current()
-        return ray
-
-    def stop(self) -> None:
-        import ray
-
-        if self.gcs_address is not None and self._current() == self.gcs_address:
-            ray.shutdown()
-        self.gcs_address = None
 
 
 @pytest.fixture(scope="session")

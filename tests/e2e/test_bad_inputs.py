@@ -5,7 +5,7 @@ input (and no Python traceback), and nothing half-written — no output
 directory, hence no MLflow run, for errors found before the run starts. Errors
 found while training (a diverging loss) must also mark the MLflow run FAILED
 with the reason; that case, and credentials in the tracking URI, are tested
-against a real `mlflow server` at the end.
+against a real `mlflow server` at the end, in this process on the shared local Ray.
 
 One case runs `jobs/train.py` in a process of its own (the exit status of the
 real command line); the others call the same `main` in this process: those
@@ -302,24 +302,32 @@ def mlflow_server(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_diverging_loss_fails_the_run_with_the_step_and_keeps_credentials_out(tmp_path, tiny_data, mlflow_server):
+def test_diverging_loss_fails_the_run_with_the_step_and_keeps_credentials_out(ray_2_cpus, tmp_path, tiny_data,
+                                                                               mlflow_server, monkeypatch):
     """A learning rate that makes the loss non-finite: exit 2, the step named, the MLflow run FAILED with the
-    reason. The tracking URI carries credentials, which must appear in no output, param, tag or artifact."""
+    reason. The tracking URI carries credentials, which must appear in no output, param, tag or artifact.
+    The job runs in this process on the shared local Ray: the workers' log lines that Ray forwards to the
+    driver are in the output checked."""
     from mlflow import MlflowClient
 
     secret = "s3cr3t-pw"
     uri = f"http://alice:{secret}@127.0.0.1:{mlflow_server.port}"
     out = tmp_path / "out"
-    p = _run(["--config", str(CONFIG), "--set", f"data.path={tiny_data}", "--set", f"tracking.output_dir={out}",
-              "--set", "data.batch_size=256", "--set", "train.dense_lr=1e30", "--set", "train.embedding_lr=1e30",
-              "--set", "scaling.max_failures=0", "--set", "tracking.experiment=diverge",
-              "--set", f"tracking.tracking_uri={uri}"], cwd=tmp_path)
-    assert p.returncode == 2, (p.returncode, p.stdout[-3000:], p.stderr[-4000:])
-    errors = [line for line in p.stderr.splitlines() if line.startswith("rayemb: error: ")]
-    assert len(errors) == 1 and "training loss became" in errors[0] and "at step" in errors[0], p.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        rc = _train_main()([
+            "--config", str(CONFIG), "--set", f"data.path={tiny_data}", "--set", f"tracking.output_dir={out}",
+            "--set", "data.batch_size=256", "--set", "train.dense_lr=1e30", "--set", "train.embedding_lr=1e30",
+            "--set", "scaling.max_failures=0", "--set", "tracking.experiment=diverge",
+            "--set", f"tracking.tracking_uri={uri}"])
+    stdout, stderr = stdout.getvalue(), stderr.getvalue()
+    assert rc == 2, (rc, stdout[-3000:], stderr[-4000:])
+    errors = [line for line in stderr.splitlines() if line.startswith("rayemb: error: ")]
+    assert len(errors) == 1 and "training loss became" in errors[0] and "at step" in errors[0], stderr[-3000:]
     assert "train.dense_lr" in errors[0]
-    assert secret not in p.stdout + p.stderr
-    assert f"alice:***@127.0.0.1:{mlflow_server.port}" in p.stdout  # the store is still shown, redacted
+    assert secret not in stdout + stderr
+    assert f"alice:***@127.0.0.1:{mlflow_server.port}" in stdout  # the store is still shown, redacted
 
     client = MlflowClient(mlflow_server.uri)
     exp = client.get_experiment_by_name("diverge")

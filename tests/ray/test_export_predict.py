@@ -55,7 +55,7 @@ def test_trained_job_to_registered_model_and_batch_predictions(ray_2_cpus, e2e_j
     from sklearn.metrics import roc_auc_score
 
     monkeypatch.chdir(tmp_path)
-    _, result = e2e_job  # 2 epochs; its evaluation scores all 4,000 validation rows
+    _, result, _ = e2e_job  # 2 epochs; its evaluation scores all 4,000 validation rows
     assert result.status == "FINISHED"
     uri = result.tracking_uri
     client = MlflowClient(uri)

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from _servers import FAKE_SECRET_ACCESS_KEY, MotoS3Server
+from _shared_ray import SharedRay
 from mlflow.tracking import MlflowClient
 from sklearn.metrics import roc_auc_score
 
@@ -54,9 +55,8 @@ def s3_ray(tmp_path_factory):
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         if ray.is_initialized():
             ray.shutdown()
-        ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 logging_level="WARNING",
-                 runtime_env={"env_vars": {"PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}})
+        ray.init(**{**SharedRay.ARGS, "runtime_env": {  # the shared Ray's settings, started in this environment
+            "env_vars": {"PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}}})
         session_dir = ray._private.worker._global_node.get_session_dir_path()
         try:
             yield server, session_dir, workspace
