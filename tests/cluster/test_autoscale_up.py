@@ -5,15 +5,13 @@ The cluster is Ray's fake multi-node autoscaler (``cluster.fake_autoscaler``: a 
 group and process tree, never ``ray stop``): a 2-CPU head and a node type ``cpu_worker``
 ({"CPU": 2}, 0 to 2 nodes) that the autoscaler starts when demand does not fit.
 
-1. Probe: a STRICT_SPREAD placement group of 2 x {"CPU": 1} cannot be placed on the one node; a
-   second node appears and the group is placed. Once the group is removed the idle node goes away
-   again (``idle_timeout_minutes``), so the job below starts on a 1-node cluster.
-2. The job: 2 workers x 1 CPU, STRICT_SPREAD, submitted while only the head exists. rayemb plans
-   for the 2 workers it asked for (its "do not fit the live nodes" warning says the cluster must
-   grow), Ray Train's placement group waits, the autoscaler adds a node, the workers' group is
-   placed on the head and that new node, and the job finishes and learns (valid AUC > 0.6). The
-   head keeps a CPU for Ray Data's read tasks (1 of its 2 CPUs goes to a worker); Ray Data's queued
-   read tasks often make the autoscaler add the second allowed node as well.
+The job: 2 workers x 1 CPU, STRICT_SPREAD, submitted while only the head exists. rayemb plans for
+the 2 workers it asked for (its "do not fit the live nodes" warning says the cluster must grow),
+Ray Train's placement group waits, the autoscaler adds a node, the workers' group is placed on the
+head and that new node, and the job finishes and learns (valid AUC > 0.6). The head keeps a CPU for
+Ray Data's read tasks (1 of its 2 CPUs goes to a worker); Ray Data's queued read tasks often make
+the autoscaler add the second allowed node as well. Once the job is done the idle nodes go away
+again (``idle_timeout_minutes``).
 
 Hermetic: the cluster's HOME, ``--temp-dir`` and ``RAY_TMPDIR`` are a private directory under
 /tmp (removed afterwards), no token auth; the driver's HOME and RAY_TMPDIR point into tmp_path too.
@@ -38,7 +36,6 @@ sys.path.insert(0, REPO)
 
 from cluster.fake_autoscaler import FakeAutoscalingCluster  # noqa: E402
 
-NODE_UP_TIMEOUT_S = 180
 NODE_GONE_TIMEOUT_S = 180
 WORKER_TYPE = {"cpu_worker": {"resources": {"CPU": 2, "object_store_memory": 300 * 2**20},
                               "min_workers": 0, "max_workers": 2}}
@@ -58,7 +55,6 @@ def _wait(predicate, timeout_s, what):
 
 def test_job_needing_more_workers_than_exist_makes_a_node_appear_and_finishes(tiny_data, tmp_path, monkeypatch):
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
 
     from rayemb.train.trainer import run_training
 
@@ -84,23 +80,7 @@ def test_job_needing_more_workers_than_exist_makes_a_node_appear_and_finishes(ti
         assert len(start_nodes) == 1, start_nodes
         assert ray.cluster_resources().get("CPU") == 2.0, ray.cluster_resources()
 
-        # 1. probe: 2 bundles that must sit on different nodes
-        t0 = time.monotonic()
-        pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
-        assert pg.wait(timeout_seconds=NODE_UP_TIMEOUT_S), \
-            f"no second node for the probe within {NODE_UP_TIMEOUT_S}s; autoscaler:\n{cluster.monitor_log_tail()}"
-        probe_up_s = time.monotonic() - t0
-        probe_nodes = _alive(ray.nodes())
-        assert len(probe_nodes) == 2, probe_nodes
-        new = [n for n in probe_nodes if n["NodeID"] != start_nodes[0]["NodeID"]]
-        assert new and new[0]["Resources"].get("CPU") == 2.0, new  # a cpu_worker
-        probe_pg_id = pg.id.hex()
-        remove_placement_group(pg)
-        # the idle probe node is removed again: the job starts on the head alone
-        _wait(lambda: len(_alive(ray.nodes())) == 1, NODE_GONE_TIMEOUT_S, "the idle probe node's removal")
-        print(f"probe: node up in {probe_up_s:.1f}s, removed after {time.monotonic() - t0:.1f}s", flush=True)
-
-        # 2. the job: 2 workers x 1 CPU, one per node, on a 1-node cluster
+        # the job: 2 workers x 1 CPU, one per node, on a 1-node cluster
         before = ray.nodes()
         assert len(_alive(before)) == 1
         cfg = load_config("jobs/configs/synth_small.yaml", [
@@ -127,7 +107,7 @@ def test_job_needing_more_workers_than_exist_makes_a_node_appear_and_finishes(ti
         # Ray Train's worker group: its STRICT_SPREAD bundles on the head and on a node that was not there
         before_ids = {n["NodeID"] for n in before}
         spans = [set(t["bundles_to_node_id"].values()) for pid, t in ray.util.placement_group_table().items()
-                 if pid != probe_pg_id and t["strategy"] == "STRICT_SPREAD" and len(t["bundles"]) == 2]
+                 if t["strategy"] == "STRICT_SPREAD" and len(t["bundles"]) == 2]
 
         grew_at = next((t for t, n in samples if n >= 2), None)
         print(f"job: {result.status} in {job_s:.1f}s, second node alive at {grew_at}s after submit, "
@@ -138,6 +118,10 @@ def test_job_needing_more_workers_than_exist_makes_a_node_appear_and_finishes(ti
         assert max(n for _, n in samples) >= 2, samples  # ... and was alive next to the head
         assert any(len(nodes) == 2 and nodes - before_ids for nodes in spans), (spans, before_ids)
         assert result.metrics["valid_auc"] > 0.6, result.metrics
+        # ... and once the job is done, the idle node is removed again
+        t_done = time.monotonic()
+        _wait(lambda: len(_alive(ray.nodes())) == 1, NODE_GONE_TIMEOUT_S, "the idle node's removal after the job")
+        print(f"the idle node was removed {time.monotonic() - t_done:.1f}s after the job ended", flush=True)
     finally:
         stop_sampling.set()
         if sampler is not None:

@@ -123,7 +123,10 @@ def test_default_job_on_three_nodes_learns_and_predicts_from_every_node(tiny_dat
     try:
         # one worker per node (SPREAD), each node keeps a CPU for Ray Data; outputs on a path all nodes reach
         multi, out = _train(cluster.exec_argv, env, tiny_data, str(cluster.shared_dir / "job"), 3,
-                            ["scaling.placement_strategy=SPREAD", "scaling.cpus_per_worker=1"])
+                            ["scaling.placement_strategy=SPREAD", "scaling.cpus_per_worker=1",
+                             # the probe's rank actors are the calibration's (run_on_ranks), measured across the
+                             # nodes here; the probe's choice is tests/ray/test_plan_probe.py's
+                             "planner.probe_steps=0"])
         assert multi["status"] == "FINISHED"
         model, preds = str(cluster.shared_dir / "model"), str(node_local / "preds")
         scored = _predict_on_cluster(cluster, env, multi, tiny_data, model, preds)

@@ -18,7 +18,7 @@ def test_starved_workers_fail_fast_with_the_cause(ray_2_cpus, tiny_data, tmp_pat
     # restart the group twice on the same starvation; a user error must end the run at once instead.
     cfg = load_config("jobs/configs/synth_small.yaml", [
         f"data.path={tiny_data}", f"tracking.output_dir={tmp_path}", "data.batch_size=256", "train.epochs=1",
-        "scaling.cpus_per_worker=1.0", "scaling.max_failures=2", "data.first_batch_timeout_s=15",
+        "scaling.cpus_per_worker=1.0", "scaling.max_failures=2", "data.first_batch_timeout_s=5",
         "planner.calibrate=false",
     ])
     t0 = time.monotonic()
