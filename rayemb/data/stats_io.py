@@ -62,6 +62,12 @@ def load_stats_json(path: str) -> DatasetStats:
     return DatasetStats.from_dict(stats)
 
 
+def check_stats_file(stats_path: Optional[str]) -> None:
+    """Reads ``stats_path`` when it exists: a damaged file is an input error found before any work starts."""
+    if stats_path and storage.isfile(stats_path):
+        load_stats_json(stats_path)
+
+
 def load_or_compute_stats(
     data_dir: str,
     stats_path: Optional[str] = None,
@@ -86,4 +92,4 @@ def load_or_compute_stats(
     return compute_stats(data_dir, exact=exact, split=split, num_heavy_hitters=num_heavy_hitters, progress=progress)
 
 
-__all__ = ["write_stats_json", "load_stats_json", "load_or_compute_stats"]
+__all__ = ["write_stats_json", "load_stats_json", "check_stats_file", "load_or_compute_stats"]

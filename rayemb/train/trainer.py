@@ -143,13 +143,9 @@ def check_inputs(cfg: JobConfig) -> JobInputs:
     steps = split_steps(train_rows, valid_rows, cfg, data_dir)
     if cfg.train.max_steps_per_epoch is not None:
         steps = min(steps, cfg.train.max_steps_per_epoch)
-    if cfg.data.stats_path:  # a damaged stats.json is an input error: found here, before Ray starts
-        from rayemb import storage
-        from rayemb.data.stats_io import load_stats_json
+    from rayemb.data.stats_io import check_stats_file
 
-        stats_path = resolve_path(cfg.data.stats_path)
-        if storage.isfile(stats_path):
-            load_stats_json(stats_path)
+    check_stats_file(resolve_path(cfg.data.stats_path) if cfg.data.stats_path else None)
     resume = check_resume_from(cfg, schema)
     print(f"rayemb: data {redact_uri(data_dir)} ({len(schema.sparse)} sparse tables, {train_rows:,} train / "
           f"{valid_rows:,} valid rows), outputs {redact_uri(out_dir)}", flush=True)
