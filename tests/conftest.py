@@ -6,6 +6,7 @@ import os
 import sys
 
 import pytest
+from _datasets import synthetic_dataset
 from _shared_ray import SharedRay
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -15,11 +16,7 @@ SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """A small one-hot synthetic dataset (8 tables) shared by every test of the run."""
-    from rayemb.data.synthetic import SyntheticSpec, generate
-
-    out = str(tmp_path_factory.mktemp("tiny_data"))
-    generate(SyntheticSpec(rows=40_000, num_tables=8, seed=7, num_signal_tables=6), out)
-    return out
+    return synthetic_dataset(tmp_path_factory, "tiny_data", num_tables=8)
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,9 @@ statistics pass run on the shared local Ray (marked slow).
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -34,12 +34,11 @@ from _servers import MlflowServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "jobs" / "configs" / "synth_small.yaml"
-SLOW = pytest.mark.slow
 
 
-def _run(args: Sequence[str], cwd: Path, timeout: int = 600, env=None) -> subprocess.CompletedProcess:
+def _run(args: Sequence[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "jobs" / "train.py"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+                          text=True, timeout=timeout)
 
 
 def _part(data: Path, split: str = "train") -> Path:
@@ -249,7 +248,9 @@ def _assert_main_fails_clearly(tmp_path, tiny_data, mutate, args, needles, monke
     _assert_one_clear_error(rc, stdout.getvalue(), stderr.getvalue(), needles, out)
 
 
+@functools.lru_cache(maxsize=1)
 def _train_main() -> Callable[[List[str]], int]:
+    """``jobs/train.py``'s ``main``, loaded once."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("_jobs_train", REPO / "jobs" / "train.py")

@@ -13,6 +13,7 @@ import json
 import os
 
 import pytest
+from _datasets import synthetic_dataset
 from mlflow.tracking import MlflowClient
 
 from rayemb.config import load_config
@@ -37,11 +38,7 @@ COMPRESSION = {
 
 @pytest.fixture(scope="module")
 def wide_data(tmp_path_factory):
-    from rayemb.data.synthetic import SyntheticSpec, generate
-
-    out = str(tmp_path_factory.mktemp("wide_data"))
-    generate(SyntheticSpec(rows=40_000, num_tables=12, seed=7, num_signal_tables=6), out)
-    return out
+    return synthetic_dataset(tmp_path_factory, "wide_data", num_tables=12)
 
 
 @pytest.fixture(scope="module")
