@@ -40,7 +40,7 @@ Acceptance (printed PASS/FAIL; exit 0 unless ``--check``), on the rows' medians:
 A verdict FAILs when a row it rests on is missing, had a failed run, has fewer than 5 runs, or (rayemb rows)
 has no prediction: ``--quick`` (one run per side) is a smoke run whose verdicts FAIL. Reported beside
 them: whether auto trained the fastest row's plan, and auto's own runs against the forced runs of that plan.
-The default run (8 sides x 5 runs of 200 steps) takes about 45 min.
+The default run (8 sides x 5 runs of 200 steps) takes 45-90 min on a 2-core host, depending on its speed.
 
 Usage::
 
