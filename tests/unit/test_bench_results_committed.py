@@ -43,7 +43,8 @@ def test_every_section_names_committed_results_or_says_it_has_none():
             assert NAME.match(name), f"{heading!r}: {name} is not <benchmark>_<date>_<commit>.json"
             path = f"bench-results/{name}"
             assert path in tracked, f"{heading!r}: {path} is quoted but not committed"
-            assert json.loads((REPO / path).read_text()).get("schema_version") == 1, path
+            version = json.loads((REPO / path).read_text()).get("schema_version")
+            assert isinstance(version, int) and version >= 1, path  # each benchmark versions its own format
 
 
 def test_committed_results_are_named_by_date_and_parse():
