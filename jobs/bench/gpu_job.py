@@ -33,8 +33,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from _report import report, spread  # noqa: E402
-from throughput import CONFIG, ensure_data, reuse_auto_outputs, run_rayemb, schema_tables  # noqa: E402
+from _report import report  # noqa: E402
+from throughput import CONFIG, aggregate, ensure_data, reuse_auto_outputs, run_rayemb, schema_tables  # noqa: E402
 
 SCHEMA_VERSION = 1
 COLUMNS = [("global batch", ">12", "{:,}"), ("runs", ">4", "{}"), ("samples/s (min-max)", "<26", "{}"),
@@ -61,42 +61,27 @@ def training_seconds(run: Mapping[str, Any], window: int) -> Optional[float]:
 
 
 def summarise(runs: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """One row per global batch: medians over its runs with min-max of samples/s; ratios over the measured step."""
-    rows: Dict[int, Dict[str, Any]] = {}
-    for r in runs:
-        row = rows.setdefault(r["global_batch"], {"global_batch": r["global_batch"], "ok": [], "failed": 0})
-        if r.get("samples_per_s"):
-            row["ok"].append(r)
-        else:
-            row["failed"] += 1
+    """One row per global batch: ``throughput.aggregate``'s medians over its runs (samples/s with min-max, the
+    model's and the probe's step over each run's measured step, the phases), plus the job-level figures."""
+    rows = aggregate([{**r, "variant": r["global_batch"], "kind": "auto"} for r in runs])
     out = []
     for b in sorted(rows):
-        row, ok = rows[b], rows[b].pop("ok")
+        row = rows[b]
+        ok = [r for r in runs if r["global_batch"] == b and r.get("samples_per_s") is not None]
 
-        def med(key: str, src: Sequence[Mapping[str, Any]] = ok) -> Optional[float]:
-            vals = [x[key] for x in src if x.get(key) is not None]
+        def med(key: str) -> Optional[float]:
+            vals = [x[key] for x in ok if x.get(key) is not None]
             return float(statistics.median(vals)) if vals else None
 
-        sps = spread([x["samples_per_s"] for x in ok])
-        ratios = [{"pred": x["predicted_step_time_s"] / x["step_time_s"] if x.get("predicted_step_time_s")
-                   and x.get("step_time_s") else None,
-                   "probed": x["probed_step_time_s"] / x["step_time_s"] if x.get("probed_step_time_s")
-                   and x.get("step_time_s") else None} for x in ok]
-        phases = [x.get("time_s") or {} for x in ok]
-        ph = {p: statistics.median([t[p] for t in phases if t.get(p) is not None])
-              for p in ("forward", "backward", "optimizer", "data_wait") if any(t.get(p) is not None for t in phases)}
-        step = med("step_time_s")
-        row.update(runs=len(ok), samples_per_s=sps["median"], samples_per_s_min=sps["min"],
-                   samples_per_s_max=sps["max"],
-                   samples_per_s_text=(f"{sps['median']:,.0f} ({sps['min']:,.0f}-{sps['max']:,.0f})"
-                                       if sps["median"] else "FAILED"),
+        sps, step, ph = row["samples_per_s"], med("step_time_s"), row.get("time_s") or {}
+        row.update(global_batch=b,
+                   samples_per_s_text=(f"{sps:,.0f} ({row['samples_per_s_min']:,.0f}-{row['samples_per_s_max']:,.0f})"
+                                       if sps else "FAILED"),
                    step_time_s=step, step_ms=1e3 * step if step else None,
                    phases_ms="/".join(f"{1e3 * ph[p]:.2f}" if p in ph else "-"
                                       for p in ("forward", "backward", "optimizer", "data_wait")),
-                   predicted_over_measured=med("pred", ratios), probed_over_measured=med("probed", ratios),
                    predicted_step_time_s=med("predicted_step_time_s"), probed_step_time_s=med("probed_step_time_s"),
-                   wall_s=med("wall_s"), training_s=med("training_s"), valid_auc=med("valid_auc"),
-                   plan_summary=ok[0].get("plan_summary") if ok else None)
+                   wall_s=med("wall_s"), training_s=med("training_s"), valid_auc=med("valid_auc"))
         out.append(row)
     return out
 
