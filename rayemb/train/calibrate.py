@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rayemb.planner.step_time import Calibration, LinkCost, normalize_probes
 from rayemb.train.calibrate_probes import PROBE_DP_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_ROWS, Interleaved
+from rayemb.train.gpu_timing import GPU_MAX_ELEMS, GPU_MAX_IDS, gpu_timed, grown_slope
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +43,6 @@ REPEATS = 7
 COLLECTIVE_ATTEMPTS = 3
 #: each retry's large message this many times the last one's
 COLLECTIVE_GROWTH = 4
-#: CUDA compute probes. The CPU sizes (256 vs 8192 ids, 1k vs 50k replicated rows) all run in launch-bound
-#: time on a GPU, so their slopes are 0 or noise there. On CUDA each probe grows by GPU_GROWTH from the CPU's
-#: small size until it takes GPU_TIME_RATIO x the small size's time (the kernel's work dominates the launch),
-#: capped so that no probe tensor exceeds GPU_MAX_ELEMS floats (256 MiB; about 1 GiB peak for all of them).
-GPU_MAX_IDS = 2**20
-GPU_MAX_ELEMS = 2**26
-GPU_GROWTH = 4
-GPU_TIME_RATIO = 2.0
 
 
 def _timed(fn: Callable[[], Any], sync: Callable[[], None], repeats: int = REPEATS,
@@ -72,21 +65,6 @@ def _line(x0: float, t0: float, x1: float, t1: float) -> LinkCost:
     """α-β through two points (x bytes, t seconds), clamped at zero."""
     beta = max((t1 - t0) / max(x1 - x0, 1.0), 0.0)
     return LinkCost(latency_s=max(t0 - beta * x0, 0.0), seconds_per_byte=beta)
-
-
-def _grown_slope(step_at: Callable[[int], Callable[[], None]], x0: int, x_max: int, sync: Callable[[], None],
-                 what: str) -> float:
-    """Seconds per unit of x (ids, rows) on a GPU: times ``step_at(x0)``, then x0 x4, x16, ... until a step
-    takes GPU_TIME_RATIO x the first one's time or x reaches ``x_max``; the slope through those two points,
-    clamped at zero. Growing until the time doubles keeps the difference above launch jitter on any GPU
-    without probing more than needed."""
-    t0 = _timed(step_at(x0), sync)
-    x, t = x0, t0
-    while x < x_max and t < GPU_TIME_RATIO * t0:
-        x = min(x * GPU_GROWTH, x_max)
-        t = _timed(step_at(x), sync)
-    logger.info("CUDA compute probe %s: %d -> %d, %.3f -> %.3f ms", what, x0, x, t0 * 1e3, t * 1e3)
-    return max((t - t0) / max(x - x0, 1), 0.0)
 
 
 def _collective_steps(device: Any, world: int, growth: int = 1) -> Dict[str, Tuple[float, Callable[[], None]]]:
@@ -195,7 +173,7 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
     """Per-id, per-element and fixed compute costs on this rank's CPU share (or GPU).
 
     On a CPU the probes have fixed sizes (the defaults and recorded figures come from them); on CUDA they
-    grow until the kernels' work dominates the launch (:func:`_grown_slope`)."""
+    grow until the kernels' work dominates the launch (:func:`~rayemb.train.gpu_timing.grown_slope`)."""
     import torch
     from fbgemm_gpu.split_embedding_configs import EmbOptimType as OptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
@@ -207,8 +185,9 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
 
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    kernels = lambda fn: gpu_timed(fn, device)  # noqa: E731 - the grown probes' timer
     gen = torch.Generator(device="cpu").manual_seed(0)
-    # on a GPU a table larger than its L2 cache, as real ones are; the probe sizes grow too (_grown_slope)
+    # on a GPU a table larger than its L2 cache, as real ones are; the probe sizes grow too (gpu_timing.grown_slope)
     max_ids = min(GPU_MAX_IDS, GPU_MAX_ELEMS // dim)
     rows = max_ids if cuda else 20_000
 
@@ -227,7 +206,7 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
 
     n0, n1 = 256, 8192
     if cuda:
-        lookup_s = _grown_slope(fused_step, n0, max_ids, sync, "fused lookup ids")
+        lookup_s = grown_slope(fused_step, n0, max_ids, kernels, "fused lookup ids")
     else:
         t_f0, t_f1 = _timed(fused_step(n0), sync), _timed(fused_step(n1), sync)
         lookup_s = max((t_f1 - t_f0) / (n1 - n0), 0.0)
@@ -246,9 +225,9 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
 
     v0, v1 = 1_000, 50_000
     if cuda:
-        replicated_elem_s = _grown_slope(lambda v: dense_step(v, n0), v0, GPU_MAX_ELEMS // dim, sync,
+        replicated_elem_s = grown_slope(lambda v: dense_step(v, n0), v0, GPU_MAX_ELEMS // dim, kernels,
                                          "replicated rows") / dim
-        dense_lookup_s = _grown_slope(lambda n: dense_step(v0, n), n0, max_ids, sync, "replicated lookup ids")
+        dense_lookup_s = grown_slope(lambda n: dense_step(v0, n), n0, max_ids, kernels, "replicated lookup ids")
     else:
         t_d00, t_d10 = _timed(dense_step(v0, n0), sync), _timed(dense_step(v1, n0), sync)
         t_d01 = _timed(dense_step(v0, n1), sync)
@@ -265,7 +244,7 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
         return step
 
     if cuda:
-        pool_s = _grown_slope(pool_step, n0, max_ids, sync, "pooled ids")
+        pool_s = grown_slope(pool_step, n0, max_ids, kernels, "pooled ids")
     else:
         t_p0, t_p1 = _timed(pool_step(n0), sync), _timed(pool_step(n1), sync)
         pool_s = max((t_p1 - t_p0) / (n1 - n0), 0.0)
