@@ -2,9 +2,14 @@
 
 The data is uploaded to the bucket, the job reads it there (schema, footers, the statistics
 pass, Ray Data), writes plan.json/stats.json and its checkpoints there (Ray Train uploads them),
-keeps MLflow in a local sqlite file, and a second job resumes from the first one's checkpoint by
-its s3:// URI. Its model is exported to the bucket and scores the bucket's validation split into it. The fake secret key reaches the driver and the workers only through the
-environment, and appears in no output, Ray log or MLflow record.
+keeps MLflow in a local sqlite file. A real failure: one worker process SIGKILLs itself mid-epoch;
+Ray Train restarts the group, which resumes from the newest checkpoint in the bucket and redoes only
+the steps after it. A second job resumes from that same checkpoint by its s3:// URI and must end with
+the killed job's weights, bit for bit. Its model is exported to the bucket and scores the bucket's
+validation split into it. The fake secret key reaches the driver and the workers only through the
+environment, and appears in no output, Ray log or MLflow record. (A damaged newest checkpoint under a
+restarted group is tests/unit/test_checkpoint_retry.py; a node removed under an elastic job is
+tests/cluster/test_elastic_node_loss.py.)
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from mlflow.tracking import MlflowClient
 from sklearn.metrics import roc_auc_score
 
 from rayemb import storage
+from rayemb.checkpoint.export import unsharded_state
+from rayemb.checkpoint.store import checkpoints_newest_first
 from rayemb.publish import resolve
 from rayemb.cli import main as rayemb_main
 from rayemb.config import load_config
@@ -32,6 +39,8 @@ from rayemb.serve.model import InferenceModel
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 BUCKET = "rayemb-jobs"
+#: checkpoints every EVERY steps of the 40-step epoch; the first job's worker kills itself at KILL_AT
+EVERY, KILL_AT = 20, 30
 REPO = str(Path(__file__).resolve().parents[2])
 
 
@@ -70,7 +79,8 @@ def _cfg(tmp_path, *extra):
         f"data.path=s3://{BUCKET}/data", f"tracking.output_dir=s3://{BUCKET}/runs",
         f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db", "tracking.experiment=s3",
         "data.batch_size=256", "train.epochs=1", "train.max_steps_per_epoch=40", "train.log_every_n_steps=10",
-        "planner.calibrate=false", "data.in_memory=true", *extra])
+        "planner.calibrate=false", "data.in_memory=true", f"train.checkpoint_every_n_steps={EVERY}",
+        "scaling.max_failures=2", *extra])
 
 
 def _texts(root: Path):
@@ -82,7 +92,14 @@ def _texts(root: Path):
                 continue
 
 
-def test_job_reads_writes_and_resumes_on_s3(s3_ray, tiny_data, tmp_path, capfd, caplog):
+def _logged_steps(result):
+    steps = [r["step"] for r in result.reports if "train_loss" in r]
+    return {s: steps.count(s) for s in sorted(set(steps))}
+
+
+def test_job_reads_writes_survives_a_killed_worker_and_resumes_on_s3(s3_ray, tiny_data, tmp_path, capfd, caplog,
+                                                                     monkeypatch):
+    from rayemb.constants import FAULT_INJECTION_ENV_VAR
     from rayemb.train.trainer import run_training
 
     server, session_dir, workspace = s3_ray
@@ -95,10 +112,16 @@ def test_job_reads_writes_and_resumes_on_s3(s3_ray, tiny_data, tmp_path, capfd, 
 
     storage.upload_dir(tiny_data, f"s3://{BUCKET}/data")
 
+    marker = tmp_path / "killed"
+    monkeypatch.setenv(FAULT_INJECTION_ENV_VAR, f"{KILL_AT}:{marker}:kill")
     first = run_training(_cfg(tmp_path))
-    assert first.status == "FINISHED" and first.metrics["valid_auc"] > 0.6, first.metrics
-    assert first.metrics["resumed_at_step"] == -1
+    monkeypatch.delenv(FAULT_INJECTION_ENV_VAR)
+    assert marker.exists() and first.status == "FINISHED" and first.metrics["valid_auc"] > 0.6, first.metrics
     assert first.tracking_uri == f"sqlite:///{tmp_path}/mlflow.db"
+    # attempt 1 logged 10 and 20 and died at 30 (after the step-20 checkpoint); attempt 2 redid 21..40 only
+    assert _logged_steps(first) == {10: 1, 20: 1, 30: 1, 40: 1}, _logged_steps(first)
+    end = [r for r in first.reports if r.get("epoch_end")]
+    assert [(r["step"], r["resumed_at_step"]) for r in end] == [(40, EVERY)]
 
     # checkpoints (meta.json + one .distcp per rank) are in the bucket, named by their s3:// URI
     last = first.last_checkpoint
@@ -132,15 +155,24 @@ def test_job_reads_writes_and_resumes_on_s3(s3_ray, tiny_data, tmp_path, capfd, 
     assert model["meta"]["step"] == 40 and len(model["tables"]) == 8
     assert model["tables"]["C1"]["weight"].shape == (meta["tables"]["C1"]["num_embeddings"], 16)
 
-    # a second job continues the first from its s3:// checkpoint, reusing its s3:// stats.json (same data)
+    # a second job resumes from the checkpoint the restarted group resumed from, by its s3:// URI, reusing the
+    # first job's s3:// stats.json (same data): a clean resume ends with the killed job's weights
+    by_step = {json.loads(storage.read_text(c + "/meta.json"))["step"]: c
+               for c in checkpoints_newest_first(last.rsplit("/", 1)[0])}
+    assert {EVERY, 40} <= set(by_step), sorted(by_step)
     stats_uri = f"s3://{BUCKET}/runs/jobs/{job_id}/stats.json"
     with caplog.at_level(logging.INFO, logger="rayemb.data.stats_io"):
-        second = run_training(_cfg(tmp_path, "train.epochs=2", f"train.resume_from={last}",
-                                   f"data.stats_path={stats_uri}"))
+        second = run_training(_cfg(tmp_path, f"train.resume_from={by_step[EVERY]}", f"data.stats_path={stats_uri}"))
     assert f"reusing {stats_uri}" in caplog.text
-    assert second.status == "FINISHED" and second.metrics["resumed_at_step"] == 40, second.metrics
+    assert second.status == "FINISHED" and second.metrics["resumed_at_step"] == EVERY, second.metrics
     assert second.last_checkpoint.startswith(prefix) and second.last_checkpoint != last
-    assert json.loads(storage.read_text(second.last_checkpoint + "/meta.json"))["step"] == 80
+    killed_state, clean_state = unsharded_state(last), unsharded_state(second.last_checkpoint)
+    assert killed_state["meta"]["step"] == clean_state["meta"]["step"] == 40
+    for name, states in killed_state["tables"].items():
+        for state, tensor in states.items():
+            assert torch.equal(tensor, clean_state["tables"][name][state]), (name, state)
+    for key, tensor in killed_state["dense"].items():
+        assert torch.equal(tensor, clean_state["dense"][key]), key
 
     # the model goes to the bucket and scores data there: export by run id, predict from and to s3://
     model_uri, preds = f"s3://{BUCKET}/models/synth", f"s3://{BUCKET}/preds"
