@@ -1,5 +1,8 @@
 """The statistics pass of a dataset split: one streaming Ray Data pass, :func:`compute_stats`.
 
+(A split small enough to read in well under the time Ray Data's tasks take to start is summarised by the same
+per-file code in the calling process.)
+
 The split stage (:mod:`rayemb.planner.split`) needs, per sparse table, how often
 each hot id occurs; the planner needs cardinalities and pooling factors. On data
 that may hold billions of rows this must be one distributed, streaming pass with
@@ -28,7 +31,7 @@ import logging
 import pickle
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 #: rows decoded and summarised at once by one task (26 int64 tables: ~110 MB)
 DEFAULT_ROWS_PER_READ = 1 << 19
+#: a split of at most this many rows (from the parquet footers) is summarised in this process: reading it takes
+#: well under the seconds that starting Ray Data's tasks and their worker processes costs
+IN_PROCESS_MAX_ROWS = 250_000
 
 
 # ---- PER-BLOCK PASS ---- #
@@ -180,6 +186,7 @@ def compute_stats(
     num_heavy_hitters: int = DEFAULT_NUM_HEAVY_HITTERS,
     progress: bool = False,
     tables: bool = True,
+    in_process: Optional[bool] = None,
 ) -> DatasetStats:
     """Computes the statistics of ``data_dir/split`` (what stats.json holds) in one streaming Ray Data pass.
 
@@ -196,13 +203,13 @@ def compute_stats(
     Otherwise each table keeps a Misra–Gries summary of ``num_heavy_hitters``
     counters. ``data_dir`` may be a URI (``s3://bucket/data``; the Ray tasks read
     through :mod:`rayemb.storage` with the credentials of their environment).
-    Starts Ray (:func:`rayemb._ray.init_ray`) only when it is not running. Checks
+    ``in_process``: summarise the files in this process instead (same summaries, no Ray); by default a split of
+    at most :data:`IN_PROCESS_MAX_ROWS` rows is. Starts Ray (:func:`rayemb._ray.init_ray`), for the Ray Data
+    pass, only when it is not running. Checks
     the columns first (missing column / wrong type: :class:`DataError` naming it).
     Out-of-range ids are counted, not fatal: apply
     :func:`rayemb.data.checks.check_ids` with the job's ``data.id_policy``.
     """
-    import ray
-
     if num_heavy_hitters < 1:
         raise DataError(f"num_heavy_hitters={num_heavy_hitters}: keep at least one heavy-hitter counter per table.")
     schema = DatasetSchema.load(data_dir)
@@ -210,48 +217,29 @@ def compute_stats(
     files = parquet_files(data_dir, split)
     fingerprint = dataset_fingerprint(data_dir, split)
     features = [(f.name, int(f.num_embeddings), bool(f.multi_hot)) for f in schema.sparse] if tables else []
-    total_rows = 0
-    if progress:
-        total_rows = count_rows(data_dir, split)  # footers only (concurrently for remote files)
-    init_ray()
-    ctx = ray.data.DataContext.get_current()
-    old_bars = ctx.enable_progress_bars
-    ctx.enable_progress_bars = False
+    total_rows = count_rows(data_dir, split)  # footers only (concurrently for remote files)
+    if in_process is None:
+        in_process = total_rows <= IN_PROCESS_MAX_ROWS
+    summarize_kwargs = {"features": features, "capacity": None if exact else num_heavy_hitters,
+                        "rows_per_read": DEFAULT_ROWS_PER_READ, "label": schema.label, "dense": list(schema.dense)}
     t0 = time.monotonic()
     merger = _TreeMerger()
     value_summary = ValueSummary()
     rows = values = blocks = 0
     last_print = t0
     try:
-        # A dataset of file paths whose map tasks read with pyarrow directly: Ray Data's read_parquet decodes
-        # several times slower than ParquetFile.iter_batches, and reading dominated the pass (jobs/bench/stats.py).
-        # A few files per task (about 4 tasks per CPU) so per-task overhead stays small next to the work.
-        cpus = max(1, int(ray.available_resources().get("CPU", 1)))
-        num_blocks = max(1, min(len(files), 4 * cpus))
-        ds = ray.data.from_items([{"path": p} for p in files], override_num_blocks=num_blocks).map_batches(
-            _summarize_files,
-            batch_size=None,
-            batch_format="pyarrow",
-            fn_kwargs={
-                "features": features,
-                "capacity": None if exact else num_heavy_hitters,
-                "rows_per_read": DEFAULT_ROWS_PER_READ,
-                "label": schema.label,
-                "dense": list(schema.dense),
-            },
-        )
-        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
-            for blob in batch.column("summary").to_pylist():
-                loaded = pickle.loads(blob)
-                if isinstance(loaded, DataError):  # an unreadable file, named
-                    raise loaded
-                part, file_values = loaded
-                rows += file_values.rows
-                values += sum(s.values for s in part.values())
-                blocks += 1
-                value_summary = value_summary + file_values
-                if part:
-                    merger.push(part)
+        for blob in (_summaries_here(files, summarize_kwargs) if in_process
+                     else _summaries_on_ray(files, summarize_kwargs)):
+            loaded = pickle.loads(blob)
+            if isinstance(loaded, DataError):  # an unreadable file, named
+                raise loaded
+            part, file_values = loaded
+            rows += file_values.rows
+            values += sum(s.values for s in part.values())
+            blocks += 1
+            value_summary = value_summary + file_values
+            if part:
+                merger.push(part)
             if progress and time.monotonic() - last_print >= 2.0:
                 last_print = time.monotonic()
                 _print_progress(rows, total_rows, values, t0)
@@ -260,8 +248,6 @@ def compute_stats(
         if user_error is not None:
             raise user_error from None
         raise
-    finally:
-        ctx.enable_progress_bars = old_bars
     merged = merger.result()
     elapsed = time.monotonic() - t0
     if merged is None:  # files with zero rows
@@ -270,7 +256,8 @@ def compute_stats(
         }
     if progress:
         _print_progress(rows, total_rows or rows, values, t0)
-    logger.info("stats of %s/%s: %d rows, %d blocks, %.1f s", redact_uri(data_dir), split, rows, blocks, elapsed)
+    logger.info("stats of %s/%s: %d rows, %d blocks, %.1f s%s", redact_uri(data_dir), split, rows, blocks, elapsed,
+                " (in this process)" if in_process else "")
     return DatasetStats(
         rows=int(rows),
         fingerprint=fingerprint,
@@ -284,4 +271,32 @@ def compute_stats(
     )
 
 
-__all__ = ["compute_stats", "DEFAULT_ROWS_PER_READ"]
+def _summaries_here(files: Sequence[str], kwargs: Dict[str, Any]) -> Iterator[bytes]:
+    """Each file's pickled summaries, computed in this process (a small split)."""
+    for path in files:
+        yield from _summarize_files(pa.table({"path": [path]}), **kwargs).column("summary").to_pylist()
+
+
+def _summaries_on_ray(files: Sequence[str], kwargs: Dict[str, Any]) -> Iterator[bytes]:
+    """Each file's pickled summaries, computed by Ray Data map tasks across the cluster, as they stream in."""
+    import ray
+
+    init_ray()
+    ctx = ray.data.DataContext.get_current()
+    old_bars = ctx.enable_progress_bars
+    ctx.enable_progress_bars = False
+    try:
+        # A dataset of file paths whose map tasks read with pyarrow directly: Ray Data's read_parquet decodes
+        # several times slower than ParquetFile.iter_batches, and reading dominated the pass (jobs/bench/stats.py).
+        # A few files per task (about 4 tasks per CPU) so per-task overhead stays small next to the work.
+        cpus = max(1, int(ray.available_resources().get("CPU", 1)))
+        num_blocks = max(1, min(len(files), 4 * cpus))
+        ds = ray.data.from_items([{"path": p} for p in files], override_num_blocks=num_blocks).map_batches(
+            _summarize_files, batch_size=None, batch_format="pyarrow", fn_kwargs=kwargs)
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
+            yield from batch.column("summary").to_pylist()
+    finally:
+        ctx.enable_progress_bars = old_bars
+
+
+__all__ = ["compute_stats", "DEFAULT_ROWS_PER_READ", "IN_PROCESS_MAX_ROWS"]

@@ -18,8 +18,13 @@ def plot_frequencies(stats: DatasetStats, png_path: str) -> str:
     names = list(stats.tables)
     cols = max(1, math.ceil(math.sqrt(len(names))))
     grid_rows = max(1, math.ceil(len(names) / cols))
+    from matplotlib.ticker import LogFormatter, LogLocator, NullLocator
+
     fig = Figure(figsize=(2.6 * cols, 2.1 * grid_rows))
     FigureCanvasAgg(fig)
+    # fixed margins and a few plain major ticks: tight_layout and the mathtext labels of log axes' many
+    # ticks took seconds per chart, longer than the rest of a small job's set-up
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.05, top=1 - 0.35 / grid_rows, wspace=0.35, hspace=0.55)
     for i, name in enumerate(names):
         ax = fig.add_subplot(grid_rows, cols, i + 1)
         t = stats.tables[name]
@@ -27,10 +32,13 @@ def plot_frequencies(stats: DatasetStats, png_path: str) -> str:
         counts = counts[counts > 0]
         if counts.size:
             ax.loglog(np.arange(1, counts.size + 1), counts, lw=1.2)
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(LogLocator(numticks=4))
+            axis.set_major_formatter(LogFormatter(labelOnlyBase=True))
+            axis.set_minor_locator(NullLocator())
         ax.set_title(f"{name} (V={t.num_embeddings})", fontsize=8)
         ax.tick_params(labelsize=6)
     fig.suptitle(f"id frequency by rank ({stats.rows:,} rows)", fontsize=10)
-    fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
     fig.savefig(png_path, dpi=90)
     return png_path

@@ -159,6 +159,8 @@ class RankBatches:
         self.split, self.rank, self.cpus_per_worker = split, rank, cpus_per_worker
         self.seed, self.shuffle = seed, shuffle
         self._cache: Optional[List[Any]] = None
+        self._loading: Optional[threading.Thread] = None
+        self._load_error: Optional[BaseException] = None
         #: seconds the last full read of the shard took (in memory: the one load)
         self.load_seconds = 0.0
 
@@ -203,14 +205,37 @@ class RankBatches:
             pre.close()
             self.load_seconds = time.monotonic() - t0
 
+    def preload(self) -> None:
+        """In memory: start reading and converting the shard now, in the background; the first :meth:`epoch`
+        waits for it. A split needed only later (validation) is then read while the one needed first is, not
+        after it."""
+        if self.in_memory and self._cache is None and self._loading is None:
+            self._loading = threading.Thread(target=self._load, name=f"rayemb-load-{self.split}", daemon=True)
+            self._loading.start()
+
+    def _load(self) -> None:
+        try:
+            cache = list(self._stream())
+        except BaseException as e:  # noqa: BLE001 - raised where the batches are wanted (epoch)
+            self._load_error = e
+            return
+        logger.info("rank %d: %d %s batches held in memory (read and converted in %.1f s)", self.rank,
+                    len(cache), self.split, self.load_seconds)
+        self._cache = cache
+
     def epoch(self, epoch: int) -> Iterator[Any]:
         """This epoch's batches: streamed, or (in memory) loaded on first use and reordered per epoch."""
         if not self.in_memory:
             return self._stream()
         if self._cache is None:
-            self._cache = list(self._stream())
-            logger.info("rank %d: %d %s batches held in memory (read and converted in %.1f s)", self.rank,
-                        len(self._cache), self.split, self.load_seconds)
+            if self._loading is None:
+                self._load()
+            else:
+                self._loading.join()
+                self._loading = None
+            if self._load_error is not None:
+                error, self._load_error = self._load_error, None
+                raise error
         if not self.shuffle:
             return iter(self._cache)
         order = np.random.default_rng((self.seed, epoch)).permutation(len(self._cache))

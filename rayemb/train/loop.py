@@ -181,6 +181,13 @@ def steps_for_world(train_rows: int, world: int, cfg: JobConfig) -> int:
     return min(steps, cfg.train.max_steps_per_epoch) if cfg.train.max_steps_per_epoch else steps
 
 
+def _fetched(value: Any) -> Any:
+    """``value``, or the object it references when it travelled as a Ray object-store reference."""
+    import ray
+
+    return ray.get(value) if isinstance(value, ray.ObjectRef) else value
+
+
 def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
@@ -215,7 +222,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         logger.info("%d ranks, %d torch thread(s) each, device %s", world, threads, device)
 
     # an elastic group restarted on fewer ranks takes the plan made for its size (hot set and shards)
-    job_plan = (loop_config.get("plans") or {}).get(world, loop_config["plan"])
+    plans = _fetched(loop_config.get("plans")) or {}
+    job_plan = plans[world] if world in plans else _fetched(loop_config["plan"])
     model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device)
     instrument_ddp(model)
     # the next batch's input exchange starts before this batch's backward (rayemb.embedding.prefetch)
@@ -232,6 +240,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     valid_data = RankBatches(ray.train.get_dataset_shard("valid"), cfg.data.batch_size,
                              functools.partial(converter, pad_to=cfg.data.batch_size), split="valid",
                              shuffle=False, drop_last=False, **data_args)
+    valid_data.preload()  # in memory: read while the train split is, ready for the first validation
     global_batch = cfg.data.batch_size * world
     log_every = cfg.train.log_every_n_steps
 

@@ -4,8 +4,10 @@
 
     check_inputs(cfg)                      -> JobInputs    config, schema.yaml, every parquet footer, pins, steps,
                                                            the checkpoint to resume from
-    compute_statistics(inputs, topology)   -> (DatasetStats, split)   one Ray Data pass; labels, dense, ids checked
-    plan_job(inputs, topology, stats, split) -> PlannedJob  the cost-model plan (a Ray task)
+    compute_statistics(inputs, topology)   -> (DatasetStats, split)   one pass (Ray Data; a small split here);
+                                                           labels, dense, ids checked
+    plan_job(inputs, topology, stats, split) -> PlannedJob  the cost-model plan (a Ray task, or here when this
+                                                           process has TorchRec loaded)
     start_tracking(inputs, planned)        -> Tracking     the MLflow run, params, config, plan/stats artifacts
     train(inputs, planned, tracking)       -> TrainResult  Ray Train workers; the run ends FINISHED or FAILED
 
@@ -13,7 +15,8 @@ Everything that can fail because of user input is found by the first three
 stages, before any output is written, and raises a
 :class:`~rayemb.errors.RayembError` naming the input and the fix. Errors a
 worker finds (a diverging loss, a checkpoint of another plan) come back as the
-same errors and mark the MLflow run FAILED with the reason.
+same errors and mark the MLflow run FAILED with the reason. The records the
+stages hand on are :mod:`rayemb.train.job_types`.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from rayemb._ray import init_ray
@@ -42,78 +45,10 @@ from rayemb.train.outputs import JobOutputs, check_output_dir, read_splits, trac
 from rayemb.train.plan_probe import placement_counts as _placement_counts
 from rayemb.train.resources import WorkerResources, worker_resources
 from rayemb.train.resume import check_resume_from, fault_injection
+from rayemb.train.job_types import MEASURED_PLAN_KEYS, JobInputs, PlannedJob, Tracking, TrainResult
 from rayemb.train.sharding import pins_of
 
 logger = logging.getLogger(__name__)
-
-#: plan.json entries measured or predicted at job start, left out of the plan fingerprint
-MEASURED_PLAN_KEYS = ("calibration", "predicted_step_time_s", "predicted_step_time_components_s",
-                      "probed_step_time_s", "plan_probe")
-
-
-@dataclass(frozen=True)
-class JobInputs:
-    """A job's checked inputs: nothing past this point can fail on the config or the dataset's files."""
-
-    cfg: JobConfig
-    data_dir: str
-    out_dir: str
-    schema: DatasetSchema
-    train_rows: int
-    valid_rows: int
-    steps_per_epoch: int
-    #: (directory, meta.json) of train.resume_from, checked against the schema (None: not resuming)
-    resume: Optional[Tuple[str, Dict[str, Any]]] = None
-
-    @property
-    def world_size(self) -> int:
-        return self.cfg.scaling.num_workers
-
-
-@dataclass(frozen=True)
-class PlannedJob:
-    topology: Any
-    stats: Any  # rayemb.data.stats_types.DatasetStats
-    split: Any  # rayemb.planner.split.Split
-    job_plan: Any  # rayemb.train.sharding.JobPlan (TorchRec plan of the real model)
-    fingerprint: str
-    #: CPUs per worker, in-memory data, warnings (rayemb.train.resources.WorkerResources)
-    resources: Any = None
-    #: (directory, meta.json) of train.resume_from (JobInputs.resume)
-    resume: Optional[Tuple[str, Dict[str, Any]]] = None
-    #: world size -> JobPlan: the planned world, and each smaller one an elastic job may restart at
-    plans_by_world: Dict[int, Any] = field(default_factory=dict)
-
-    @property
-    def summary(self) -> Dict[str, Any]:
-        return self.job_plan.summary
-
-
-@dataclass(frozen=True)
-class Tracking:
-    run_logger: Any  # rayemb.tracking.RunLogger, started
-    tracking_uri: str
-    job_id: str
-    #: this job's local copies of what it logs
-    job_dir: str
-    #: where its files, checkpoints and local copies go (tracking.output_dir may be a URI)
-    outputs: Any = None
-
-
-@dataclass
-class TrainResult:
-    run_id: Optional[str]
-    tracking_uri: str
-    status: str
-    metrics: Dict[str, float] = field(default_factory=dict)
-    reports: List[Dict[str, Any]] = field(default_factory=list)
-    plan: Dict[str, Any] = field(default_factory=dict)
-    wall_time_s: float = 0.0
-    #: the retained checkpoint with the best validation AUC (an epoch end)
-    best_checkpoint: Optional[str] = None
-    #: the newest checkpoint (what --resume-from takes to continue this job)
-    last_checkpoint: Optional[str] = None
-
 
 def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainResult:
     """Runs one training job on the current (or a new local) Ray cluster; returns when it ends."""
@@ -205,7 +140,8 @@ def compute_statistics(inputs: JobInputs, topology: Any) -> Tuple[Any, Any]:
 
 
 def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> PlannedJob:
-    """The cost-model plan of the real model, made in a Ray task (TorchRec loads there, not in the driver)."""
+    """The cost-model plan of the real model, made in a Ray task (TorchRec loads there, not in the driver,
+    unless the driver has it loaded already)."""
     import ray
 
     cfg = inputs.cfg
@@ -219,8 +155,10 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
           f"B={split.global_batch_size}):\n{split.summary_table()}", flush=True)
 
     def plan_for(config: JobConfig, plan_split: Any = None, topo: Any = topology) -> Any:
-        return ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(config, inputs.schema, stats, plan_split or split,
-                                                                      topo, calibration))
+        args = (config, inputs.schema, stats, plan_split or split, topo, calibration)
+        if "torchrec" in sys.modules:  # a caller that has TorchRec loaded already: no worker to start and load it
+            return _plan_remote(*args)
+        return ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(*args))
 
     try:
         job_plan = plan_for(cfg)
@@ -418,7 +356,9 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
-            "job": cfg, "schema": inputs.schema, "plan": planned.job_plan, "plans": planned.plans_by_world,
+            # by reference: Ray Train's controller unpickles this config, and the plans would import TorchRec there
+            "job": cfg, "schema": inputs.schema, "plan": ray.put(planned.job_plan),
+            "plans": ray.put(planned.plans_by_world),
             "train_rows": inputs.train_rows,
             "checkpoint_root": tracking.outputs.checkpoint_root,
             "metrics_queue": queue, "fault_injection": fault_injection(), "plan_fingerprint": planned.fingerprint,

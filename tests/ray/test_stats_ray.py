@@ -49,7 +49,7 @@ def oracle(data_dir, name, multi_hot=False):
 
 def test_approximate_pass_meets_error_bound(ray_local, zipf_data):
     k = 64
-    stats = compute_stats(zipf_data, num_heavy_hitters=k)
+    stats = compute_stats(zipf_data, num_heavy_hitters=k, in_process=False)
     assert stats.to_dict()["schema_version"] == 1 and stats.rows == 39_600  # 90 % train split
     assert stats.fingerprint == dataset_fingerprint(zipf_data)
     exercised = 0
@@ -70,8 +70,9 @@ def test_approximate_pass_meets_error_bound(ray_local, zipf_data):
     assert exercised >= 2  # the big tables really were truncated
 
 
-def test_exact_pass_equals_numpy(ray_local, zipf_data):
-    stats = compute_stats(zipf_data, exact=True)
+@pytest.mark.parametrize("in_process", [False, True], ids=["ray-data", "in-process"])
+def test_exact_pass_equals_numpy(ray_local, zipf_data, in_process):
+    stats = compute_stats(zipf_data, exact=True, in_process=in_process)
     for name, t in stats.tables.items():
         u, c = oracle(zipf_data, name)
         order = np.lexsort((u, -c))
@@ -109,8 +110,9 @@ def ragged_data(tmp_path_factory):
     return out
 
 
-def test_multi_hot_nulls_empty_bags_and_invalid_ids(ray_local, ragged_data):
-    stats = compute_stats(ragged_data, exact=True)
+@pytest.mark.parametrize("in_process", [False, True], ids=["ray-data", "in-process"])
+def test_multi_hot_nulls_empty_bags_and_invalid_ids(ray_local, ragged_data, in_process):
+    stats = compute_stats(ragged_data, exact=True, in_process=in_process)
     tab = pq.read_table(parquet_files(ragged_data))
     c1 = tab.column("C1").combine_chunks()
     flat = c1.flatten()

@@ -43,6 +43,27 @@ def test_in_memory_reads_once_and_reorders_each_epoch_reproducibly():
     assert list(_batches(_Shard(20)).epoch(1)) == e1  # ... that the seed reproduces
 
 
+def test_a_preloaded_split_is_read_in_the_background_while_another_is():
+    first, second = _Shard(10, delay_s=0.6), _Shard(10, delay_s=0.6)
+    later = _batches(second, split="valid", shuffle=False)
+    t0 = time.monotonic()
+    later.preload()
+    assert sorted(_batches(first).epoch(0)) == [10 * i for i in range(10)]
+    assert list(later.epoch(0)) == [10 * i for i in range(10)] and list(later.epoch(1)) == list(later.epoch(0))
+    assert time.monotonic() - t0 < 1.1  # the two 0.6 s reads overlapped
+    assert second.passes == 1 and len(later) == 10
+
+
+def test_a_preload_error_is_raised_where_the_batches_are_wanted():
+    data = _batches(_Shard(5, fail_at=2), split="valid")
+    data.preload()
+    with pytest.raises(ValueError, match="corrupt row group"):
+        data.epoch(0)
+    streamed = _batches(_Shard(3), in_memory=False)
+    streamed.preload()  # nothing to hold: streamed data is read when iterated
+    assert streamed._loading is None and list(streamed.epoch(0)) == [0, 10, 20]
+
+
 def test_streamed_reads_every_epoch_in_order():
     shard = _Shard(6)
     data = _batches(shard, in_memory=False)
