@@ -379,7 +379,8 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
             # the newest few: a corrupt newest one falls back to the one before (rayemb.train.resume)
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
         ),
-        datasets=read_splits(parquet_files(data_dir, TRAIN_SPLIT), parquet_files(data_dir, VALID_SPLIT)),
+        datasets=read_splits(parquet_files(data_dir, TRAIN_SPLIT), parquet_files(data_dir, VALID_SPLIT),
+                             rows={"train": inputs.train_rows, "valid": inputs.valid_rows}),
         dataset_config=ValidationDataConfig(),  # the valid split is split without dropping a row
     )
 

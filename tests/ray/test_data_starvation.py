@@ -10,9 +10,12 @@ from rayemb.config import load_config
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def test_starved_workers_fail_fast_with_the_cause(ray_2_cpus, tiny_data, tmp_path, capsys):
+def test_starved_workers_fail_fast_with_the_cause(ray_2_cpus, tiny_data, tmp_path, capsys, monkeypatch):
     from rayemb.errors import DataError
+    from rayemb.train import outputs
     from rayemb.train.trainer import run_training
+
+    monkeypatch.setattr(outputs, "DRIVER_READ_MAX_ROWS", 0)  # Ray Data's read tasks, as for a large dataset
 
     # 2 workers x 1 CPU on a 2-CPU cluster: nothing left for Ray Data's read tasks. max_failures=2 would
     # restart the group twice on the same starvation; a user error must end the run at once instead.

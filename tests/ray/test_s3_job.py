@@ -1,7 +1,8 @@
 """A job whose data, outputs and checkpoints live on a real S3-compatible server (moto on 127.0.0.1).
 
 The data is uploaded to the bucket, the job reads it there (schema, footers, the statistics
-pass, Ray Data), writes plan.json/stats.json and its checkpoints there (Ray Train uploads them),
+pass, its splits; this small dataset through the driver, and Ray Data's read tasks read the bucket when
+`rayemb predict` scores it), writes plan.json/stats.json and its checkpoints there (Ray Train uploads them),
 keeps MLflow in a local sqlite file. A real failure: one worker process SIGKILLs itself mid-epoch;
 Ray Train restarts the group, which resumes from the newest checkpoint in the bucket and redoes only
 the steps after it. A second job resumes from that same checkpoint by its s3:// URI and must end with
