@@ -26,6 +26,11 @@ MIN_SYNTH_CARDINALITY = 3
 WORKSPACE_ENV_VAR = "RAYEMB_WORKSPACE"
 TRACKING_URI_ENV_VAR = "MLFLOW_TRACKING_URI"
 
+# ---- DATA ---- #
+#: a split of at most this many rows (from the parquet footers) is read in the driver, for the statistics pass and
+#: for the workers' blocks: starting Ray Data's tasks, and the worker processes they run in, takes longer
+SMALL_SPLIT_MAX_ROWS = 250_000
+
 # ---- TRAINING ---- #
 #: CPUs kept free for Ray Data read tasks when workers get fractional CPUs.
 RESERVED_DATA_CPUS = 1.0

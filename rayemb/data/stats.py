@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from rayemb import storage
 from rayemb._ray import init_ray
-from rayemb.constants import TRAIN_SPLIT
+from rayemb.constants import SMALL_SPLIT_MAX_ROWS, TRAIN_SPLIT
 from rayemb.data.checks import ValueSummary
 from rayemb.data.fingerprint import dataset_fingerprint
 from rayemb.data.schema import DatasetSchema, check_parquet_columns, count_rows, parquet_files
@@ -53,9 +53,6 @@ logger = logging.getLogger(__name__)
 
 #: rows decoded and summarised at once by one task (26 int64 tables: ~110 MB)
 DEFAULT_ROWS_PER_READ = 1 << 19
-#: a split of at most this many rows (from the parquet footers) is summarised in this process: reading it takes
-#: well under the seconds that starting Ray Data's tasks and their worker processes costs
-IN_PROCESS_MAX_ROWS = 250_000
 
 
 # ---- PER-BLOCK PASS ---- #
@@ -204,8 +201,8 @@ def compute_stats(
     counters. ``data_dir`` may be a URI (``s3://bucket/data``; the Ray tasks read
     through :mod:`rayemb.storage` with the credentials of their environment).
     ``in_process``: summarise the files in this process instead (same summaries, no Ray); by default a split of
-    at most :data:`IN_PROCESS_MAX_ROWS` rows is. Starts Ray (:func:`rayemb._ray.init_ray`), for the Ray Data
-    pass, only when it is not running. Checks
+    at most :data:`~rayemb.constants.SMALL_SPLIT_MAX_ROWS` rows is. Starts Ray (:func:`rayemb._ray.init_ray`),
+    for the Ray Data pass, only when it is not running. Checks
     the columns first (missing column / wrong type: :class:`DataError` naming it).
     Out-of-range ids are counted, not fatal: apply
     :func:`rayemb.data.checks.check_ids` with the job's ``data.id_policy``.
@@ -219,7 +216,7 @@ def compute_stats(
     features = [(f.name, int(f.num_embeddings), bool(f.multi_hot)) for f in schema.sparse] if tables else []
     total_rows = count_rows(data_dir, split)  # footers only (concurrently for remote files)
     if in_process is None:
-        in_process = total_rows <= IN_PROCESS_MAX_ROWS
+        in_process = total_rows <= SMALL_SPLIT_MAX_ROWS
     summarize_kwargs = {"features": features, "capacity": None if exact else num_heavy_hitters,
                         "rows_per_read": DEFAULT_ROWS_PER_READ, "label": schema.label, "dense": list(schema.dense)}
     t0 = time.monotonic()
@@ -299,4 +296,4 @@ def _summaries_on_ray(files: Sequence[str], kwargs: Dict[str, Any]) -> Iterator[
         ctx.enable_progress_bars = old_bars
 
 
-__all__ = ["compute_stats", "DEFAULT_ROWS_PER_READ", "IN_PROCESS_MAX_ROWS"]
+__all__ = ["compute_stats", "DEFAULT_ROWS_PER_READ"]

@@ -14,12 +14,11 @@ def plot_frequencies(stats: DatasetStats, png_path: str) -> str:
     """Log-log rank/count plot of every table's heavy hitters, one panel per table in a grid."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import LogFormatter, LogLocator, NullLocator
 
     names = list(stats.tables)
     cols = max(1, math.ceil(math.sqrt(len(names))))
     grid_rows = max(1, math.ceil(len(names) / cols))
-    from matplotlib.ticker import LogFormatter, LogLocator, NullLocator
-
     fig = Figure(figsize=(2.6 * cols, 2.1 * grid_rows))
     FigureCanvasAgg(fig)
     # fixed margins and a few plain major ticks: tight_layout and the mathtext labels of log axes' many

@@ -185,7 +185,7 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
 
     cuda = device.type == "cuda"
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
-    kernels = lambda fn: gpu_timed(fn, device)  # noqa: E731 - the grown probes' timer
+    kernels = lambda fn: gpu_timed(fn, device, REPEATS)  # noqa: E731 - the grown probes' timer
     gen = torch.Generator(device="cpu").manual_seed(0)
     # on a GPU a table larger than its L2 cache, as real ones are; the probe sizes grow too (gpu_timing.grown_slope)
     max_ids = min(GPU_MAX_IDS, GPU_MAX_ELEMS // dim)

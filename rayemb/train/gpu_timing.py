@@ -14,8 +14,6 @@ from typing import Any, Callable
 
 logger = logging.getLogger("rayemb.train.calibrate")
 
-#: timed calls per probe size (the median is kept)
-GPU_REPEATS = 7
 #: The CPU's probe sizes (256 vs 8192 ids, 1k vs 50k replicated rows) are too small to time on a GPU. On CUDA
 #: each probe grows by GPU_GROWTH from the CPU's small size until its kernels take GPU_TIME_RATIO x the small
 #: size's time, capped so that no probe tensor exceeds GPU_MAX_ELEMS floats (256 MiB; about 1 GiB peak for all).
@@ -25,8 +23,9 @@ GPU_GROWTH = 4
 GPU_TIME_RATIO = 2.0
 
 
-def gpu_timed(fn: Callable[[], Any], device: Any, repeats: int = GPU_REPEATS) -> float:
-    """Median seconds of the GPU work that ``fn`` enqueues, without the host's time to launch it.
+def gpu_timed(fn: Callable[[], Any], device: Any, repeats: int) -> float:
+    """Median seconds, over ``repeats`` calls, of the GPU work that ``fn`` enqueues, without the host's time to
+    launch it.
 
     Each call is queued behind a sleep kernel that outlasts the host's enqueueing, so the CUDA events around
     the call time its kernels back to back. Wall-clock timing cannot see a kernel's work while the host's

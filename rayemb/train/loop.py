@@ -181,13 +181,6 @@ def steps_for_world(train_rows: int, world: int, cfg: JobConfig) -> int:
     return min(steps, cfg.train.max_steps_per_epoch) if cfg.train.max_steps_per_epoch else steps
 
 
-def _fetched(value: Any) -> Any:
-    """``value``, or the object it references when it travelled as a Ray object-store reference."""
-    import ray
-
-    return ray.get(value) if isinstance(value, ray.ObjectRef) else value
-
-
 def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
@@ -222,8 +215,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         logger.info("%d ranks, %d torch thread(s) each, device %s", world, threads, device)
 
     # an elastic group restarted on fewer ranks takes the plan made for its size (hot set and shards)
-    plans = _fetched(loop_config.get("plans")) or {}
-    job_plan = plans[world] if world in plans else _fetched(loop_config["plan"])
+    plans = ray.get(loop_config["plans"])  # both plans travel as object-store references (trainer._ray_trainer)
+    job_plan = plans[world] if world in plans else ray.get(loop_config["plan"])
     model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device)
     instrument_ddp(model)
     # the next batch's input exchange starts before this batch's backward (rayemb.embedding.prefetch)

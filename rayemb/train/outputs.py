@@ -36,7 +36,7 @@ from typing import Any, Dict, Optional
 
 from rayemb import storage
 from rayemb.config import resolve_path
-from rayemb.constants import TRACKING_URI_ENV_VAR
+from rayemb.constants import SMALL_SPLIT_MAX_ROWS, TRACKING_URI_ENV_VAR
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
 
@@ -152,23 +152,18 @@ class JobOutputs:
             print(f"rayemb: WARNING: job files not uploaded to {redact_uri(self.remote_job_dir)}: {e}", flush=True)
 
 
-#: a split of at most this many rows is read here and handed to Ray Data as in-memory blocks: starting Ray Data's
-#: read tasks, and the worker processes they run in, takes longer than reading it
-DRIVER_READ_MAX_ROWS = 250_000
-
-
 def read_splits(train_files: Any, valid_files: Any, rows: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
     """Ray Datasets of the parquet files of both splits; remote files through their pyarrow filesystem.
 
-    ``rows``: split -> its row count; a split of at most :data:`DRIVER_READ_MAX_ROWS` rows is read by this
-    process (``ray.data.from_arrow``), a larger one (or one of unknown size) by Ray Data's read tasks.
+    ``rows``: split -> its row count; a split of at most :data:`~rayemb.constants.SMALL_SPLIT_MAX_ROWS` rows is
+    read by this process (``ray.data.from_arrow``), a larger one (or one of unknown size) by Ray Data's read tasks.
     """
     import ray
 
     out = {}
     for name, files in (("train", train_files), ("valid", valid_files)):
         paths, fs = storage.for_ray_data(files)
-        if rows is not None and rows.get(name, DRIVER_READ_MAX_ROWS + 1) <= DRIVER_READ_MAX_ROWS:
+        if rows is not None and rows.get(name, SMALL_SPLIT_MAX_ROWS + 1) <= SMALL_SPLIT_MAX_ROWS:
             import pyarrow.parquet as pq
 
             out[name] = ray.data.from_arrow([pq.read_table(p, filesystem=fs) for p in paths])

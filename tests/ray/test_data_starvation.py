@@ -15,7 +15,7 @@ def test_starved_workers_fail_fast_with_the_cause(ray_2_cpus, tiny_data, tmp_pat
     from rayemb.train import outputs
     from rayemb.train.trainer import run_training
 
-    monkeypatch.setattr(outputs, "DRIVER_READ_MAX_ROWS", 0)  # Ray Data's read tasks, as for a large dataset
+    monkeypatch.setattr(outputs, "SMALL_SPLIT_MAX_ROWS", 0)  # Ray Data's read tasks, as for a large dataset
 
     # 2 workers x 1 CPU on a 2-CPU cluster: nothing left for Ray Data's read tasks. max_failures=2 would
     # restart the group twice on the same starvation; a user error must end the run at once instead.

@@ -18,7 +18,7 @@ def _rows(ds):
 def test_both_ways_give_the_files_rows(ray_2_cpus, tiny_data, monkeypatch, threshold):
     from ray.data.dataset import MaterializedDataset
 
-    monkeypatch.setattr(outputs, "DRIVER_READ_MAX_ROWS", threshold)
+    monkeypatch.setattr(outputs, "SMALL_SPLIT_MAX_ROWS", threshold)
     train, valid = parquet_files(tiny_data, TRAIN_SPLIT), parquet_files(tiny_data, VALID_SPLIT)
     rows = {"train": 36_000, "valid": 4_000}
     out = outputs.read_splits(train, valid, rows=rows)
