@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+import _collected
 import pytest
 from _datasets import synthetic_dataset
 from _shared_ray import SharedRay
@@ -57,6 +58,11 @@ def one_rank_group():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+def pytest_collectreport(report):
+    if report.nodeid.endswith(".py") and (report.skipped or (report.passed and report.result)):
+        _collected.FILES.add(report.nodeid)
 
 
 def python_exe() -> str:

@@ -3,7 +3,7 @@
 Two ways in, one interface (:class:`RankBatches`):
 
 * **in memory** (``data.in_memory``, the default when the rank's shard fits):
-  the first epoch reads the rank's Ray Data shard once, converts every batch
+  the first epoch reads the rank's shard once, converts every batch
   (tensors, KJT, hybrid remap) and keeps them; every epoch after that runs
   with no Ray Data, no arrow and no remap in the step, in a fresh order per
   epoch (seeded). All ranks agree on the number of batches once per epoch,
@@ -139,7 +139,8 @@ class RankBatches:
     """One split's batches on one rank (module docstring).
 
     Args:
-        shard: the rank's Ray Data shard (``ray.train.get_dataset_shard(split)``).
+        shard: the rank's rows: a Ray Data shard (``ray.train.get_dataset_shard(split)``) or, for a split the
+            driver held, a :class:`~rayemb.train.held_splits.HeldShard`.
         batch_size: rows per batch.
         convert: pyarrow table -> batch (``BatchConverter``).
         drop_last: drop the shard's last, partial batch (training); False hands it to ``convert`` (validation).

@@ -181,6 +181,16 @@ def steps_for_world(train_rows: int, world: int, cfg: JobConfig) -> int:
     return min(steps, cfg.train.max_steps_per_epoch) if cfg.train.max_steps_per_epoch else steps
 
 
+def _shard(loop_config: Dict[str, Any], split: str, rank: int, world: int) -> Any:
+    """The rank's rows of ``split``: sliced from the object store when the driver held it, else Ray Data's shard."""
+    import ray.train
+
+    held = (loop_config.get("held_splits") or {}).get(split)
+    if held is not None:  # the train split in equal shares, the valid split whole (rayemb.train.held_splits)
+        return held.shard(rank, world, equal=split != "valid")
+    return ray.train.get_dataset_shard(split)
+
+
 def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
@@ -227,10 +237,10 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                                sequence=cfg.model.sequence_tower != "none")
     data_args = dict(in_memory=bool(loop_config.get("in_memory")), first_batch_timeout_s=cfg.data.first_batch_timeout_s,
                      rank=rank, cpus_per_worker=loop_config.get("cpus_per_worker"), seed=cfg.train.seed)
-    train_data = RankBatches(ray.train.get_dataset_shard("train"), cfg.data.batch_size, converter, split="train",
-                             **data_args)
+    train_data = RankBatches(_shard(loop_config, "train", rank, world), cfg.data.batch_size, converter,
+                             split="train", **data_args)
     # every validation row is scored: the last batch is padded to the full size, padding is masked out
-    valid_data = RankBatches(ray.train.get_dataset_shard("valid"), cfg.data.batch_size,
+    valid_data = RankBatches(_shard(loop_config, "valid", rank, world), cfg.data.batch_size,
                              functools.partial(converter, pad_to=cfg.data.batch_size), split="valid",
                              shuffle=False, drop_last=False, **data_args)
     valid_data.preload()  # in memory: read while the train split is, ready for the first validation
@@ -329,6 +339,9 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 metrics = {
                     "step": step,
                     "epoch": epoch,
+                    # where in the epoch, at this group's world size (an elastic restart changes the steps)
+                    "epoch_step": epoch_steps,
+                    "epoch_steps": skip + remaining,
                     "train_loss": vals[0],
                     "samples_per_s": window_steps * global_batch / max(elapsed, 1e-9),
                     "step_time_s": elapsed / window_steps,

@@ -153,20 +153,24 @@ class JobOutputs:
 
 
 def read_splits(train_files: Any, valid_files: Any, rows: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
-    """Ray Datasets of the parquet files of both splits; remote files through their pyarrow filesystem.
+    """Both splits of the parquet files, remote files through their pyarrow filesystem.
 
     ``rows``: split -> its row count; a split of at most :data:`~rayemb.constants.SMALL_SPLIT_MAX_ROWS` rows is
-    read by this process (``ray.data.from_arrow``), a larger one (or one of unknown size) by Ray Data's read tasks.
+    read by this process into the object store (a :class:`~rayemb.train.held_splits.HeldSplit` that each rank
+    slices), a larger one (or one of unknown size) is a Ray Dataset read by Ray Data's read tasks.
     """
     import ray
+
+    from rayemb.train.held_splits import HeldSplit
 
     out = {}
     for name, files in (("train", train_files), ("valid", valid_files)):
         paths, fs = storage.for_ray_data(files)
         if rows is not None and rows.get(name, SMALL_SPLIT_MAX_ROWS + 1) <= SMALL_SPLIT_MAX_ROWS:
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            out[name] = ray.data.from_arrow([pq.read_table(p, filesystem=fs) for p in paths])
+            out[name] = HeldSplit.put(pa.concat_tables([pq.read_table(p, filesystem=fs) for p in paths]))
         else:
             out[name] = ray.data.read_parquet(paths, filesystem=fs) if fs is not None else ray.data.read_parquet(paths)
     return out

@@ -47,8 +47,10 @@ class ProgressPrinter:
     def _print(self, line: str) -> None:
         print(f"rayemb: {line}", file=self.out or sys.stdout, flush=True)
 
-    def eta_s(self, step: int, samples_per_s: Optional[float] = None) -> Optional[float]:
-        """Seconds of training left: at the rate seen since the first report, else the report's own rate."""
+    def eta_s(self, step: float, samples_per_s: Optional[float] = None) -> Optional[float]:
+        """Seconds of training left: at the rate seen since the first report, else the report's own rate.
+
+        ``step``: the steps done, counted in this printer's steps (at the job's first world size)."""
         now = self.clock()
         if self._first is not None and step > self._first[1] and now > self._first[0]:
             rate = (step - self._first[1]) / (now - self._first[0])
@@ -58,11 +60,23 @@ class ProgressPrinter:
             return None
         return max(0, self.total_steps - step) / rate
 
+    def _position(self, report: Dict[str, Any]) -> tuple:
+        """(step in the epoch, steps in the epoch, steps done in this printer's steps) of a report.
+
+        A rank group restarted on another world size runs another number of steps per epoch (its global batch
+        changed): reports then say where in the epoch they are (``epoch_step`` of ``epoch_steps``)."""
+        step, epoch = int(report.get("step", 0)), int(report.get("epoch", 0))
+        if "epoch_step" in report and report.get("epoch_steps"):
+            in_epoch, per_epoch = int(report["epoch_step"]), int(report["epoch_steps"])
+        else:
+            in_epoch, per_epoch = step - epoch * self.steps_per_epoch, self.steps_per_epoch
+        return in_epoch, per_epoch, (epoch + in_epoch / max(1, per_epoch)) * self.steps_per_epoch
+
     def update(self, report: Dict[str, Any]) -> None:
-        step = int(report.get("step", 0))
         epoch = int(report.get("epoch", 0))
+        in_epoch, per_epoch, done = self._position(report)
         if self._first is None:
-            self._first = (self.clock(), step)
+            self._first = (self.clock(), done)
         if report.get("epoch_end"):
             self._epoch_end(epoch, report)
             return
@@ -72,11 +86,10 @@ class ProgressPrinter:
         if now - self._last_print < self.min_interval_s:
             return
         self._last_print = now
-        in_epoch = step - epoch * self.steps_per_epoch
-        eta = self.eta_s(step, float(report["samples_per_s"]) if "samples_per_s" in report else None)
+        eta = self.eta_s(done, float(report["samples_per_s"]) if "samples_per_s" in report else None)
         parts = [
-            f"epoch {epoch + 1}/{self.epochs} step {in_epoch}/{self.steps_per_epoch} "
-            f"({100.0 * in_epoch / max(1, self.steps_per_epoch):.0f}%) loss {float(report['train_loss']):.4f}",
+            f"epoch {epoch + 1}/{self.epochs} step {in_epoch}/{per_epoch} "
+            f"({100.0 * in_epoch / max(1, per_epoch):.0f}%) loss {float(report['train_loss']):.4f}",
         ]
         if "samples_per_s" in report:
             parts.append(f"{float(report['samples_per_s']):,.0f} samples/s")

@@ -21,12 +21,13 @@ stages hand on are :mod:`rayemb.train.job_types`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from rayemb._ray import init_ray
 from rayemb.config import JobConfig, resolve_path
@@ -295,7 +296,8 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
     drainer = QueueDrainer(queue, run_logger, progress=progress).start()
     status, reason, best_checkpoint, last_checkpoint = "FAILED", None, None, None
     try:
-        result = _ray_trainer(inputs, planned, tracking, queue, resources).fit()
+        with _report_poll_interval():
+            result = _ray_trainer(inputs, planned, tracking, queue, resources).fit()
         status = "FINISHED"
         best_checkpoint, last_checkpoint = map(tracking.outputs.checkpoint_uri, best_and_last_checkpoint(result))
     except KeyboardInterrupt:
@@ -339,6 +341,27 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
                        last_checkpoint=last_checkpoint)
 
 
+#: Ray Train's controller takes a worker's ``ray.train.report`` when it next polls the workers (every
+#: ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, 2 s by default), and a rank's next report waits until it has: each
+#: checkpoint after the first stalled training for up to that long. rayemb's controller polls this often,
+#: unless the variable is set (docs/checkpoints.md).
+REPORT_POLL_INTERVAL_S = "0.2"
+_POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+
+
+@contextlib.contextmanager
+def _report_poll_interval() -> Iterator[None]:
+    """Ray Train reads its poll interval from the driver's environment when ``fit()`` starts its controller."""
+    if _POLL_ENV in os.environ:
+        yield
+        return
+    os.environ[_POLL_ENV] = REPORT_POLL_INTERVAL_S
+    try:
+        yield
+    finally:
+        os.environ.pop(_POLL_ENV, None)
+
+
 def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, queue: Any,
                  resources: WorkerResources) -> Any:
     import ray
@@ -346,6 +369,7 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
     from ray.train.torch import TorchTrainer
 
     from rayemb.train.backend import RayembTorchConfig
+    from rayemb.train.held_splits import HeldSplit
 
     from rayemb.tracking.callback import ReportForwarder
     from rayemb.train.loop import train_loop_per_worker
@@ -353,6 +377,9 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
 
     cfg, data_dir = inputs.cfg, inputs.data_dir
     ray.data.DataContext.get_current().enable_progress_bars = False
+    splits = read_splits(parquet_files(data_dir, TRAIN_SPLIT), parquet_files(data_dir, VALID_SPLIT),
+                         rows={"train": inputs.train_rows, "valid": inputs.valid_rows})
+    held = {name: s for name, s in splits.items() if isinstance(s, HeldSplit)}  # small: in the object store
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -364,6 +391,7 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
             "metrics_queue": queue, "fault_injection": fault_injection(), "plan_fingerprint": planned.fingerprint,
             "resume_from": planned.resume[0] if planned.resume else None,
             "in_memory": resources.in_memory, "cpus_per_worker": resources.cpus_per_worker,
+            "held_splits": held,
         },
         torch_config=RayembTorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=((cfg.scaling.min_workers, inputs.world_size)
@@ -379,8 +407,7 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
             # the newest few: a corrupt newest one falls back to the one before (rayemb.train.resume)
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
         ),
-        datasets=read_splits(parquet_files(data_dir, TRAIN_SPLIT), parquet_files(data_dir, VALID_SPLIT),
-                             rows={"train": inputs.train_rows, "valid": inputs.valid_rows}),
+        datasets={name: s for name, s in splits.items() if name not in held},
         dataset_config=ValidationDataConfig(),  # the valid split is split without dropping a row
     )
 

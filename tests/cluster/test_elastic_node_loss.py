@@ -46,8 +46,13 @@ def two_node_cluster():
         cluster.shutdown()
 
 
-def test_elastic_job_survives_losing_a_node(two_node_cluster, tiny_data, tmp_path):
+def test_elastic_job_survives_losing_a_node(two_node_cluster, tiny_data, tmp_path, monkeypatch):
     from rayemb.train.trainer import run_training
+
+    # Right after the loss Ray still counts the lost node's CPUs, so Ray Train first tries 2 workers again and
+    # waits out its group start timeout (60 s by default) before it shrinks to 1: a shorter wait, same path.
+    # A group starts here in ~12 s; Ray Train passes the variable from this driver to its controller.
+    monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "30")
 
     cluster, worker = two_node_cluster
     out = str(tmp_path / "out")

@@ -2,7 +2,9 @@
 
 The pure pieces (names, addresses, env.sh, commands) are tested everywhere; the
 cluster tests need root and `ip netns` (CI runs as root) and start one 2-node
-cluster for the module: 1 CPU per node, 100 mbit links.
+cluster for the module: 1 CPU per node, 100 mbit links. Collectives across the
+namespaces (gloo, one Ray Train rank per node) run in tests/cluster/test_multinode_job.py,
+whose 3-node job trains over them.
 """
 
 from __future__ import annotations
@@ -278,40 +280,6 @@ def test_job_submit_from_the_host(cluster, tmp_path):
                           env=env, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"JOBOUT 2 {IFNAME}" in proc.stdout
-
-
-@needs_root
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_ray_train_gloo_all_reduce_across_nodes(cluster, tmp_path):
-    """One Ray Train worker per node; gloo all_reduce crosses the namespaces (GLOO_SOCKET_IFNAME)."""
-    out = _driver(cluster, tmp_path, """
-        import json, os, ray
-        from ray.train import RunConfig, ScalingConfig
-        from ray.train.torch import TorchTrainer
-
-        shared = os.environ["RAYEMB_SHARED_DIR"]
-
-        def loop(config):
-            import json, os, torch, torch.distributed as dist, ray
-            ctx = ray.train.get_context()
-            t = torch.tensor([float(ctx.get_world_rank() + 1)])
-            dist.all_reduce(t)
-            seen = [None] * ctx.get_world_size()
-            dist.all_gather_object(seen, ray.util.get_node_ip_address())
-            if ctx.get_world_rank() == 0:
-                with open(os.path.join(os.environ["RAYEMB_SHARED_DIR"], "allreduce.json"), "w") as f:
-                    json.dump({"sum": t.item(), "ips": seen}, f)
-            ray.train.report({"sum": t.item()})
-
-        ray.init(logging_level="WARNING")
-        TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
-                     run_config=RunConfig(name="emu_allreduce",
-                                          storage_path=os.path.join(shared, "ray_results"))).fit()
-        print("RESULT " + open(os.path.join(shared, "allreduce.json")).read())
-    """, timeout=280)
-    assert out["sum"] == 3.0
-    assert sorted(out["ips"]) == [cluster.node_ip(0), cluster.node_ip(1)]
 
 
 @needs_root

@@ -100,3 +100,15 @@ def test_epoch_end_resets_the_throttle():
     assert len(lines) == 3
     assert lines[1] == "rayemb: epoch 1/2 done: valid_auc 0.7000 valid_logloss 0.6000 (best so far)"
     assert lines[2].startswith("rayemb: epoch 2/2 step 10/100 (10%) loss 0.4000 | 2,048 samples/s | ETA ")
+
+
+def test_a_group_restarted_on_fewer_ranks_shows_its_own_steps_and_keeps_the_eta():
+    """An elastic job that lost half its ranks runs twice the steps per epoch: its reports say where it is."""
+    p, clock, out = _printer()  # 100 steps per epoch at the first world size
+    p.update({"step": 40, "epoch": 0, "train_loss": 0.5, "samples_per_s": 2048.0, "epoch_step": 40,
+              "epoch_steps": 100})
+    clock.t = 10.0  # on half the ranks: epoch 1 is 200 steps, 80 done before (40 of 100), 40 since
+    p.update({"step": 80, "epoch": 0, "train_loss": 0.4, "samples_per_s": 1024.0, "epoch_step": 120,
+              "epoch_steps": 200})
+    # 60 of this printer's steps are done: 20 more in 10 s = 2 steps/s, 140 left -> 70 s
+    assert _lines(out)[1] == "rayemb: epoch 1/2 step 120/200 (60%) loss 0.4000 | 1,024 samples/s | ETA 1m10s"
