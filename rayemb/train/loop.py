@@ -18,6 +18,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Tuple
 
+from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
+
 if TYPE_CHECKING:
     from rayemb.config import JobConfig
     from rayemb.data.schema import DatasetSchema
@@ -187,7 +189,7 @@ def _shard(loop_config: Dict[str, Any], split: str, rank: int, world: int) -> An
 
     held = (loop_config.get("held_splits") or {}).get(split)
     if held is not None:  # the train split in equal shares, the valid split whole (rayemb.train.held_splits)
-        return held.shard(rank, world, equal=split != "valid")
+        return held.shard(rank, world, equal=split != VALID_SPLIT)
     return ray.train.get_dataset_shard(split)
 
 
@@ -237,10 +239,10 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                                sequence=cfg.model.sequence_tower != "none")
     data_args = dict(in_memory=bool(loop_config.get("in_memory")), first_batch_timeout_s=cfg.data.first_batch_timeout_s,
                      rank=rank, cpus_per_worker=loop_config.get("cpus_per_worker"), seed=cfg.train.seed)
-    train_data = RankBatches(_shard(loop_config, "train", rank, world), cfg.data.batch_size, converter,
+    train_data = RankBatches(_shard(loop_config, TRAIN_SPLIT, rank, world), cfg.data.batch_size, converter,
                              split="train", **data_args)
     # every validation row is scored: the last batch is padded to the full size, padding is masked out
-    valid_data = RankBatches(_shard(loop_config, "valid", rank, world), cfg.data.batch_size,
+    valid_data = RankBatches(_shard(loop_config, VALID_SPLIT, rank, world), cfg.data.batch_size,
                              functools.partial(converter, pad_to=cfg.data.batch_size), split="valid",
                              shuffle=False, drop_last=False, **data_args)
     valid_data.preload()  # in memory: read while the train split is, ready for the first validation

@@ -6,7 +6,9 @@ Three parts make that hold:
   out with ``streaming_split(equal=True)``, which drops up to ``world - 1``
   rows so that ranks get equal counts. The valid split is split with
   ``equal=False`` instead: no row is dropped, and ranks may get unequal
-  shares (a small split can leave a rank none at all).
+  shares (a small split can leave a rank none at all). A split small enough
+  for the driver to hold (:mod:`rayemb.train.held_splits`) is sliced the same
+  way by each rank: every row, shares within one row of each other.
 * **the batches**: the valid split keeps each rank's last, partial batch
   (``RankBatches(drop_last=False)``), padded to the full local batch by the
   converter (:mod:`rayemb.data.batching`). The sharded model's input exchange
