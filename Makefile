@@ -3,6 +3,9 @@
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
+# two pytest-xdist workers: one runs the Ray jobs and clusters one after another, the other every other test
+# beside them (tests/conftest.py says which and why); PYTEST_WORKERS= runs the suite in one process
+PYTEST_WORKERS ?= -n 2 --dist loadgroup
 # extra arguments for the job, e.g. make run ARGS="--set train.epochs=3"
 ARGS ?=
 
@@ -20,12 +23,12 @@ run: install
 
 # pytest exits 5 when it collects no test: that must not pass.
 test: install
-	@t0=$$(date +%s); $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@t0=$$(date +%s); $(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	echo "make test: the suite took $$(( $$(date +%s) - t0 )) s (exit $$rc)"; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected" >&2; exit 1; fi; exit $$rc
 
 test-fast: install
-	@$(PY) -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; \
+	@$(PY) -m pytest $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-fast: no tests were collected" >&2; exit 1; fi; exit $$rc
 
 clean-data:

@@ -60,6 +60,38 @@ def one_rank_group():
     dist.destroy_process_group()
 
 
+#: ``make test`` runs the suite in two pytest-xdist workers (``-n 2 --dist loadgroup``). One worker runs the
+#: tests that start Ray clusters, Ray jobs or whole-job subprocesses, and the tests that assert wall-clock bounds
+#: (marked ``timing``), one after another in the order below; the other worker runs every other test beside
+#: them. A job spends much of its time waiting on processes it started (the CPUs sat a third idle with one
+#: stream), which the second stream fills. The first files of the serial stream are jobs that take minutes
+#: and only wait on generous deadlines, so that the other stream is over before the tests that measure time run.
+SERIAL_GROUP = "serial"
+SERIAL_FIRST = ("tests/e2e/test_job_submit.py", "tests/cluster/test_multinode_job.py", "tests/ray/test_s3_job.py",
+                "tests/ray/test_convert_train.py")
+SERIAL_DIRS = ("tests/cluster/", "tests/ray/", "tests/e2e/")
+
+
+def _serial_rank(item):
+    """Where ``item`` runs in the serial stream (a sort key), or None when it runs in the other stream."""
+    path = os.path.relpath(str(item.path), REPO)
+    if item.get_closest_marker("timing"):
+        return (2, 0)
+    if path in SERIAL_FIRST:
+        return (0, SERIAL_FIRST.index(path))
+    if path.startswith(SERIAL_DIRS):
+        return (1, 0)
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    ranks = [_serial_rank(item) for item in items]
+    serial = sorted((r, i) for i, r in enumerate(ranks) if r is not None)
+    for _, i in serial:
+        items[i].add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+    items[:] = [items[i] for _, i in serial] + [item for item, r in zip(items, ranks) if r is None]
+
+
 def pytest_collectreport(report):
     if report.nodeid.endswith(".py") and (report.skipped or (report.passed and report.result)):
         _collected.FILES.add(report.nodeid)

@@ -4,7 +4,7 @@ import pytest
 
 from rayemb.multiprocess import run_multiprocess
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.timing]
 
 SHAPE = dict(local_batch=256, num_dense=13, num_sparse=8, dim=16, bottom_mlp=[32, 16], top_mlp=[32, 1])
 

@@ -7,7 +7,7 @@ from mlflow.tracking import MlflowClient
 
 from rayemb.config import load_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.timing]
 
 
 def test_starved_workers_fail_fast_with_the_cause(ray_2_cpus, tiny_data, tmp_path, capsys, monkeypatch):

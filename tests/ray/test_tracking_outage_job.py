@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 
 from rayemb.config import load_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.timing]
 
 
 def _wait_for_points(client: MlflowClient, experiment: str, timeout_s: float = 300.0) -> str:

@@ -50,6 +50,7 @@ def test_summary_averages_the_samples_that_end_inside_the_window():
     assert (row["ranks_cpu"], row["others_cpu"]) == (100.0, 15.0)
 
 
+@pytest.mark.timing
 def test_a_busy_child_shows_up_as_about_one_core():
     """A real sample: a child spinning for 3 s is one core busy, counted under its class ('other')."""
     with hc.HostCpu(interval_s=0.5) as cpu:

@@ -165,6 +165,7 @@ def test_bad_input_is_cleaned_or_dropped_never_raised(sqlite_uri, tmp_path, capl
     assert run.info.status == "FINISHED"
 
 
+@pytest.mark.timing
 @pytest.mark.timeout(60)
 def test_unreachable_server_spills_everything_and_buffer_stays_bounded(tmp_path):
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
@@ -189,6 +190,7 @@ def test_unreachable_server_spills_everything_and_buffer_stays_bounded(tmp_path)
 # ---- a real tracking server that dies mid-run ---- #
 
 
+@pytest.mark.timing
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_server_outage_mid_run_loses_nothing_and_never_blocks_the_loop(tmp_path, caplog):

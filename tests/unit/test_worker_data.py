@@ -43,6 +43,7 @@ def test_in_memory_reads_once_and_reorders_each_epoch_reproducibly():
     assert list(_batches(_Shard(20)).epoch(1)) == e1  # ... that the seed reproduces
 
 
+@pytest.mark.timing
 def test_a_preloaded_split_is_read_in_the_background_while_another_is():
     first, second = _Shard(10, delay_s=0.6), _Shard(10, delay_s=0.6)
     later = _batches(second, split="valid", shuffle=False)
@@ -71,6 +72,7 @@ def test_streamed_reads_every_epoch_in_order():
     assert shard.passes == 2 and data.needs_step_check
 
 
+@pytest.mark.timing
 def test_a_starved_shard_fails_within_the_timeout_naming_the_cause():
     data = _batches(_Shard(3, delay_s=30.0), first_batch_timeout_s=0.5, cpus_per_worker=1.5)
     t0 = time.monotonic()
