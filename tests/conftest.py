@@ -64,11 +64,10 @@ def one_rank_group():
 #: after another, the tests that start Ray clusters, Ray jobs or whole-job subprocesses, and the files with tests
 #: that assert wall-clock bounds (marked ``timing``); the other worker runs every other test beside them. A job
 #: spends much of its time waiting on processes it started (with one stream the CPUs sat a third idle), which the
-#: second stream fills. The serial stream starts with jobs that take minutes and only wait on generous deadlines,
-#: so that the other stream is over before the ``timing`` tests, which run last.
+#: second stream fills. The serial stream keeps the suite's own order, as one process ran it before (its tests
+#: share one process, and Ray keeps state in it), except that the ``timing`` tests run last, after the other
+#: stream is over.
 SERIAL_GROUP = "serial"
-SERIAL_FIRST = ("tests/e2e/test_job_submit.py", "tests/cluster/test_multinode_job.py", "tests/ray/test_s3_job.py",
-                "tests/ray/test_convert_train.py")
 SERIAL_DIRS = ("tests/cluster/", "tests/ray/", "tests/e2e/")
 #: files outside SERIAL_DIRS with ``timing`` tests: the whole file runs in the serial stream
 SERIAL_FILES = ("tests/dist/test_calibrate.py", "tests/unit/test_bench_host_cpu.py",
@@ -85,11 +84,9 @@ def _serial_rank(item):
     if item.get_closest_marker("timing"):
         if not _serial_file(path):
             raise pytest.UsageError(f"{item.nodeid} is marked timing: add {path} to SERIAL_FILES in tests/conftest.py")
-        return (2, 0)
-    if path in SERIAL_FIRST:
-        return (0, SERIAL_FIRST.index(path))
+        return 1
     if _serial_file(path):
-        return (1, 0)
+        return 0
     return None
 
 
