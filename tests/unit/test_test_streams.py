@@ -3,10 +3,15 @@
 import os
 import types
 
-import conftest
 import pytest
 
-REPO = conftest.REPO
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def conftest(pytestconfig):
+    """tests/conftest.py as pytest loaded it (``import conftest`` may name another directory's conftest)."""
+    return pytestconfig.pluginmanager.get_plugin(os.path.join(REPO, "tests", "conftest.py"))
 
 
 def _item(path: str, timing: bool = False, name: str = "test_x"):
@@ -15,7 +20,7 @@ def _item(path: str, timing: bool = False, name: str = "test_x"):
                                  get_closest_marker=lambda m: mark if m == "timing" else None)
 
 
-def test_jobs_and_clusters_run_serially_in_the_suites_order_with_timing_tests_last():
+def test_jobs_and_clusters_run_serially_in_the_suites_order_with_timing_tests_last(conftest):
     items = [_item("tests/cluster/test_a.py"), _item("tests/dist/test_b.py"),
              _item("tests/unit/test_worker_data.py", timing=True), _item("tests/ray/test_c.py"),
              _item("tests/unit/test_d.py"), _item("tests/e2e/test_e.py"), _item("tests/ray/test_f.py", timing=True)]
@@ -26,18 +31,18 @@ def test_jobs_and_clusters_run_serially_in_the_suites_order_with_timing_tests_la
         "tests/dist/test_b.py", "tests/unit/test_d.py"]  # the other stream
 
 
-def test_a_timing_test_outside_the_serial_files_stops_collection_naming_the_file():
+def test_a_timing_test_outside_the_serial_files_stops_collection_naming_the_file(conftest):
     with pytest.raises(pytest.UsageError, match="tests/unit/test_new.py to SERIAL_FILES"):
         conftest.pytest_collection_modifyitems(None, [_item("tests/unit/test_new.py", timing=True)])
 
 
-def test_every_timing_test_of_the_suite_is_in_a_serial_file():
+def test_every_timing_test_of_the_suite_is_in_a_serial_file(conftest):
     for path in conftest.SERIAL_FILES:
         assert os.path.exists(os.path.join(REPO, path)), path
         assert "pytest.mark.timing" in open(os.path.join(REPO, path)).read(), f"{path}: no timing test left"
 
 
-def test_the_scheduler_keeps_the_serial_stream_in_one_unit(pytestconfig):
+def test_the_scheduler_keeps_the_serial_stream_in_one_unit(conftest, pytestconfig):
     pytest.importorskip("xdist")
     from xdist.remote import Producer
 
