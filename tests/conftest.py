@@ -74,18 +74,20 @@ SERIAL_FILES = ("tests/dist/test_calibrate.py", "tests/unit/test_bench_host_cpu.
                 "tests/unit/test_tracking_logger.py", "tests/unit/test_worker_data.py")
 
 
-def _serial_file(path: str) -> bool:
+def _serial_file(nodeid: str) -> bool:
+    """Whether the test ``nodeid`` (or its file's path, relative to the repo) is in the serial stream."""
+    path = nodeid.split("::", 1)[0]
     return path.startswith(SERIAL_DIRS) or path in SERIAL_FILES
 
 
 def _serial_rank(item):
     """Where ``item`` runs in the serial stream (a sort key), or None when it runs in the other stream."""
-    path = os.path.relpath(str(item.path), REPO)
     if item.get_closest_marker("timing"):
+        path = item.nodeid.split("::", 1)[0]
         if not _serial_file(path):
             raise pytest.UsageError(f"{item.nodeid} is marked timing: add {path} to SERIAL_FILES in tests/conftest.py")
         return 1
-    if _serial_file(path):
+    if _serial_file(item.nodeid):
         return 0
     return None
 
@@ -107,7 +109,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class SerialStreamScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return SERIAL_GROUP if _serial_file(nodeid.split("::", 1)[0]) else nodeid
+            return SERIAL_GROUP if _serial_file(nodeid) else nodeid
 
     return SerialStreamScheduling(config, log)
 

@@ -240,10 +240,10 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     data_args = dict(in_memory=bool(loop_config.get("in_memory")), first_batch_timeout_s=cfg.data.first_batch_timeout_s,
                      rank=rank, cpus_per_worker=loop_config.get("cpus_per_worker"), seed=cfg.train.seed)
     train_data = RankBatches(_shard(loop_config, TRAIN_SPLIT, rank, world), cfg.data.batch_size, converter,
-                             split="train", **data_args)
+                             split=TRAIN_SPLIT, **data_args)
     # every validation row is scored: the last batch is padded to the full size, padding is masked out
     valid_data = RankBatches(_shard(loop_config, VALID_SPLIT, rank, world), cfg.data.batch_size,
-                             functools.partial(converter, pad_to=cfg.data.batch_size), split="valid",
+                             functools.partial(converter, pad_to=cfg.data.batch_size), split=VALID_SPLIT,
                              shuffle=False, drop_last=False, **data_args)
     valid_data.preload()  # in memory: read while the train split is, ready for the first validation
     global_batch = cfg.data.batch_size * world

@@ -39,9 +39,10 @@ def _unbacked(text: str) -> list:
 
 def test_every_section_names_committed_results():
     tracked = _tracked()
-    unbacked = _unbacked(DOC.read_text())
+    text = DOC.read_text()
+    unbacked = _unbacked(text)
     assert not unbacked, f"sections that name no committed result (re-run and commit it, or drop them): {unbacked}"
-    for heading, body in _sections(DOC.read_text()):
+    for heading, body in _sections(text):
         named = set(RESULT.findall(body))
         for name in sorted(named):
             assert NAME.match(name), f"{heading!r}: {name} is not <benchmark>_<date>_<commit>.json"

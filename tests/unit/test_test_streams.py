@@ -36,7 +36,7 @@ def test_a_timing_test_outside_the_serial_files_stops_collection_naming_the_file
         conftest.pytest_collection_modifyitems(None, [_item("tests/unit/test_new.py", timing=True)])
 
 
-def test_every_timing_test_of_the_suite_is_in_a_serial_file(conftest):
+def test_each_serial_file_still_holds_a_timing_test(conftest):
     for path in conftest.SERIAL_FILES:
         assert os.path.exists(os.path.join(REPO, path)), path
         assert "pytest.mark.timing" in open(os.path.join(REPO, path)).read(), f"{path}: no timing test left"
