@@ -3,8 +3,11 @@
 A job reads parquet as a Ray Dataset, computes per-table statistics in one
 streaming pass, splits each table's ids into hot rows (replicated) and cold
 rows (sharded, exchanged per id), plans the placement of every table for the
-cluster it finds, and trains a DLRM on Ray Train workers. Importing rayemb
-does not import torch; the heavy parts load where they run.
+cluster it finds, and trains a model on Ray Train workers: a shipped one
+(:mod:`rayemb.models`) or the user's own, built by a factory that receives
+the embedding modules rayemb made (:class:`Embeddings`, docs/api.md).
+Importing rayemb does not import torch; the heavy parts load where they run,
+and the model-building names below load on first use.
 
 Example::
 
@@ -20,8 +23,29 @@ from rayemb.errors import ConfigError, DataError, PlanError, RayembError, Traini
 from rayemb.train.trainer import TrainResult, run_training
 
 
+#: the Python API's trainer and the model contract's names (torch, TorchRec, Ray): imported on first use, so
+#: that `import rayemb` stays light
+_MODEL_API = {
+    "EmbeddingTrainer": "rayemb.api",
+    "Embeddings": "rayemb.model.contract",
+    "DatasetSchema": "rayemb.data.schema",
+    "SequenceFeature": "rayemb.embedding.sequence",
+    "UserHistoryTower": "rayemb.embedding.sequence",
+    "pad_sequences": "rayemb.embedding.sequence",
+}
+
+
+def __getattr__(name: str):
+    if name in _MODEL_API:
+        import importlib
+
+        return getattr(importlib.import_module(_MODEL_API[name]), name)
+    raise AttributeError(f"module 'rayemb' has no attribute {name!r}")
+
+
 __all__ = [
     "__version__",
     "JobConfig", "load_config", "run_training", "TrainResult",
     "RayembError", "ConfigError", "DataError", "PlanError", "TrainingError",
+    *_MODEL_API,
 ]

@@ -79,17 +79,39 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    #: a shipped model (rayemb.models): dlrm
+    name: str = "dlrm"
+    #: a model factory of your own, "package.module:function" (replaces name; docs/api.md, "The model contract")
+    factory: Optional[str] = None
+    #: keyword arguments of the model's factory
+    args: Dict[str, Any] = field(default_factory=dict)
     embedding_dim: int = 16
-    #: bottom (dense) MLP layer sizes; the last must equal embedding_dim
+    #: the DLRM's bottom (dense) MLP layer sizes; the last must equal embedding_dim
     bottom_mlp: Tuple[int, ...] = (64, 16)
-    #: top (over) MLP layer sizes; the last must be 1 (the click logit)
+    #: the DLRM's top (over) MLP layer sizes; the last must be 1 (the click logit)
     top_mlp: Tuple[int, ...] = (64, 32, 1)
     #: the user-history tower over the schema's sequence features (docs/sequence.md): none (ignore them),
-    #: mean (masked mean of the history) or attention (DIN-style, against the target feature's embedding)
+    #: mean (masked mean of the history) or attention (DIN-style, against the target feature's embedding);
+    #: a factory of your own gets the sequence embeddings unless this is none
     sequence_tower: str = "none"
 
     def __post_init__(self) -> None:
+        from rayemb.model.factory import SHIPPED_MODELS
+
+        _require(self.name in SHIPPED_MODELS, "model.name", f"{self.name!r} is not a shipped model",
+                 f"Use one of {sorted(SHIPPED_MODELS)}, or model.factory: 'package.module:function' for your own.")
+        _require(self.factory is None or (isinstance(self.factory, str) and ":" in self.factory), "model.factory",
+                 f"{self.factory!r} is not of the form 'package.module:function'",
+                 "Name the module and the function, e.g. 'my_models.deepfm:build'.")
+        _require(isinstance(self.args, dict), "model.args", f"{self.args!r} is not a mapping",
+                 "Give the factory's keyword arguments as a mapping, e.g. {hidden: [256, 128]}.")
         _require(self.embedding_dim >= 1, "model.embedding_dim", f"{self.embedding_dim} < 1", "Use a positive dim.")
+        _require(self.sequence_tower in ("none", "mean", "attention"), "model.sequence_tower",
+                 f"{self.sequence_tower!r} is unknown", "Use none, mean or attention.")
+        if self.factory is None and self.name == "dlrm":
+            self._check_dlrm()
+
+    def _check_dlrm(self) -> None:
         _require(len(self.bottom_mlp) >= 1 and all(s >= 1 for s in self.bottom_mlp), "model.bottom_mlp",
                  f"{list(self.bottom_mlp)} is empty or has non-positive sizes", "Give positive layer sizes.")
         _require(self.bottom_mlp[-1] == self.embedding_dim, "model.bottom_mlp",
@@ -98,8 +120,6 @@ class ModelConfig:
         _require(len(self.top_mlp) >= 2 and self.top_mlp[-1] == 1 and all(s >= 1 for s in self.top_mlp),
                  "model.top_mlp", f"{list(self.top_mlp)} must be at least two positive sizes ending in 1",
                  "End top_mlp with 1 (one click logit), e.g. [64, 32, 1].")
-        _require(self.sequence_tower in ("none", "mean", "attention"), "model.sequence_tower",
-                 f"{self.sequence_tower!r} is unknown", "Use none, mean or attention.")
 
 
 @dataclass(frozen=True)

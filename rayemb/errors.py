@@ -11,6 +11,10 @@ from __future__ import annotations
 from typing import Any, List, Optional, Set, Tuple
 
 
+#: the category of every error about a model factory (rayemb.model): one that cannot be found or breaks the contract
+BAD_FACTORY = "bad_model_factory"
+
+
 class RayembError(Exception):
     """Base class of rayemb's user-facing errors."""
 

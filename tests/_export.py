@@ -24,7 +24,7 @@ def train_save_score(rank: int, world_size: int, cfg: Any, schema: Any, job_plan
     from rayemb.checkpoint.store import save_logical
     from rayemb.data.batching import BatchConverter
     from rayemb.data.schema import parquet_files
-    from rayemb.model.dlrm import sequence_features, table_configs
+    from rayemb.model.tables import sequence_features, table_configs
     from rayemb.train.loop import sharded_model
 
     torch.manual_seed(cfg.train.seed)

@@ -41,7 +41,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import torch
     from torchrec.models.dlrm import InteractionArch
 
-    from rayemb.model.dlrm import PairwiseDotInteraction
+    from rayemb.models.dlrm import PairwiseDotInteraction
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

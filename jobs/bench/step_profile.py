@@ -25,7 +25,6 @@ import glob
 import os
 import statistics
 import sys
-import time
 from typing import Any, Dict, List, Optional, Sequence
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,6 +40,7 @@ def _rank_batches(cfg: Any, schema: Any, remap: Any, rank: int, world: int, max_
     from rayemb.data.batching import BatchConverter
     from rayemb.data.schema import parquet_files
     from rayemb.config import resolve_path
+    from rayemb.train.step import StepBatch
 
     files = parquet_files(resolve_path(cfg.data.path), "train")
     table = pq.read_table(files)
@@ -48,11 +48,13 @@ def _rank_batches(cfg: Any, schema: Any, remap: Any, rank: int, world: int, max_
     mine = table.slice(rank * per_rank, per_rank)
     conv = BatchConverter(schema, cfg.data.id_policy, remap=remap)
     bs = cfg.data.batch_size
-    return [conv(mine.slice(i * bs, bs)) for i in range(min(per_rank // bs, max_batches))]
+    batches = [conv(mine.slice(i * bs, bs)) for i in range(min(per_rank // bs, max_batches))]
+    return [StepBatch((b.dense, b.sparse), b.labels, b.sparse) for b in batches]
 
 
 class _Variant:
-    """One model of a rank, built and stepped as the job does, with its own timers (and counter, prefetch)."""
+    """One model of a rank, built and stepped as the job does (its :class:`~rayemb.train.step.TrainStep`), with
+    its own timers (and counter, prefetch)."""
 
     def __init__(self, cfg: Any, schema: Any, job_plan: Any, counter: bool, prefetch: bool, one_ddp: bool) -> None:
         import torch
@@ -60,6 +62,7 @@ class _Variant:
         from rayemb.embedding.comm import CommCounter, instrument_ddp
         from rayemb.embedding.prefetch import StepPrefetch
         from rayemb.train.loop import sharded_model
+        from rayemb.train.step import StepTimer, TrainStep
 
         torch.manual_seed(cfg.train.seed)
         self.model, self.optimizer, self.remapper = sharded_model(cfg, schema, job_plan, torch.device("cpu"),
@@ -69,28 +72,19 @@ class _Variant:
         self.cc = CommCounter() if counter else None
         self.pre = StepPrefetch(self.model) if prefetch else None
         self.phases: Dict[str, List[float]] = {"forward": [], "backward": [], "optimizer": [], "step": []}
-        self.loss_fn = torch.nn.BCEWithLogitsLoss()
+        self.timer = StepTimer()
+        self.train_step = TrainStep(self.model, self.optimizer, torch.nn.BCEWithLogitsLoss(), prefetch=self.pre,
+                                    counter=self.cc, timer=self.timer)
 
     def step(self, b: Any, following: Optional[Any], timed: bool) -> None:
-        cc, pre = self.cc, self.pre
-        t0 = time.perf_counter()
-        if cc:
-            cc.__enter__()
-        loss = self.loss_fn(self.model(b.dense, b.sparse), b.labels)
-        float(loss.detach())
-        if pre is not None and following is not None:
-            pre.start(following.sparse)  # the next batch's input exchange runs during this backward
-        t1 = time.perf_counter()
-        self.optimizer.zero_grad()
-        loss.backward()
-        t2 = time.perf_counter()
-        if cc:
-            cc.__exit__(None, None, None)
-        self.optimizer.step()
-        t3 = time.perf_counter()
+        """One step of ``b``; the next batch's input exchange (``following``'s) runs during its backward."""
+        self.timer.reset()
+        self.train_step(b, following)
         if timed:
-            for k, v in zip(("forward", "backward", "optimizer", "step"), (t1 - t0, t2 - t1, t3 - t2, t3 - t0)):
-                self.phases[k].append(v)
+            totals = self.timer.totals
+            for k in ("forward", "backward", "optimizer"):
+                self.phases[k].append(totals[k])
+            self.phases["step"].append(sum(totals.values()))
 
     def result(self) -> Dict[str, Any]:
         n = max(1, len(self.phases["step"]))

@@ -1,1 +1,2 @@
-"""Models: a DLRM whose sparse arch is any module returning a KeyedTensor."""
+"""The model contract: the embedding modules a model factory receives (:mod:`.contract`), how a job names
+its factory (:mod:`.factory`), and the job's tables (:mod:`.tables`). Shipped models are :mod:`rayemb.models`."""

@@ -93,8 +93,13 @@ def _verified(checkpoint: str, where: str) -> Dict[str, Any]:
 def _check_tables(meta: Dict[str, Any], schema: DatasetSchema, cfg: JobConfig, checkpoint: str) -> None:
     """Every table the config and schema make (pooled, and the sequence tables of a history tower) is in the
     checkpoint's meta.json with its shape: a mismatch fails here, before the (large) tables are read."""
-    from rayemb.model.dlrm import sequence_features
+    from rayemb.model.tables import sequence_features
 
+    if cfg.model.factory or cfg.model.name != "dlrm":
+        raise ConfigError(f"The checkpoint {checkpoint} is of the model {cfg.model.factory or cfg.model.name!r}; "
+                          "export rebuilds DLRM models only so far. Score such a checkpoint with the model its "
+                          "factory builds (rayemb.checkpoint.export.unsharded_state gives its tables and dense "
+                          "weights).", category="unsupported_model")
     saved = meta.get("tables", {})
     compressed = meta.get("compression", {})
     for f in [*schema.sparse, *sequence_features(cfg.model, schema)]:

@@ -79,7 +79,7 @@ def _sequence_args(schema: DatasetSchema, model_cfg: Mapping[str, Any], device: 
     """The DLRM's sequence arguments as the training job passes them (rayemb.train.sharding.build_model)."""
     from types import SimpleNamespace
 
-    from rayemb.model.dlrm import sequence_features, sequence_module
+    from rayemb.model.tables import sequence_features, sequence_module
 
     cfg = SimpleNamespace(embedding_dim=int(model_cfg["embedding_dim"]),
                           sequence_tower=str(model_cfg.get("sequence_tower", "none")))
@@ -98,7 +98,8 @@ def build_dlrm(schema: DatasetSchema, model_cfg: Mapping[str, Any], device: Any 
     import torch
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from rayemb.model.dlrm import DLRM, table_configs
+    from rayemb.model.tables import table_configs
+    from rayemb.models.dlrm import DLRM
 
     device = torch.device(device or "cpu")
     tables = table_configs(schema, int(model_cfg["embedding_dim"]))

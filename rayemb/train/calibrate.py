@@ -145,31 +145,9 @@ def measure_collectives(device: Any, world: int, links: Optional[Dict[str, LinkC
     return links  # type: ignore[return-value]
 
 
-def dense_model_step(device: Any, local_batch: int, num_dense: int, num_sparse: int, dim: int,
-                     bottom_mlp: Sequence[int], top_mlp: Sequence[int]) -> Tuple[Callable[[], None], int]:
-    """(one forward + backward + optimizer step of the dense arch on the local batch, its parameters' bytes)."""
-    import torch
-    from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
-
-    dense_arch = DenseArch(num_dense, list(bottom_mlp), device=device)
-    inter = InteractionArch(num_sparse_features=num_sparse)
-    over = OverArch(bottom_mlp[-1] + (num_sparse + 1) * num_sparse // 2, list(top_mlp), device=device)
-    params = list(dense_arch.parameters()) + list(over.parameters())
-    opt = torch.optim.Adagrad(params, lr=0.01)
-    x = torch.randn(local_batch, num_dense, device=device)
-    emb = torch.randn(local_batch, num_sparse, dim, device=device, requires_grad=True)
-    y = torch.rand(local_batch, device=device).round()
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-
-    def model_step() -> None:
-        opt.zero_grad()
-        loss_fn(over(inter(dense_arch(x), emb)).squeeze(-1), y).backward()
-        opt.step()
-    return model_step, sum(p.numel() * p.element_size() for p in params)
-
-
 def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: int, dim: int,
-                    bottom_mlp: Sequence[int], top_mlp: Sequence[int]) -> Dict[str, float]:
+                    bottom_mlp: Sequence[int], top_mlp: Sequence[int], model: Any = None,
+                    schema: Any = None) -> Dict[str, float]:
     """Per-id, per-element and fixed compute costs on this rank's CPU share (or GPU).
 
     On a CPU the probes have fixed sizes (the defaults and recorded figures come from them); on CUDA they
@@ -257,8 +235,10 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
         fused(torch.cat(vals), off).sum().backward()
     group_overhead_s = _timed(group_step, sync) * 3  # input dist, lookup, output dist
 
+    from rayemb.train.calibrate_dense import dense_model_step
+
     model_step, dense_param_bytes = dense_model_step(device, local_batch, num_dense, num_sparse, dim, bottom_mlp,
-                                                     top_mlp)
+                                                     top_mlp, model, schema)
     dense_step_s = _timed(model_step, sync)
     return {"lookup_s": lookup_s, "dense_lookup_s": dense_lookup_s, "replicated_elem_s": replicated_elem_s,
             "pool_s": pool_s, "group_overhead_s": group_overhead_s, "dense_step_s": dense_step_s,
@@ -358,11 +338,15 @@ def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, sec
     )
 
 
-def job_shape(cfg: Any, schema: Any) -> Dict[str, Any]:
-    """The shape calibration measures: the job's local batch, dense and sparse features, dim, MLPs, prefetch."""
+def job_shape(cfg: Any, schema: Any, model: Any = None) -> Dict[str, Any]:
+    """The shape calibration measures: the job's local batch, dense and sparse features, dim, MLPs, prefetch,
+    and the job's model (``model``, a ModelSpec) whose dense part is timed; with sequence features the dense
+    step is a DLRM's (the stand-in vectors have no histories to feed a sequence module)."""
+    own = model is not None and cfg.model.sequence_tower == "none"
     return dict(local_batch=cfg.data.batch_size, num_dense=len(schema.dense), dim=cfg.model.embedding_dim,
                 num_sparse=len(schema.sparse), bottom_mlp=list(cfg.model.bottom_mlp), top_mlp=list(cfg.model.top_mlp),
-                prefetch_input_dist=cfg.train.prefetch_input_dist)
+                prefetch_input_dist=cfg.train.prefetch_input_dist, model=model if own else None,
+                schema=schema if own else None)
 
 
 def run_on_ranks(fn: Callable[..., Any], args: Sequence[Any], world: int, cpus_per_worker: float, use_gpu: bool,

@@ -116,6 +116,7 @@ def _probe_step(kind: str, n_tables: int, local_batch: int, dim: int, device: An
     from rayemb.embedding.prefetch import StepPrefetch
     from rayemb.embedding.sharders import cpu_capable_sharders
     from rayemb.train.optim import MultiTensorRowWiseAdagrad
+    from rayemb.train.step import StepBatch, TrainStep
     from rayemb.planner.cost import column_shards
 
     class _Sum(torch.nn.Module):
@@ -157,19 +158,11 @@ def _probe_step(kind: str, n_tables: int, local_batch: int, dim: int, device: An
                                               values=torch.from_numpy(values.astype(np.int64)),
                                               lengths=torch.ones(n_tables * local_batch, dtype=torch.int32))
     kjt = module.remapper.remap(kjt).to(device)
-    pre = StepPrefetch(model) if prefetch else None
-
-    def step() -> None:
-        if opt is not None:
-            opt.zero_grad()
-        loss = model(kjt)
-        if pre is not None:
-            pre.start(kjt)  # every step looks up the same KJT: this is the next step's exchange
-        loss.backward()
-        if opt is not None:
-            opt.step()
-
-    return step, (pre.finish if pre is not None else None)
+    # the job's step; the module's output is the loss, and every step looks up the same KJT, so the next
+    # step's input exchange (prefetched) is this KJT's again
+    batch = StepBatch((kjt,), sparse=kjt)
+    step = TrainStep(model, opt, prefetch=StepPrefetch(model) if prefetch else None)
+    return (lambda: step(batch, batch)), (step.finish if prefetch else None)
 
 
 def _ddp_steps(local_batch: int, dim: int, device: Any) -> Tuple[Callable[[], None], Callable[[], None]]:

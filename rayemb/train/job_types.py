@@ -26,6 +26,8 @@ class JobInputs:
     steps_per_epoch: int
     #: (directory, meta.json) of train.resume_from, checked against the schema (None: not resuming)
     resume: Optional[Tuple[str, Dict[str, Any]]] = None
+    #: the model's factory and arguments (rayemb.model.factory.ModelSpec)
+    model: Any = None
 
     @property
     def world_size(self) -> int:

@@ -1,12 +1,15 @@
 """The per-worker training loop (runs in every Ray Train worker, one per rank).
 
-Each rank builds the DLRM with its embedding tables on the meta device, shards
-it with the driver's plan under ``DistributedModelParallel``, streams its shard
-of the train split, and runs the same number of steps as every other rank (a
-rank that runs dry early would hang the collectives, so ranks also agree on
-"everyone still has a batch" every step). After each epoch it evaluates AUC
-and logloss on every row of the validation split, gathered over all ranks
-(:mod:`rayemb.train.validation`), and reports.
+Each rank builds the job's model (its factory: :mod:`rayemb.model`) around its
+embedding tables on the meta device, shards it with the driver's plan under
+``DistributedModelParallel``, streams its shard of the train split, and runs the
+same number of steps as every other rank (a rank that runs dry early would hang
+the collectives, so ranks also agree on "everyone still has a batch" every
+step). Each step is :class:`rayemb.train.step.TrainStep`, which reads nothing
+back to the host: a window's losses are summed on the device and read, and
+checked for divergence, at its log point (and before any checkpoint). After
+each epoch it evaluates AUC and logloss on every row of the validation split,
+gathered over all ranks (:mod:`rayemb.train.validation`), and reports.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import logging
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple
 
 from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 
@@ -59,25 +62,6 @@ def peak_memory_bytes(device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-class StepTimer:
-    """Accumulates wall time per phase of a training step (data wait, forward, backward, optimizer)."""
-
-    PHASES = ("data_wait", "forward", "backward", "optimizer")
-
-    def __init__(self) -> None:
-        self.totals = dict.fromkeys(self.PHASES, 0.0)
-        self._t = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.totals[phase] += now - self._t
-        self._t = now
-
-    def reset(self) -> None:
-        self.totals = dict.fromkeys(self.PHASES, 0.0)
-        self._t = time.perf_counter()
-
-
 # ---- CHECKPOINTS ---- #
 #
 # Logical checkpoints (rayemb.checkpoint): every table in its logical row space, loadable into any
@@ -99,41 +83,20 @@ def _maybe_inject_fault(fault: Optional[Dict[str, Any]], step: int) -> None:
         raise RuntimeError(f"injected fault at step {step}")
 
 
-def check_finite_loss(loss_value: float, step: int, epoch: int, rank: int) -> None:
-    """Stops the job with a clear error when the loss is NaN or infinite (training has diverged)."""
-    if not math.isfinite(loss_value):
-        from rayemb.errors import TrainingDivergedError
+def _step_batch(batch, device) -> Any:
+    """One step's tensors on the device: the model's inputs (rayemb.model.contract) and the labels."""
+    from rayemb.model.contract import model_inputs
+    from rayemb.train.step import StepBatch
 
-        raise TrainingDivergedError(
-            f"The training loss became {loss_value} at step {step} (epoch {epoch}, rank {rank}): training diverged. "
-            "Lower train.dense_lr / train.embedding_lr, or check the data for extreme dense values; "
-            "the MLflow run is marked FAILED.",
-            category="non_finite_loss",
-        )
-
-
-class _DeviceBatch(NamedTuple):
-    """One step's tensors on the device."""
-
-    dense: Any
-    sparse: Any
-    labels: Any
-    sequence: Any
-
-    @classmethod
-    def of(cls, batch, device) -> "_DeviceBatch":
-        return cls(batch.dense.to(device), batch.sparse.to(device), batch.labels.to(device),
-                   _sequence_of(batch, device))
-
-
-def _sequence_of(batch, device):
-    """The batch's sequence-feature KJT on ``device`` (None without sequence features)."""
-    return None if batch.sequence is None else batch.sequence.to(device)
+    inputs = model_inputs(batch, device)
+    return StepBatch(inputs, batch.labels.to(device), inputs[1])
 
 
 def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device: Any,
-                  one_ddp: bool = True) -> Tuple[Any, Any, Any]:
-    """The job's DLRM sharded by ``job_plan`` under ``DistributedModelParallel``, its optimizer and id remapper.
+                  one_ddp: bool = True, model_spec: Any = None) -> Tuple[Any, Any, Any]:
+    """The job's model sharded by ``job_plan`` under ``DistributedModelParallel``, its optimizer and id remapper.
+
+    ``model_spec``: the :class:`~rayemb.model.factory.ModelSpec` that builds it (None: the config's model).
 
     Sharded tables update in their backward (fused FBGEMM optimizer). Replicated embedding rows (hybrid hot
     halves, data-parallel tables) are dense parameters with all-reduced gradients: the same optimizer kind,
@@ -152,20 +115,21 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     from rayemb.embedding.hybrid import replicated_embedding_parameters
     from rayemb.embedding.sharders import cpu_capable_sharders
     from rayemb.train.optim import embedding_optimizer
-    from rayemb.train.sharding import build_model
+    from rayemb.train.sharding import build_model, plan_for_model
 
-    model = build_model(cfg, schema, job_plan.placements, job_plan.hot_ids,
-                        embedding_device=torch.device("meta"), dense_device=device)
-    remapper = model.embedding.remapper
+    model, embeddings, paths = build_model(cfg, schema, job_plan.placements, job_plan.hot_ids,
+                                           embedding_device=torch.device("meta"), dense_device=device,
+                                           model=model_spec)
+    remapper = embeddings.pooled.remapper
     emb_opt_cls = embedding_optimizer(cfg.train.embedding_optimizer)
     rep_opt_cls = embedding_optimizer(cfg.train.embedding_optimizer, replicated=True)
-    for module in (model.embedding, getattr(model, "sequence", None)):  # sequence: the history tables, if any
+    for module in (embeddings.pooled, embeddings.sequence):  # sequence: the history tables, if any
         if module is not None:
             # only TorchRec's table modules (fused in sharding); projections and replicated rows stay dense
             tables = [p for m in module.modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
                       for p in m.parameters()]
             apply_optimizer_in_backward(emb_opt_cls, tables, {"lr": cfg.train.embedding_lr})
-    model = DistributedModelParallel(module=model, device=device, plan=job_plan.sharding_plan,
+    model = DistributedModelParallel(module=model, device=device, plan=plan_for_model(job_plan.sharding_plan, paths),
                                      sharders=cpu_capable_sharders(),
                                      data_parallel_wrapper=OneDataParallelWrapper() if one_ddp else None)
     replicated = replicated_embedding_parameters(model)
@@ -203,9 +167,10 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     from rayemb.embedding.comm import COLLECTIVES, CommCounter, instrument_ddp
     from rayemb.embedding.prefetch import StepPrefetch
     from rayemb.logs import quiet_third_party_logs
-    from rayemb.model.dlrm import sequence_features, table_configs
+    from rayemb.model.tables import sequence_features, table_configs
     from rayemb.train.data_loader import RankBatches
     from rayemb.train.resume import CheckpointSchedule, restore, save_and_report
+    from rayemb.train.step import LossWindow, StepTimer, TrainStep, check_finite_loss
     from rayemb.train.validation import evaluate
 
     quiet_third_party_logs()
@@ -229,7 +194,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     # an elastic group restarted on fewer ranks takes the plan made for its size (hot set and shards)
     plans = ray.get(loop_config["plans"])  # both plans travel as object-store references (trainer._ray_trainer)
     job_plan = plans[world] if world in plans else ray.get(loop_config["plan"])
-    model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device)
+    spec = ray.get(loop_config["model"]) if loop_config.get("model") is not None else None  # a ModelSpec
+    model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device, model_spec=spec)
     instrument_ddp(model)
     # the next batch's input exchange starts before this batch's backward (rayemb.embedding.prefetch)
     prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
@@ -275,59 +241,45 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         for _ in range(skip):  # the steps of this epoch the checkpoint already holds
             next(it, None)
         epoch_steps = skip
-        window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
+        window, window_t0 = LossWindow(device, step + 1), time.perf_counter()
         timer = StepTimer()
         counter = CommCounter()
+        train_step = TrainStep(model, optimizer, loss_fn, prefetch=prefetch, counter=counter, timer=timer)
         remaining = max(0, (steps_per_epoch if agreed is None else agreed) - skip)
 
-        def fetch(k: int) -> Optional[_DeviceBatch]:
-            """Batch ``k`` of the remaining steps, on the device; None past the end or when a rank ran dry."""
-            if k >= remaining:
-                return None
-            batch = next(it, None)
-            if agreed is None and not _all_have(batch is not None, device):
-                logger.warning("rank %d: a rank ran out of data at step %d; ending the epoch early", rank, step + 1)
-                return None
-            return _DeviceBatch.of(batch, device)
+        def batches() -> Iterator[Any]:
+            """The remaining steps' batches on the device, until a rank runs dry."""
+            for _ in range(remaining):
+                batch = next(it, None)
+                if agreed is None and not _all_have(batch is not None, device):
+                    logger.warning("rank %d: a rank ran out of data at step %d; ending the epoch early", rank, step + 1)
+                    return
+                yield _step_batch(batch, device)
 
-        nxt = fetch(0)
-        for k in range(remaining):
-            cur = nxt
-            if cur is None:
-                break
-            timer.lap("data_wait")
-            with counter:  # bytes of the model's own collectives only
-                logits = model(cur.dense, cur.sparse, cur.sequence)
-                loss = loss_fn(logits, cur.labels)
-            loss_value = float(loss.detach())
-            check_finite_loss(loss_value, step + 1, epoch, rank)
-            timer.lap("forward")
-            nxt = fetch(k + 1)
-            timer.lap("data_wait")
-            with counter:
-                if prefetch is not None and nxt is not None:
-                    prefetch.start(nxt.sparse)  # its split sizes travel during this backward
-                optimizer.zero_grad()
-                loss.backward()  # also applies the fused embedding optimizer
-                timer.lap("backward")
-            optimizer.step()
-            timer.lap("optimizer")
+        def check_window() -> None:
+            """Stops a diverged job before it is checkpointed (a collective: every rank's window is as long)."""
+            if window.steps:
+                total = window.sum.clone()
+                dist.all_reduce(total)
+                check_finite_loss(float(total), window.first_step, step, epoch)
+
+        for loss in train_step.steps(batches()):  # no host sync per step: the loss is read at log points
             step += 1
             epoch_steps += 1
             _maybe_inject_fault(fault, step)
-            window_loss += loss_value
-            window_steps += 1
+            window.add(loss)
             time_flag = 0.0
             if step % log_every == 0:
                 elapsed = time.perf_counter() - window_t0
                 # mean over ranks of: loss, per-phase seconds per step
-                vals = torch.tensor(
-                    [window_loss / window_steps] + [timer.totals[p] / window_steps for p in StepTimer.PHASES]
-                    + [schedule.due_flag()], dtype=torch.float64, device=device,
-                )
+                window_steps = window.steps
+                vals = torch.cat([(window.sum / window_steps).reshape(1), torch.tensor(
+                    [timer.totals[p] / window_steps for p in StepTimer.PHASES] + [schedule.due_flag()],
+                    dtype=torch.float64, device=device)])
                 dist.all_reduce(vals)
                 time_flag = float(vals[-1])  # summed: rank 0 decides the time rule for all
                 vals = (vals[:-1] / world).tolist()
+                check_finite_loss(vals[0], window.first_step, step, epoch)  # every rank sees the same mean
                 # bytes sent per step, summed over ranks, per collective family
                 sent = counter.bytes()
                 comm = torch.tensor([sent[c] / window_steps for c in COLLECTIVES], dtype=torch.float64, device=device)
@@ -356,10 +308,13 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 elif rank == 0:
                     # Fire and forget: the driver drains this queue into MLflow; no rank waits.
                     metrics_queue.actor.put_nowait.remote(metrics)
-                window_loss, window_steps, window_t0 = 0.0, 0, time.perf_counter()
+                window.reset(step + 1)
+                window_t0 = time.perf_counter()
                 timer.reset()
             if schedule.due(step, time_flag) and epoch_steps < steps_per_epoch:
+                check_window()
                 checkpoint(epoch, epoch_steps, False, {"step": step, "epoch": epoch, "checkpoint": 1})
+        check_window()  # the epoch's last window may be partial: a diverged model is neither validated nor saved
         valid = evaluate(model, valid_data, device, padding=lambda: converter.padding(cfg.data.batch_size))
         # every rank sees the same gathered AUC, so all make the same decision; the last epoch is no early stop
         stop = best.update(epoch, valid["valid_auc"]) and epoch + 1 < cfg.train.epochs

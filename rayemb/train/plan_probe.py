@@ -31,6 +31,7 @@ step of it; ``plan_probe`` records both for every candidate.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -166,15 +167,17 @@ def interleave_on_every_rank(device: Any, plans: Sequence[Any], budget_cap: Opti
 
 
 def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[Any],
-               samples: Dict[str, TableSample], steps: int, budget_cap: Optional[int] = None) -> Dict[str, Any]:
+               samples: Dict[str, TableSample], steps: int, budget_cap: Optional[int] = None,
+               model: Any = None) -> Dict[str, Any]:
     """Median seconds per training step of each of ``plans`` (JobPlans) on this process group, the ranks'
     medians averaged, and whether they were interleaved (a rank actor's work).
 
     The plans are stepped in one interleaved set when every rank holds them all at once
     (:func:`interleave_on_every_rank`), else one after another, each model freed before the next is built.
     Either way STEPS_PER_ROUND steps run back to back per round as the loop runs them (the ranks lined up
-    before each round only), each step as the loop's: forward, the loss read, the next batch's input exchange
-    started, backward, optimizer, the collectives' byte counter on.
+    before each round only), each step the loop's own (:class:`~rayemb.train.step.TrainStep`: forward, the next
+    batch's input exchange started, backward, optimizer, the collectives' byte counter on), its loss summed on
+    the device as the loop's window sums it, never read.
     """
     import gc
 
@@ -195,7 +198,7 @@ def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[A
     for group in groups:
         iv = Interleaved(sync, dist.barrier)
         for i in group:
-            iv.add(f"plan{i}", *_plan_steps(cfg, schema, plans[i], device, raw, counter))
+            iv.add(f"plan{i}", *_plan_steps(cfg, schema, plans[i], device, raw, counter, model))
         iv.run(rounds=rounds, warmup=PROBE_WARMUP_ROUNDS)
         for i in group:
             medians[i] = iv.median(f"plan{i}") / STEPS_PER_ROUND
@@ -207,40 +210,36 @@ def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[A
     return {"step_s": (medians / world).tolist(), "interleaved": together}
 
 
-def _plan_steps(cfg: Any, schema: Any, plan: Any, device: Any, raw: List[Any],
-                counter: Any) -> "tuple[Callable[[], None], Optional[Callable[[], None]]]":
+def _plan_steps(cfg: Any, schema: Any, plan: Any, device: Any, raw: List[Any], counter: Any,
+                model_spec: Any = None) -> "tuple[Callable[[], None], Optional[Callable[[], None]]]":
     """(STEPS_PER_ROUND training steps of ``plan``'s sharded model, what completes its pending prefetch or
-    None): the model lives as long as the returned step does."""
+    None): the model lives as long as the returned step does. ``model_spec``: the job's model (its factory;
+    None: the config's)."""
     import torch
 
     from rayemb.embedding.comm import instrument_ddp
     from rayemb.embedding.prefetch import StepPrefetch
     from rayemb.train.loop import sharded_model
+    from rayemb.train.step import LossWindow, StepBatch, TrainStep
 
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    model, optimizer, remapper = sharded_model(cfg, schema, plan, device)
+    model, optimizer, remapper = sharded_model(cfg, schema, plan, device, model_spec=model_spec)
     instrument_ddp(model)
-    batches = [(d.to(device), remapper.remap(k).to(device), y.to(device)) for d, k, y in raw]
+    batches = []
+    for dense, kjt, labels in raw:
+        sparse = remapper.remap(kjt).to(device)
+        batches.append(StepBatch((dense.to(device), sparse), labels.to(device), sparse))
     prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
     prefetch = prefetch if prefetch is not None and prefetch.enabled else None
-    state = {"k": 0}
+    step = TrainStep(model, optimizer, loss_fn, prefetch=prefetch, counter=counter)
+    losses = step.steps(itertools.cycle(batches))  # each step draws the next batch, whose exchange it starts
+    window = LossWindow(device, 1)
 
     def steps_back_to_back() -> None:
         for _ in range(STEPS_PER_ROUND):
-            k = state["k"]
-            dense, sparse, labels = batches[k % PROBE_BATCHES]
-            with counter:
-                loss = loss_fn(model(dense, sparse, None), labels)
-            float(loss.detach())  # the loop reads the loss every step (its finite check)
-            with counter:
-                if prefetch is not None:
-                    prefetch.start(batches[(k + 1) % PROBE_BATCHES][1])
-                optimizer.zero_grad()
-                loss.backward()
-            optimizer.step()
-            state["k"] = k + 1
+            window.add(next(losses))
 
-    return steps_back_to_back, (prefetch.finish if prefetch is not None else None)
+    return steps_back_to_back, (step.finish if prefetch is not None else None)
 
 
 @dataclass
@@ -269,13 +268,15 @@ def placement_counts(summary: Dict[str, Any]) -> Dict[str, int]:
 
 def probe_plans(cfg: Any, schema: Any, plans: Sequence[Any], samples: Dict[str, TableSample], world: int,
                 cpus_per_worker: float, use_gpu: bool, strategy: str = "PACK",
-                timeout_s: float = 300.0, budget_cap: Optional[int] = None) -> ProbeResult:
+                timeout_s: float = 300.0, budget_cap: Optional[int] = None, model: Any = None) -> ProbeResult:
     """Times ``plans`` on ``world`` ranks placed like the Train workers (:func:`probe_rank`); the fastest wins.
-    ``budget_cap``: at most these bytes of tables per rank at once (more than that: one plan at a time)."""
+    ``budget_cap``: at most these bytes of tables per rank at once (more than that: one plan at a time);
+    ``model``: the job's ModelSpec (None: the config's model)."""
     from rayemb.train.calibrate import run_on_ranks
 
     t0 = time.monotonic()
-    per_rank = run_on_ranks(probe_rank, (cfg, schema, list(plans), samples, cfg.planner.probe_steps, budget_cap),
+    per_rank = run_on_ranks(probe_rank, (cfg, schema, list(plans), samples, cfg.planner.probe_steps, budget_cap,
+                                         model),
                             world, cpus_per_worker, use_gpu, timeout_s, strategy)
     step_s = [float(s) for s in per_rank[0]["step_s"]]
     return ProbeResult(step_s, int(np.argmin(step_s)), time.monotonic() - t0, bool(per_rank[0]["interleaved"]))
@@ -333,9 +334,10 @@ def apply_probe(candidates: Sequence[Any], result: ProbeResult) -> Any:
 
 
 def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any, plan_for: Callable[[Any], Any],
-                    world: int, cpus_per_worker: float) -> Any:
+                    world: int, cpus_per_worker: float, model: Any = None) -> Any:
     """``job_plan`` and the same job on the other side of the hybrid choice (:func:`probe_candidates`), timed on
-    the live cluster (:func:`probe_plans`); returns the faster (:func:`apply_probe`).
+    the live cluster (:func:`probe_plans`), each the job's own model (``model``, its factory); returns the
+    faster (:func:`apply_probe`).
 
     Skipped (``job_plan`` as it is) with ``planner.probe_steps: 0``, with a sequence tower (the probe's
     synthetic batches have no histories) and, said loudly, when the probe fails.
@@ -347,7 +349,7 @@ def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any
           flush=True)
     try:
         result = probe_plans(cfg, schema, candidates, table_samples(schema, stats, split), world, cpus_per_worker,
-                             cfg.scaling.use_gpu, cfg.scaling.placement_strategy)
+                             cfg.scaling.use_gpu, cfg.scaling.placement_strategy, model=model)
     except Exception as e:  # noqa: BLE001 - the model's plan and prediction stand, said loudly
         print(f"rayemb: WARNING: plan probe failed ({type(e).__name__}: {e}); training the model's plan "
               "(planner.probe_steps=0 skips the probe)", flush=True)

@@ -254,7 +254,7 @@ def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, Dict[str, An
     except DataError as e:
         raise DataError(f"{e.message.rstrip('.')} (train.resume_from / --resume-from).",
                         category="storage" if e.category == "storage" else "bad_checkpoint") from None
-    from rayemb.model.dlrm import table_configs  # TorchRec: imported once the files are known to be there
+    from rayemb.model.tables import table_configs  # TorchRec: imported once the files are known to be there
 
     saved = meta.get("tables", {})
     for t in table_configs(schema, cfg.model.embedding_dim):

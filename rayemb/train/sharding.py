@@ -16,7 +16,7 @@ its module plan joins the job's ShardingPlan under the key ``sequence``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Tuple
 
 import numpy as np
 
@@ -42,30 +42,52 @@ class JobPlan:
     summary: Dict[str, Any]  # plan.json
 
 
+def build_embeddings(cfg: JobConfig, schema: DatasetSchema, placements: Mapping[str, Any],
+                     hot_ids: Mapping[str, np.ndarray], embedding_device: Any, dense_device: Any) -> Any:
+    """The job's :class:`~rayemb.model.contract.Embeddings`: rayemb's hybrid embedding over the pooled tables
+    (tables not placed hybrid stay an ordinary EBC) and the sequence collection, if the job uses one."""
+    from rayemb.embedding.hybrid import hybrid_from_placements
+    from rayemb.model.contract import Embeddings
+    from rayemb.model.tables import sequence_features, sequence_module, table_configs
+
+    pooled, _ = hybrid_from_placements(table_configs(schema, cfg.model.embedding_dim), placements, hot_ids,
+                                       device=embedding_device)
+    return Embeddings(pooled=pooled, features=tuple(schema.sparse_names), dim=cfg.model.embedding_dim,
+                      sequence=sequence_module(cfg.model, schema, device=embedding_device),
+                      sequence_features=tuple(sequence_features(cfg.model, schema)), device=dense_device)
+
+
 def build_model(
     cfg: JobConfig, schema: DatasetSchema, placements: Mapping[str, Any], hot_ids: Mapping[str, np.ndarray],
-    embedding_device: Any, dense_device: Any,
-):
-    """The job's DLRM over rayemb's hybrid embedding (tables not placed hybrid stay an ordinary EBC)."""
-    from rayemb.embedding.hybrid import hybrid_from_placements
-    from rayemb.model.dlrm import DLRM, sequence_features, sequence_module, table_configs
+    embedding_device: Any, dense_device: Any, model: Any = None,
+) -> Tuple[Any, Any, Dict[str, str]]:
+    """(the job's model, its :class:`~rayemb.model.contract.Embeddings`, where the model holds them).
 
-    embedding, _ = hybrid_from_placements(
-        table_configs(schema, cfg.model.embedding_dim), placements, hot_ids, device=embedding_device
-    )
-    seq_features = sequence_features(cfg.model, schema)
-    return DLRM(
-        embedding,
-        feature_names=schema.sparse_names,
-        dense_in_features=len(schema.dense),
-        bottom_mlp=cfg.model.bottom_mlp,
-        top_mlp=cfg.model.top_mlp,
-        dense_device=dense_device,
-        sequence=sequence_module(cfg.model, schema, device=embedding_device),
-        sequence_features=seq_features,
-        sequence_targets={f.name: f.target for f in schema.sequence},
-        sequence_tower=cfg.model.sequence_tower if seq_features else "mean",
-    )
+    ``model``: a :class:`~rayemb.model.factory.ModelSpec` (None: the config's ``model`` section's)."""
+    from rayemb.model.factory import model_spec
+
+    spec = model if model is not None else model_spec(cfg.model)
+    embeddings = build_embeddings(cfg, schema, placements, hot_ids, embedding_device, dense_device)
+    built, paths = spec.build(embeddings, schema)
+    return built, embeddings, paths
+
+
+def plan_for_model(sharding_plan: Any, paths: Mapping[str, str]) -> Any:
+    """The job's ShardingPlan keyed by where this model holds the embedding modules.
+
+    Plans are made before any model exists, keyed as the DLRM holds them (:data:`EMBEDDING_MODULE`,
+    :data:`SEQUENCE_MODULE`); a model of its own may hold them under other attribute names.
+    """
+    from torchrec.distributed.types import ShardingPlan
+
+    pooled, sequence = paths["pooled"], paths.get("sequence", SEQUENCE_MODULE)
+    out = {}
+    for key, module_plan in sharding_plan.plan.items():
+        if key == SEQUENCE_MODULE:
+            out[sequence] = module_plan
+        else:
+            out[pooled + key[len(EMBEDDING_MODULE):]] = module_plan  # "embedding.<child>" -> "<pooled>.<child>"
+    return ShardingPlan(plan=out)
 
 
 def sequence_plan(cfg: JobConfig, schema: DatasetSchema, topology: Any, global_batch: int) -> Any:
@@ -82,7 +104,7 @@ def sequence_plan(cfg: JobConfig, schema: DatasetSchema, topology: Any, global_b
 
     from rayemb.embedding.sharders import cpu_capable_sharders
     from rayemb.errors import PlanError
-    from rayemb.model.dlrm import sequence_features, sequence_module
+    from rayemb.model.tables import sequence_features, sequence_module
     from rayemb.planner.torchrec_plan import to_torchrec_topology
 
     features = sequence_features(cfg.model, schema)

@@ -35,6 +35,7 @@ from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, count_rows, load_checked, parquet_files
 from rayemb.errors import DataError, TrainingError, find_user_error
 from rayemb.logs import redact_uri
+from rayemb.model.factory import model_spec
 from rayemb.planner.tables import split_rule
 from rayemb.planner.topology import resize_topology
 from rayemb.planner.types import parse_pins
@@ -51,10 +52,12 @@ from rayemb.train.sharding import pins_of
 
 logger = logging.getLogger(__name__)
 
-def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainResult:
-    """Runs one training job on the current (or a new local) Ray cluster; returns when it ends."""
+def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any = None) -> TrainResult:
+    """Runs one training job on the current (or a new local) Ray cluster; returns when it ends.
+
+    ``model``: a :class:`~rayemb.model.factory.ModelSpec` (None: the config's ``model`` section names it)."""
     t0 = time.monotonic()
-    inputs = check_inputs(cfg)
+    inputs = check_inputs(cfg, model)
     init_ray()
     topology = job_topology(cfg)
     stats, split = compute_statistics(inputs, topology)
@@ -68,7 +71,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None) -> TrainRe
 # ---- STAGE 1: CHECK INPUTS (no Ray) ---- #
 
 
-def check_inputs(cfg: JobConfig) -> JobInputs:
+def check_inputs(cfg: JobConfig, model: Any = None) -> JobInputs:
     """The dataset's schema and every parquet footer, the pins, one global batch of train rows and a valid row,
     a given stats.json, and the checkpoint to resume from (its files, tables and dims)."""
     data_dir, out_dir = resolve_dataset(resolve_path(cfg.data.path)), resolve_path(cfg.tracking.output_dir)  # or URIs
@@ -83,9 +86,10 @@ def check_inputs(cfg: JobConfig) -> JobInputs:
 
     check_stats_file(resolve_path(cfg.data.stats_path) if cfg.data.stats_path else None)
     resume = check_resume_from(cfg, schema)
+    model = model or model_spec(cfg.model)  # a factory of the user's: imported now, its errors before any work
     print(f"rayemb: data {redact_uri(data_dir)} ({len(schema.sparse)} sparse tables, {train_rows:,} train / "
           f"{valid_rows:,} valid rows), outputs {redact_uri(out_dir)}", flush=True)
-    return JobInputs(cfg, data_dir, out_dir, schema, train_rows, valid_rows, steps, resume)
+    return JobInputs(cfg, data_dir, out_dir, schema, train_rows, valid_rows, steps, resume, model)
 
 
 def job_topology(cfg: JobConfig) -> Any:
@@ -156,7 +160,7 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
           f"B={split.global_batch_size}):\n{split.summary_table()}", flush=True)
 
     def plan_for(config: JobConfig, plan_split: Any = None, topo: Any = topology) -> Any:
-        args = (config, inputs.schema, stats, plan_split or split, topo, calibration)
+        args = (config, inputs.schema, stats, plan_split or split, topo, calibration, inputs.model)
         if "torchrec" in sys.modules:  # a caller that has TorchRec loaded already: no worker to start and load it
             return _plan_remote(*args)
         return ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(*args))
@@ -172,7 +176,7 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
         from rayemb.train.plan_probe import choose_by_probe
 
         job_plan = choose_by_probe(cfg, inputs.schema, job_plan, stats, split, plan_for, inputs.world_size,
-                                   resources.cpus_per_worker)
+                                   resources.cpus_per_worker, inputs.model)
     summary = job_plan.summary
     # what shards the model, not what was measured on the way (a resumed job re-calibrates)
     fingerprint = hashlib.sha1(to_json({k: v for k, v in summary.items() if k not in MEASURED_PLAN_KEYS})
@@ -197,12 +201,20 @@ def elastic_worlds(cfg: JobConfig) -> List[int]:
     return list(range(low, cfg.scaling.num_workers))
 
 
-def _plan_remote(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any, calibration: Any):
+def _plan_remote(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any, calibration: Any,
+                 model: Any = None):
+    """The job's plan, and its model built once on the meta device: a factory that breaks the model contract
+    fails here, before any worker starts (:func:`rayemb.model.contract.check_model`)."""
+    import torch
+
     from rayemb.logs import quiet_third_party_logs
-    from rayemb.train.sharding import make_job_plan
+    from rayemb.train.sharding import build_model, make_job_plan
 
     quiet_third_party_logs()
-    return make_job_plan(cfg, schema, stats, split, topology, calibration)
+    job_plan = make_job_plan(cfg, schema, stats, split, topology, calibration)
+    meta = torch.device("meta")
+    build_model(cfg, schema, job_plan.placements, job_plan.hot_ids, meta, meta, model=model)
+    return job_plan
 
 
 def calibrate(inputs: JobInputs, topology: Any, resources: WorkerResources) -> Any:
@@ -212,7 +224,7 @@ def calibrate(inputs: JobInputs, topology: Any, resources: WorkerResources) -> A
         return None
     from rayemb.train.calibrate import calibrate_cluster, job_shape
 
-    shape = job_shape(cfg, inputs.schema)
+    shape = job_shape(cfg, inputs.schema, inputs.model)
     print(f"rayemb: calibrating the step-time model on {inputs.world_size} ranks ...", flush=True)
     try:
         cal = calibrate_cluster(inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,
@@ -384,7 +396,7 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
         train_loop_per_worker,
         train_loop_config={
             # by reference: Ray Train's controller unpickles this config, and the plans would import TorchRec there
-            "job": cfg, "schema": inputs.schema, "plan": ray.put(planned.job_plan),
+            "job": cfg, "schema": inputs.schema, "plan": ray.put(planned.job_plan), "model": ray.put(inputs.model),
             "plans": ray.put(planned.plans_by_world),
             "train_rows": inputs.train_rows,
             "checkpoint_root": tracking.outputs.checkpoint_root,

@@ -95,6 +95,7 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
     """
     import torch
 
+    from rayemb.model.contract import model_inputs
     from rayemb.train.metrics import validation_metrics
 
     model.eval()
@@ -112,8 +113,7 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
                 break
             if batch is None:  # this shard ran dry: padding keeps this rank in the others' collectives
                 filler = batch = filler if filler is not None else padding()
-            sequence = None if batch.sequence is None else batch.sequence.to(device)
-            out = model(batch.dense.to(device), batch.sparse.to(device), sequence).float().cpu().numpy()
+            out = model(*model_inputs(batch, device)).float().cpu().numpy()
             y = batch.labels.numpy()
             if batch.mask is not None:
                 keep = batch.mask.numpy()

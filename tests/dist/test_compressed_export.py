@@ -52,7 +52,7 @@ def _job_plan(cfg: Any, schema: Any, world_size: int) -> Any:
 
     from rayemb.embedding.hybrid import hybrid_from_placements
     from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.model.dlrm import table_configs
+    from rayemb.model.tables import table_configs
     from rayemb.train.sharding import JobPlan, build_model
 
     placements = {t: _Placement(p, s, st) for t, (p, s, _, st) in PLAN.items()}

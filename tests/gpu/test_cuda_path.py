@@ -302,7 +302,7 @@ def test_job_dlrm_trains_on_cuda(nccl_world, tmp_path) -> None:
     from rayemb.data.synthetic import SyntheticSpec, generate
     from rayemb.embedding.hybrid import hybrid_from_placements
     from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.model.dlrm import table_configs
+    from rayemb.model.tables import table_configs
     from rayemb.train.loop import sharded_model
     from rayemb.train.sharding import JobPlan, build_model
 

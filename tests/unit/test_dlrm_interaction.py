@@ -4,7 +4,7 @@ import pytest
 import torch
 from torchrec.models.dlrm import InteractionArch
 
-from rayemb.model.dlrm import PairwiseDotInteraction
+from rayemb.models.dlrm import PairwiseDotInteraction
 
 
 @pytest.mark.parametrize("num_vectors", [1, 2, 26])

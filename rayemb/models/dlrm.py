@@ -21,6 +21,9 @@ one more ``(B, D)`` vector of the interaction::
 
     pooled (B, F, D) ++ tower(history, target) (B, S, D) → pairwise dots
 
+As a model factory (``model.name: dlrm``) it is :func:`dlrm`, built on the
+public model contract only (:class:`rayemb.Embeddings`), like any user's model.
+
 Example::
 
     >>> ebc = EmbeddingBagCollection(tables=[...], device=torch.device("meta"))
@@ -36,11 +39,9 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import torch
 from torch import nn
 from torchrec.models.dlrm import DenseArch, OverArch
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from rayemb.embedding.sequence import SequenceFeature, UserHistoryTower, pad_sequences, sequence_collection
-from rayemb.errors import ConfigError
+from rayemb import DatasetSchema, Embeddings, SequenceFeature, UserHistoryTower, pad_sequences
 
 
 class PairwiseDotInteraction(nn.Module):
@@ -126,46 +127,13 @@ class DLRM(nn.Module):
         return out
 
 
-def table_configs(schema, embedding_dim: int) -> List[EmbeddingBagConfig]:
-    """One ``EmbeddingBagConfig`` per sparse feature of a :class:`DatasetSchema`, named after its feature.
-
-    Tables share the feature's name so stats, splits and plans key them alike.
-    """
-    return [
-        EmbeddingBagConfig(
-            name=f.name,
-            embedding_dim=embedding_dim,
-            num_embeddings=f.num_embeddings,
-            feature_names=[f.name],
-        )
-        for f in schema.sparse
-    ]
-
-
-def sequence_features(model_cfg, schema) -> List[SequenceFeature]:
-    """The schema's sequence features as the model embeds them ([] for ``sequence_tower: none``).
-
-    Tables have the model's ``embedding_dim`` (the tower output joins the pooled
-    vectors in one interaction). ``attention`` needs a ``target`` on every feature.
-    """
-    mode = model_cfg.sequence_tower
-    if mode == "none":
-        return []
-    if not schema.sequence:
-        raise ConfigError(
-            f"model.sequence_tower is {mode!r} but the dataset's schema.yaml declares no sequence feature. Add one "
-            "(`sequence: true`, `max_length: N`; e.g. `rayemb gen-data --sequence-length 20`) or set "
-            "model.sequence_tower: none.", category="invalid_config")
-    untargeted = [f.name for f in schema.sequence if f.target is None]
-    if mode == "attention" and untargeted:
-        raise ConfigError(
-            f"model.sequence_tower: attention compares each history with a target item, but sequence feature(s) "
-            f"{untargeted} declare no `target:` in schema.yaml. Add `target: <pooled feature>` or use "
-            "model.sequence_tower: mean.", category="invalid_config")
-    return [SequenceFeature(f.name, f.num_embeddings, model_cfg.embedding_dim, f.max_length) for f in schema.sequence]
-
-
-def sequence_module(model_cfg, schema, device: Optional[torch.device] = None) -> Optional[nn.Module]:
-    """The ``EmbeddingCollection`` of the schema's sequence features (None for ``sequence_tower: none``)."""
-    features = sequence_features(model_cfg, schema)
-    return sequence_collection(features, device=device) if features else None
+def dlrm(embeddings: Embeddings, schema: DatasetSchema, bottom_mlp: Sequence[int] = (64, 16),
+         top_mlp: Sequence[int] = (64, 32, 1), sequence_tower: str = "attention") -> DLRM:
+    """The DLRM factory (``model.name: dlrm``; ``model.bottom_mlp`` / ``model.top_mlp`` / ``model.sequence_tower``
+    are its arguments): bottom MLP over the dense features, the pooled (and history) vectors, dot interaction,
+    top MLP to one logit."""
+    return DLRM(embeddings.pooled, feature_names=embeddings.features, dense_in_features=len(schema.dense),
+                bottom_mlp=bottom_mlp, top_mlp=top_mlp, dense_device=embeddings.device,
+                sequence=embeddings.sequence, sequence_features=embeddings.sequence_features,
+                sequence_targets={f.name: f.target for f in schema.sequence},
+                sequence_tower=sequence_tower if embeddings.sequence_features else "mean")

@@ -1,0 +1,118 @@
+"""The model contract: what a model factory receives, what it must return, and the check of both.
+
+A factory is a plain function ``factory(embeddings, schema, **args) -> nn.Module``.
+``embeddings`` (:class:`Embeddings`) holds the embedding modules rayemb built
+from the job's plan: ``pooled`` maps the batch's ``KeyedJaggedTensor`` to a
+``KeyedTensor`` with one ``(B, dim)`` vector per pooled feature, whatever the
+placement behind it (data-parallel, sharded, hybrid hot/cold, compressed);
+``sequence`` (only with ``model.sequence_tower`` other than ``none``) maps the
+sequence features' KJT to one ``JaggedTensor`` per feature. The model holds
+them as submodules and is called on each batch as::
+
+    output = model(dense, sparse)                 # dense: (B, num_dense) float, sparse: KJT of the pooled ids
+    output = model(dense, sparse, sequence)       # with sequence features
+
+``output`` is ``(B,)`` logits (or what the job's loss takes), and the loss sees
+the whole batch's output. The model never touches sharding:
+``DistributedModelParallel`` shards the modules it was handed, under whatever
+attribute names the model gave them, and checkpoints, resharding, resume and
+export find the tables by those modules' own parameter names.
+
+:func:`check_model` finds where the model holds each module and fails with one
+message naming what is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from rayemb.embedding.sequence import SequenceFeature
+from rayemb.errors import BAD_FACTORY, ConfigError
+
+#: the attribute a model must give the sequence collection: checkpoints find its tables by it
+SEQUENCE_ATTRIBUTE = "sequence"
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """The embedding modules of a job, built from its plan, as a model factory receives them."""
+
+    #: ``KeyedJaggedTensor -> KeyedTensor``: one ``(B, dim)`` pooled embedding per feature of ``features``
+    pooled: nn.Module
+    #: the pooled features, in the schema's order (the ``KeyedTensor``'s keys)
+    features: Tuple[str, ...]
+    #: every table's embedding dimension (``model.embedding_dim``)
+    dim: int
+    #: ``KeyedJaggedTensor -> Dict[str, JaggedTensor]`` of the sequence features, or None without them
+    sequence: Optional[nn.Module] = None
+    #: the sequence features the ``sequence`` module embeds (name, rows, dim, max_length)
+    sequence_features: Tuple[SequenceFeature, ...] = ()
+    #: where the model's dense layers go (the rank's device)
+    device: Optional[torch.device] = None
+
+
+def model_inputs(batch: Any, device: Any) -> Tuple[Any, ...]:
+    """A batch's positional model inputs on ``device``: ``(dense, sparse)``, or with sequence features
+    ``(dense, sparse, sequence)`` (:class:`~rayemb.data.batching.Batch` or anything with those fields)."""
+    dense, sparse = batch.dense.to(device), batch.sparse.to(device)
+    return (dense, sparse) if batch.sequence is None else (dense, sparse, batch.sequence.to(device))
+
+
+def _path_of(model: nn.Module, target: nn.Module) -> Optional[str]:
+    for name, module in model.named_modules():
+        if module is target:
+            return name
+    return None
+
+
+def _foreign_tables(model: nn.Module, ours: Tuple[nn.Module, ...]) -> Dict[str, str]:
+    """Embedding modules inside ``model`` that rayemb did not build: path -> type."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    inside = {id(m) for o in ours for m in o.modules()}
+    return {name: type(m).__name__ for name, m in model.named_modules()
+            if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection, nn.Embedding, nn.EmbeddingBag))
+            and id(m) not in inside}
+
+
+def check_model(model: Any, embeddings: Embeddings, factory_name: str) -> Dict[str, str]:
+    """The module paths of ``embeddings``' modules inside ``model`` (``{"pooled": ..., "sequence": ...}``).
+
+    Raises :class:`~rayemb.errors.ConfigError` (``bad_model_factory``) naming the fix when the factory
+    returned no module, dropped a module it was given, or holds embedding tables of its own (those would be
+    neither planned nor checkpointed).
+    """
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"The model factory {factory_name} returned {type(model).__name__}, not a torch.nn.Module. "
+                          "Return the model: `return MyModel(embeddings, schema, ...)`.", BAD_FACTORY)
+    paths = {"pooled": _path_of(model, embeddings.pooled)}
+    if paths["pooled"] is None:
+        raise ConfigError(f"The model {type(model).__name__} built by {factory_name} does not hold the pooled "
+                          "embedding module it was given. Keep it as a submodule, e.g. "
+                          "`self.embedding = embeddings.pooled`, and call it on the batch's sparse input.",
+                          BAD_FACTORY)
+    if paths["pooled"] == "":
+        raise ConfigError(f"The model factory {factory_name} returned the embedding module itself; return a model "
+                          "that holds it and maps its output to logits.", BAD_FACTORY)
+    if embeddings.sequence is not None:
+        path = _path_of(model, embeddings.sequence)
+        if path is None or path.rsplit(".", 1)[-1] != SEQUENCE_ATTRIBUTE:
+            raise ConfigError(f"The model {type(model).__name__} built by {factory_name} must hold the sequence "
+                              f"features' module as an attribute named {SEQUENCE_ATTRIBUTE!r} "
+                              f"(`self.{SEQUENCE_ATTRIBUTE} = embeddings.sequence`; found: {path!r}); checkpoints "
+                              "find the history tables by that name.", BAD_FACTORY)
+        paths["sequence"] = path
+    foreign = _foreign_tables(model, tuple(m for m in (embeddings.pooled, embeddings.sequence) if m is not None))
+    if foreign:
+        raise ConfigError(f"The model {type(model).__name__} built by {factory_name} holds embedding tables rayemb "
+                          f"did not build: {foreign}. Declare those ids as sparse features in schema.yaml and read "
+                          "their vectors from `embeddings.pooled`: rayemb plans, shards and checkpoints only the "
+                          "tables it built.", BAD_FACTORY)
+    return paths
+
+
+__all__ = ["Embeddings", "check_model", "model_inputs", "SEQUENCE_ATTRIBUTE"]

@@ -1,0 +1,135 @@
+"""Which model a job trains: a shipped one by name, or a user's factory by ``package.module:function``.
+
+The YAML's ``model`` section selects it::
+
+    model:
+      name: dlrm                          # a shipped model (rayemb.models), or
+      factory: "my_team.models:deepfm"    # any importable function, with
+      args: {hidden: [256, 128]}          # its keyword arguments
+
+:func:`model_spec` resolves the selection once, on the driver, into a
+:class:`ModelSpec` (the function itself and its arguments) that travels to the
+workers, the plan probe and the calibration. A factory from a module outside
+the installed packages (a file next to the job's config) travels by value, so
+the workers need no copy of it on their path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Mapping, Union
+
+from rayemb.errors import BAD_FACTORY, ConfigError
+
+#: model.name -> the shipped factory
+SHIPPED_MODELS: Dict[str, str] = {"dlrm": "rayemb.models.dlrm:dlrm", "dcn_v2": "rayemb.models.dcn_v2:dcn_v2"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A resolved model selection: ``factory(embeddings, schema, **args)`` builds the model."""
+
+    #: the function, or for a shipped model its ``module:function`` (imported where the model is built, so
+    #: that the driver never loads TorchRec for it)
+    factory: Union[Callable[..., Any], str]
+    args: Mapping[str, Any] = field(default_factory=dict)
+    #: how the config named it: a shipped name or ``package.module:function``
+    name: str = "dlrm"
+
+    def build(self, embeddings: Any, schema: Any) -> Any:
+        """The model, checked against the contract (:func:`rayemb.model.contract.check_model`) ->
+        (model, paths of the embedding modules in it)."""
+        from rayemb.model.contract import check_model
+
+        factory = _import(self.factory, "model.name") if isinstance(self.factory, str) else self.factory
+        try:
+            model = factory(embeddings, schema, **dict(self.args))
+        except TypeError as e:
+            if "argument" not in str(e):
+                raise
+            raise ConfigError(f"The model factory {self.name} does not take the arguments it was given "
+                              f"({e}). Its signature must be `{self.name.rsplit(':', 1)[-1]}(embeddings, schema, "
+                              f"**args)`, and model.args ({sorted(self.args)}) must name its keyword arguments.",
+                              BAD_FACTORY) from None
+        except ValueError as e:  # a factory's own check of its arguments
+            raise ConfigError(f"The model factory {self.name} refused its arguments: {e}", BAD_FACTORY) from None
+        return model, check_model(model, embeddings, self.name)
+
+
+def _import(target: str, where: str) -> Callable[..., Any]:
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"Invalid config value {where}: {target!r} is not of the form 'package.module:function'. "
+                          "Name the module and the function, e.g. 'my_models.deepfm:build'.", BAD_FACTORY)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"Invalid config value {where}: the module {module_name!r} cannot be imported ({e}). "
+                          "Put its directory on PYTHONPATH (or in the job's working_dir for `ray job submit`), "
+                          "or install its package.", BAD_FACTORY) from None
+    fn = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise ConfigError(f"Invalid config value {where}: the module {module_name!r} has no {attr!r}. Name a "
+                              "function defined there.", BAD_FACTORY)
+    if not callable(fn):
+        raise ConfigError(f"Invalid config value {where}: {target!r} is a {type(fn).__name__}, not a function. Name "
+                          "a function `(embeddings, schema, **args) -> nn.Module`.", BAD_FACTORY)
+    _ship_by_value(module)
+    return fn
+
+
+def _installed(path: str) -> bool:
+    """Whether a module file lives in an installed location (site-packages, the standard library, rayemb)."""
+    path = os.path.realpath(path)
+    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
+    roots.add(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # the rayemb package
+    return any(path.startswith(os.path.realpath(r) + os.sep) for r in roots)
+
+
+def ship_function(fn: Callable[..., Any]) -> None:
+    """A factory function given as an object (the Python API): its module travels by value when not installed."""
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    if module is not None and module.__name__ != "__main__":
+        _ship_by_value(module)
+
+
+def _ship_by_value(module: Any) -> None:
+    """A module of the user's own (not installed) is pickled by value: Ray workers get its code with the job."""
+    path = getattr(module, "__file__", None)
+    if not path or _installed(path) or module.__name__ not in sys.modules:
+        return
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
+
+
+def _search_workspace() -> None:
+    """Lets ``rayemb train`` (a console script, whose path holds no working directory) import a factory from the
+    job's workspace or the current directory, as ``python -m`` would."""
+    from rayemb.constants import WORKSPACE_ENV_VAR
+
+    for d in (os.environ.get(WORKSPACE_ENV_VAR), os.getcwd()):
+        if d and os.path.realpath(d) not in {os.path.realpath(p or ".") for p in sys.path}:
+            sys.path.append(d)
+
+
+def model_spec(model_cfg: Any) -> ModelSpec:
+    """The :class:`ModelSpec` of a config's ``model`` section: a factory of the user's is imported here (its
+    errors found before any work starts), a shipped one where the model is built."""
+    args = dict(model_cfg.args or {})
+    if model_cfg.factory:
+        _search_workspace()
+        return ModelSpec(_import(model_cfg.factory, "model.factory"), args, model_cfg.factory)
+    if model_cfg.name == "dlrm":  # the DLRM's layer sizes have config keys of their own
+        args = {"bottom_mlp": list(model_cfg.bottom_mlp), "top_mlp": list(model_cfg.top_mlp),
+                "sequence_tower": model_cfg.sequence_tower, **args}
+    return ModelSpec(SHIPPED_MODELS[model_cfg.name], args, model_cfg.name)
+
+
+__all__ = ["ModelSpec", "model_spec", "ship_function", "SHIPPED_MODELS"]

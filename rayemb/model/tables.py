@@ -1,0 +1,61 @@
+"""The job's tables as TorchRec configs: one pooled table per sparse feature, one per sequence feature.
+
+Tables share their feature's name, so statistics, splits, plans and checkpoints
+key them alike; every table has the model's ``embedding_dim``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from rayemb.embedding.sequence import SequenceFeature, sequence_collection
+from rayemb.errors import ConfigError
+
+
+def table_configs(schema, embedding_dim: int) -> List[EmbeddingBagConfig]:
+    """One ``EmbeddingBagConfig`` per sparse feature of a :class:`DatasetSchema`, named after its feature.
+
+    Tables share the feature's name so stats, splits and plans key them alike.
+    """
+    return [
+        EmbeddingBagConfig(
+            name=f.name,
+            embedding_dim=embedding_dim,
+            num_embeddings=f.num_embeddings,
+            feature_names=[f.name],
+        )
+        for f in schema.sparse
+    ]
+
+
+def sequence_features(model_cfg, schema) -> List[SequenceFeature]:
+    """The schema's sequence features as the model embeds them ([] for ``sequence_tower: none``).
+
+    Tables have the model's ``embedding_dim`` (the tower output joins the pooled
+    vectors in one interaction). ``attention`` needs a ``target`` on every feature.
+    """
+    mode = model_cfg.sequence_tower
+    if mode == "none":
+        return []
+    if not schema.sequence:
+        raise ConfigError(
+            f"model.sequence_tower is {mode!r} but the dataset's schema.yaml declares no sequence feature. Add one "
+            "(`sequence: true`, `max_length: N`; e.g. `rayemb gen-data --sequence-length 20`) or set "
+            "model.sequence_tower: none.", category="invalid_config")
+    untargeted = [f.name for f in schema.sequence if f.target is None]
+    if mode == "attention" and untargeted:
+        raise ConfigError(
+            f"model.sequence_tower: attention compares each history with a target item, but sequence feature(s) "
+            f"{untargeted} declare no `target:` in schema.yaml. Add `target: <pooled feature>` or use "
+            "model.sequence_tower: mean.", category="invalid_config")
+    return [SequenceFeature(f.name, f.num_embeddings, model_cfg.embedding_dim, f.max_length) for f in schema.sequence]
+
+
+def sequence_module(model_cfg, schema, device: Optional[torch.device] = None) -> Optional[nn.Module]:
+    """The ``EmbeddingCollection`` of the schema's sequence features (None for ``sequence_tower: none``)."""
+    features = sequence_features(model_cfg, schema)
+    return sequence_collection(features, device=device) if features else None

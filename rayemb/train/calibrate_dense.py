@@ -1,0 +1,85 @@
+"""The calibration's dense step: what the job's model adds to a step beyond its embedding tables.
+
+The step-time model prices a plan as its embeddings' cost plus one fixed dense
+step (forward, backward and optimizer of everything that is not a table, and
+its gradient's all-reduce). That step is measured on the job's own model, built
+by its factory around pooled vectors without tables, so a model of the user's
+is priced as what it is, not as a DLRM of similar size.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence, Tuple
+
+
+def dense_model_step(device: Any, local_batch: int, num_dense: int, num_sparse: int, dim: int,
+                     bottom_mlp: Sequence[int], top_mlp: Sequence[int], model: Any = None,
+                     schema: Any = None) -> Tuple[Callable[[], None], int]:
+    """(one forward + backward + optimizer step of the model's dense part on the local batch, its parameters'
+    bytes).
+
+    With ``model`` (the job's :class:`~rayemb.model.factory.ModelSpec`) and ``schema``, the job's own model
+    from its factory, around pooled vectors without tables (:func:`_dense_part`); else a DLRM of the given
+    MLPs (TorchRec's arches: what the built-in constants were measured on)."""
+    import torch
+
+    if model is not None and schema is not None:
+        return _dense_part(device, local_batch, dim, model, schema)
+    from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
+
+    dense_arch = DenseArch(num_dense, list(bottom_mlp), device=device)
+    inter = InteractionArch(num_sparse_features=num_sparse)
+    over = OverArch(bottom_mlp[-1] + (num_sparse + 1) * num_sparse // 2, list(top_mlp), device=device)
+    params = list(dense_arch.parameters()) + list(over.parameters())
+    opt = torch.optim.Adagrad(params, lr=0.01)
+    x = torch.randn(local_batch, num_dense, device=device)
+    emb = torch.randn(local_batch, num_sparse, dim, device=device, requires_grad=True)
+    y = torch.rand(local_batch, device=device).round()
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def model_step() -> None:
+        opt.zero_grad()
+        loss_fn(over(inter(dense_arch(x), emb)).squeeze(-1), y).backward()
+        opt.step()
+    return model_step, sum(p.numel() * p.element_size() for p in params)
+
+
+def _dense_part(device: Any, local_batch: int, dim: int, spec: Any,
+                schema: Any) -> Tuple[Callable[[], None], int]:
+    """The job's model from its factory, its pooled module replaced by fixed vectors (gradients still flow to
+    them, as to an embedding's output): the step times what the model adds to the embeddings' cost."""
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+    from rayemb.model.contract import Embeddings
+
+    features = list(schema.sparse_names)
+
+    class _Vectors(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.values = torch.nn.Parameter(torch.randn(local_batch, len(features) * dim, device=device))
+
+        def forward(self, kjt: Any) -> Any:
+            return KeyedTensor(keys=features, length_per_key=[dim] * len(features), values=self.values)
+
+    vectors = _Vectors()
+    model, _ = spec.build(Embeddings(vectors, tuple(features), dim, device=device), schema)
+    model = model.to(device)
+    params = [p for p in model.parameters() if p is not vectors.values]
+    opt = torch.optim.Adagrad(params, lr=0.01)
+    x = torch.randn(local_batch, len(schema.dense), device=device)
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=features, values=torch.zeros(0, dtype=torch.int64, device=device),
+                                              lengths=torch.zeros(local_batch * len(features), dtype=torch.int32,
+                                                                  device=device))
+    y = torch.rand(local_batch, device=device).round()
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def model_step() -> None:
+        opt.zero_grad()
+        loss_fn(model(x, kjt), y).backward()
+        opt.step()
+    return model_step, sum(p.numel() * p.element_size() for p in params)
+
+
+__all__ = ["dense_model_step"]
