@@ -18,7 +18,7 @@
 Everything the YAML config holds can be given as a section mapping (``train``,
 ``planner``, ``data``, ``tracking``) or as a whole ``config`` (a ``JobConfig`` or
 a YAML path) that the other arguments override. ``rayemb train`` and
-``jobs/train.py`` run the same pipeline (:func:`rayemb.run_training`).
+``jobs/train.py`` are this trainer on a YAML config (:meth:`EmbeddingTrainer.from_config`).
 
 ``datasets`` may be Ray Datasets the caller built (their own ``map_batches``
 preprocessing included), given with the ``schema`` of their columns: they are
@@ -59,7 +59,7 @@ class EmbeddingTrainer:
     def __init__(self, model: Union[str, Callable[..., Any]] = "dlrm", *, datasets: Any,
                  model_args: Optional[Mapping[str, Any]] = None, schema: Any = None,
                  config: Union[None, str, JobConfig] = None, scaling_config: Any = None, run_config: Any = None,
-                 **sections: Mapping[str, Any]) -> None:
+                 loss: Optional[Callable[[Any, Any], Any]] = None, **sections: Mapping[str, Any]) -> None:
         base = load_config(config) if isinstance(config, str) else config
         d: Dict[str, Any] = base.to_dict() if base is not None else {"name": "rayemb"}
         for name, section in sections.items():
@@ -88,19 +88,36 @@ class EmbeddingTrainer:
             d.setdefault("data", {}).setdefault("path", "(written when fit() starts)")
         self.config: JobConfig = config_from_dict(d)
         self._spec = _model_spec(model, self.config.model.args, str(self.config.model.factory))
+        if loss is not None:  # the caller's loss(output, labels) -> scalar, shipped to the workers with the job
+            from rayemb.model.factory import model_spec, ship_function
 
-    def fit(self) -> Any:
-        """Runs the job; returns :class:`rayemb.TrainResult` (raises :class:`rayemb.RayembError` on bad input)."""
+            ship_function(loss)
+            self._spec = dataclasses.replace(self._spec or model_spec(self.config.model), loss=loss)
+
+    @classmethod
+    def from_config(cls, cfg: JobConfig) -> "EmbeddingTrainer":
+        """The trainer of a whole job config (what ``rayemb train`` and ``jobs/train.py`` run)."""
+        return cls(cfg.model.factory or cfg.model.name, datasets=cfg.data.path, config=cfg)
+
+    def fit(self, parent_run_id: Optional[str] = None) -> Any:
+        """Runs the job; returns :class:`rayemb.TrainResult` (raises :class:`rayemb.RayembError` on bad input).
+        ``parent_run_id``: the MLflow run this one nests under (a sweep's)."""
         from rayemb.train.trainer import run_training
 
         cfg = self.config
         if not isinstance(self._datasets, str):
+            from rayemb.config import resolve_path
             from rayemb.data.materialize import write_dataset_folder
 
-            folder = os.path.join(cfg.tracking.output_dir, "datasets", f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+            root = resolve_path(cfg.tracking.output_dir)
+            if "://" in root:
+                raise ConfigError(f"EmbeddingTrainer(datasets={{...}}) writes the datasets under the job's outputs, "
+                                  f"and {root} is not local. Give a local RunConfig(storage_path=...), or write the "
+                                  "datasets to a dataset folder yourself and pass its URI as datasets=.")
+            folder = os.path.join(root, "datasets", f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
             path = write_dataset_folder(self._datasets, self._schema, folder)
             cfg = cfg.replace(data=dataclasses.replace(cfg.data, path=path))
-        return run_training(cfg, model=self._spec)
+        return run_training(cfg, parent_run_id, model=self._spec)
 
 
 def _apply_scaling(d: Dict[str, Any], scaling: Any) -> None:

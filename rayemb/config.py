@@ -149,9 +149,21 @@ class TrainConfig:
     #: start the next batch's sparse input exchange (split sizes) before this batch's backward
     #: (rayemb.embedding.prefetch; the same numbers, a shorter step); false: the plain TorchRec forward
     prefetch_input_dist: bool = True
+    #: multi-task (schema.yaml ``label: [a, b]``): weight of each task's loss (1 for a task not named)
+    task_weights: Dict[str, float] = field(default_factory=dict)
+    #: the label column whose validation AUC is ``valid_auc``: early stopping and the best checkpoint follow
+    #: it (None: the first label)
+    early_stopping_task: Optional[str] = None
+    #: a loss of your own, "package.module:function" taking (model output, labels) -> scalar (None: BCE per task)
+    loss: Optional[str] = None
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train.epochs", f"{self.epochs} < 1", "Train at least one epoch.")
+        for task, w in self.task_weights.items():
+            _require(isinstance(w, (int, float)) and math.isfinite(w) and w >= 0, f"train.task_weights.{task}",
+                     f"{w!r} is not a non-negative number", "Weigh each task's loss with a number >= 0, e.g. 1.0.")
+        _require(self.loss is None or ":" in self.loss, "train.loss", f"{self.loss!r} is not of the form "
+                 "'package.module:function'", "Name the module and the function, e.g. 'my_losses:sampled_softmax'.")
         for key, lr in (("train.dense_lr", self.dense_lr), ("train.embedding_lr", self.embedding_lr)):
             _require(math.isfinite(lr) and lr > 0, key, f"{lr} is not a positive finite number", "Use e.g. 0.05.")
         _require(self.embedding_optimizer in EMBEDDING_OPTIMIZERS, "train.embedding_optimizer",

@@ -1,4 +1,4 @@
-"""Tiny checkpoints for tests: a plain DLRM's logical checkpoint written without a process group, and a
+"""Tiny checkpoints for tests: a plain model's logical checkpoint written without a process group, and a
 one-table model with its optimizer for tests that save through rayemb's own path.
 
 ``rayemb export`` reads what :func:`rayemb.checkpoint.store.save_logical` writes: a DCP checkpoint whose
@@ -20,13 +20,13 @@ def write_checkpoint(directory: str, schema: Any, model_cfg: Dict[str, Any], see
     import torch.distributed.checkpoint as dcp
 
     from rayemb.checkpoint.store import DCP_METADATA, FORMAT, META_FILE
-    from rayemb.serve.model import _table_of, build_dlrm
+    from rayemb.serve.model import _table_of, build_inference_model
 
     torch.manual_seed(seed)
-    model = build_dlrm(schema, model_cfg)
+    model, paths = build_inference_model(schema, model_cfg)  # the DLRM, or the model its factory builds
     state, tables = {}, {}
     for key, value in model.state_dict().items():
-        table = _table_of(key)
+        table = _table_of(key, paths)
         if table is None:
             state[f"dense.{key}"] = value.detach().clone()
         else:

@@ -24,6 +24,9 @@ def add_gen_data_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--sequence-length", type=int, default=0,
                    help="add a user-history column H1 (sequence feature, target C1) keeping this many recent "
                         "items (default 0: none; docs/sequence.md)")
+    g.add_argument("--second-label", action="store_true",
+                   help="add a second label column 'like' (a second task, learnable from other tables than the "
+                        "first label's; docs/api.md, multi-task)")
 
 
 def gen_data_main(args: argparse.Namespace) -> int:
@@ -32,7 +35,7 @@ def gen_data_main(args: argparse.Namespace) -> int:
     spec = SyntheticSpec(
         rows=args.rows, num_tables=args.tables, zipf_alpha=args.zipf, multi_hot=args.multi_hot,
         mean_pooling=args.pooling, seed=args.seed, scale=args.scale, valid_fraction=args.valid_fraction,
-        sequence_length=args.sequence_length,
+        sequence_length=args.sequence_length, second_label=args.second_label,
     )
     schema = generate(spec, args.out, progress=log_progress())
     sizes = [f.num_embeddings for f in schema.sparse]
@@ -43,15 +46,15 @@ def gen_data_main(args: argparse.Namespace) -> int:
 
 
 def train_main(args: argparse.Namespace) -> int:
+    from rayemb.api import EmbeddingTrainer
     from rayemb.config import load_config
-    from rayemb.train.trainer import run_training
 
     overrides = list(args.set or [])
     if args.resume_from:
         overrides.append(f"train.resume_from={args.resume_from}")
     cfg = load_config(args.config, overrides)
     if not args.sweep:
-        result = run_training(cfg)
+        result = EmbeddingTrainer.from_config(cfg).fit()
         print_result(result)
         if args.result_json:
             write_result_json(result, args.result_json)
@@ -64,7 +67,7 @@ def train_main(args: argparse.Namespace) -> int:
 
     def run_one(overrides: List[str], parent_run_id: str) -> int:
         try:
-            result = run_training(load_config(args.config, overrides), parent_run_id=parent_run_id)
+            result = EmbeddingTrainer.from_config(load_config(args.config, overrides)).fit(parent_run_id)
         except RayembError as e:  # keep the sweep going; the parent run ends FAILED
             print(f"rayemb: error: {redact_text(str(e))}", file=sys.stderr)
             return e.exit_code

@@ -50,7 +50,7 @@ from rayemb.errors import DataError
 class Batch:
     dense: "torch.Tensor"  # (B, num_dense) float32
     sparse: "KeyedJaggedTensor"
-    labels: "torch.Tensor"  # (B,) float32
+    labels: "torch.Tensor"  # (B,) float32; (B, T) with T label columns (a multi-task schema)
     #: the sequence features' KJT (keys = schema.sequence_names), None when not asked for
     sequence: Optional["KeyedJaggedTensor"] = None
     #: (B,) bool, False on padding rows; None when every row is real
@@ -158,10 +158,13 @@ class BatchConverter:
             )
         np.log1p(np.maximum(dense, 0.0), out=dense)
 
-        labels = _column(batch, self.schema.label)
-        if labels.null_count:
-            raise DataError(f"Label column {self.schema.label!r} has {labels.null_count} null value(s); drop those rows.")
-        labels_np = labels.to_numpy(zero_copy_only=False).astype(np.float32)
+        columns = []
+        for name in self.schema.labels:
+            labels = _column(batch, name)
+            if labels.null_count:
+                raise DataError(f"Label column {name!r} has {labels.null_count} null value(s); drop those rows.")
+            columns.append(labels.to_numpy(zero_copy_only=False).astype(np.float32))
+        labels_np = columns[0] if len(columns) == 1 else np.stack(columns, axis=1)
 
         sparse = []
         for feat in self.schema.sparse:
@@ -175,7 +178,9 @@ class BatchConverter:
         def empty(features: Any) -> List[Tuple[np.ndarray, np.ndarray]]:
             return [(np.zeros(0, np.int64), np.zeros(0, np.int32)) for _ in features]
 
-        return self._assemble(np.zeros((0, len(self.schema.dense)), np.float32), np.zeros(0, np.float32),
+        tasks = len(self.schema.labels)
+        return self._assemble(np.zeros((0, len(self.schema.dense)), np.float32),
+                              np.zeros(0 if tasks == 1 else (0, tasks), np.float32),
                               empty(self.schema.sparse), empty(self.schema.sequence) if self.sequence else None, rows)
 
     def _assemble(self, dense: np.ndarray, labels: np.ndarray, sparse: List[Tuple[np.ndarray, np.ndarray]],
@@ -183,10 +188,10 @@ class BatchConverter:
         """The :class:`Batch` of these arrays followed by ``pad`` padding rows (remapped, masked)."""
         import torch
 
-        n = labels.size
+        n = labels.shape[0]
         if pad:
             dense = np.concatenate([dense, np.zeros((pad, dense.shape[1]), np.float32)])
-            labels = np.concatenate([labels, np.zeros(pad, np.float32)])
+            labels = np.concatenate([labels, np.zeros((pad, *labels.shape[1:]), np.float32)])
         kjt = _kjt(self.keys, sparse, pad)
         if self.remap is not None:
             kjt = self.remap(kjt)

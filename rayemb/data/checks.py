@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -52,20 +52,25 @@ class ValueSummary:
     dense_non_finite: Dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of_table(cls, table: pa.Table, label: Optional[str], dense: Sequence[str]) -> "ValueSummary":
+    def of_table(cls, table: pa.Table, label: Union[None, str, Sequence[str]],
+                 dense: Sequence[str]) -> "ValueSummary":
+        """``label``: the label column, or every task's (their bad values summed; positives: the first's)."""
         s = cls(rows=table.num_rows)
-        if label is not None:
-            col = table.column(label)
-            s.label_nulls = int(col.null_count)
+        labels = [label] if isinstance(label, str) else list(label or [])
+        examples: List[float] = []
+        for i, name in enumerate(labels):
+            col = table.column(name)
+            s.label_nulls += int(col.null_count)
             y = pc.drop_null(col).to_numpy().astype(np.float64, copy=False) if col.num_chunks else np.zeros(0)
             finite = np.isfinite(y)
             binary = (y == 0.0) | (y == 1.0)
-            s.label_non_finite = int((~finite).sum())
-            s.label_not_binary = int((finite & ~binary).sum())
-            s.label_positives = int((y == 1.0).sum())
-            bad = y[~binary]
-            if bad.size:
-                s.label_examples = _unique_examples(bad.tolist())
+            s.label_non_finite += int((~finite).sum())
+            s.label_not_binary += int((finite & ~binary).sum())
+            if i == 0:
+                s.label_positives = int((y == 1.0).sum())
+            examples += y[~binary].tolist()
+        if examples:
+            s.label_examples = _unique_examples(examples)
         for name in dense:
             col = table.column(name)
             if not pa.types.is_floating(col.type):
@@ -116,8 +121,10 @@ def _unique_examples(values: Sequence[float]) -> List[float]:
     return (finite + ([float("nan")] if has_nan else []))[:NUM_LABEL_EXAMPLES]
 
 
-def check_values(summary: ValueSummary, label: str, where: str) -> None:
-    """Raises :class:`DataError` when ``summary`` (of the dataset split ``where``) holds bad labels or dense values."""
+def check_values(summary: ValueSummary, label: Union[str, Sequence[str]], where: str) -> None:
+    """Raises :class:`DataError` when ``summary`` (of the dataset split ``where``) holds bad labels or dense values.
+    ``label``: the label column, or every task's."""
+    label = label if isinstance(label, str) or len(label) != 1 else label[0]
     problems = []
     if summary.label_nulls:
         problems.append(f"label column {label!r} has {summary.label_nulls:,} null value(s)")

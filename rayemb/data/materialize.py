@@ -49,7 +49,7 @@ def _as_dataset(split: str, value: Any) -> Any:
 
 def _check_columns(split: str, ds: Any, schema: Any) -> None:
     names = set(ds.schema().names)  # runs the plan as far as the first block's schema
-    wanted = [schema.label, *schema.dense, *schema.sparse_names, *schema.sequence_names]
+    wanted = [*schema.labels, *schema.dense, *schema.sparse_names, *schema.sequence_names]
     missing = [c for c in wanted if c not in names]
     if missing:
         raise DataError(f"datasets[{split!r}] has no column(s) {missing} that the schema declares (it has "

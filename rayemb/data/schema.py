@@ -9,7 +9,7 @@ A dataset directory looks like::
 ``schema.yaml``::
 
     schema_version: 1
-    label: label
+    label: label                   # or a list, one label column per task: [click, like]
     dense: [I1, ..., I13]          # float32 columns
     sparse:                        # int64 (one-hot) or list<int64> (multi-hot) columns
       - {name: C1, num_embeddings: 45834, multi_hot: false}
@@ -112,9 +112,12 @@ class DatasetSchema:
     sparse: Tuple[SparseFeature, ...]
     #: the sequence features (``sequence: true`` entries of schema.yaml's sparse list)
     sequence: Tuple[SparseFeature, ...] = ()
+    #: the label columns of further tasks (schema.yaml ``label: [click, like]``): a multi-task model
+    #: predicts one output per label, in :attr:`labels` order
+    extra_labels: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        names = [self.label, *self.dense, *(f.name for f in self.sparse), *(f.name for f in self.sequence)]
+        names = [*self.labels, *self.dense, *(f.name for f in self.sparse), *(f.name for f in self.sequence)]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise DataError(f"schema.yaml names columns {dupes} more than once; every column must be unique.")
@@ -133,6 +136,11 @@ class DatasetSchema:
                                 "history is compared with (e.g. the candidate item).", category="invalid_schema")
 
     @property
+    def labels(self) -> List[str]:
+        """Every label column, one per task; the first is :attr:`label`."""
+        return [self.label, *self.extra_labels]
+
+    @property
     def sparse_names(self) -> List[str]:
         return [f.name for f in self.sparse]
 
@@ -149,7 +157,7 @@ class DatasetSchema:
     def to_dict(self) -> Dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
-            "label": self.label,
+            "label": self.labels if self.extra_labels else self.label,
             "dense": list(self.dense),
             "sparse": [f.to_dict() for f in (*self.sparse, *self.sequence)],
         }
@@ -158,8 +166,12 @@ class DatasetSchema:
     def from_dict(cls, d: Dict[str, Any], source: str = "schema") -> "DatasetSchema":
         try:
             feats = [SparseFeature.from_dict(s) for s in d["sparse"]]
+            labels = [str(x) for x in d["label"]] if isinstance(d["label"], list) else [str(d["label"])]
+            if not labels:
+                raise ValueError("'label' is an empty list")
             return cls(
-                label=str(d["label"]),
+                label=labels[0],
+                extra_labels=tuple(labels[1:]),
                 dense=tuple(str(c) for c in d.get("dense", [])),
                 sparse=tuple(f for f in feats if not f.sequence),
                 sequence=tuple(f for f in feats if f.sequence),
@@ -291,7 +303,7 @@ def count_rows(data_dir: str, split: str) -> int:
 def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
     import pyarrow as pa
 
-    missing = [c for c in [schema.label, *schema.dense, *schema.sparse_names, *schema.sequence_names]
+    missing = [c for c in [*schema.labels, *schema.dense, *schema.sparse_names, *schema.sequence_names]
                if c not in actual.names]
     if missing:
         raise DataError(
@@ -305,7 +317,7 @@ def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
             f"that type (or fix its entry in schema.yaml)."
         )
 
-    for col in [schema.label, *schema.dense]:
+    for col in [*schema.labels, *schema.dense]:
         t = actual.field(col).type
         if not (pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)):
             raise bad(col, "a numeric type", t)

@@ -31,7 +31,7 @@ import logging
 import pickle
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -102,7 +102,7 @@ def _summarize_table(
 
 def _summarize_files(
     batch: pa.Table, *, features: Sequence[Tuple[str, int, bool]], capacity: Optional[int], rows_per_read: int,
-    label: Optional[str] = None, dense: Sequence[str] = (),
+    label: Union[None, str, Sequence[str]] = None, dense: Sequence[str] = (),
 ) -> pa.Table:
     """Ray Data UDF: parquet paths in, one row per file out, holding its pickled summaries.
 
@@ -114,7 +114,7 @@ def _summarize_files(
     naming it.
     """
     names = [f[0] for f in features]
-    columns = names + ([label] if label else []) + list(dense)
+    columns = names + ([label] if isinstance(label, str) else list(label or [])) + list(dense)
     blobs = []
     for path in batch.column("path").to_pylist():
         merger = _TreeMerger()
@@ -218,7 +218,8 @@ def compute_stats(
     if in_process is None:
         in_process = total_rows <= SMALL_SPLIT_MAX_ROWS
     summarize_kwargs = {"features": features, "capacity": None if exact else num_heavy_hitters,
-                        "rows_per_read": DEFAULT_ROWS_PER_READ, "label": schema.label, "dense": list(schema.dense)}
+                        "rows_per_read": DEFAULT_ROWS_PER_READ, "label": schema.label if not schema.extra_labels else schema.labels,
+                        "dense": list(schema.dense)}
     t0 = time.monotonic()
     merger = _TreeMerger()
     value_summary = ValueSummary()

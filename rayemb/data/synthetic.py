@@ -67,6 +67,8 @@ logger = logging.getLogger(__name__)
 
 #: name of the synthetic user-history column and the pooled column it refers to
 HISTORY_COLUMN, HISTORY_TARGET = "H1", "C1"
+#: the second task's label column (``second_label``)
+SECOND_LABEL_COLUMN = "like"
 #: hidden item categories (``id mod K``) of the history signal
 HISTORY_CATEGORIES = 4
 #: share of a user's history items drawn from the user's favourite category
@@ -91,6 +93,10 @@ class SyntheticSpec:
     sequence_length: int = 0
     #: weight of the history-matches-target term in the label's logit
     sequence_strength: float = 4.0
+    #: add a second label column ``like`` (a second task), drawn from its own hidden model over the next
+    #: ``num_signal_tables`` tables (none of the first label's features) from its own seed streams: the
+    #: columns of the data without it are unchanged
+    second_label: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -104,6 +110,9 @@ class SyntheticSpec:
             (self.sequence_length >= 0, f"sequence_length={self.sequence_length}: must be >= 0 (0: no history)"),
             (not (self.sequence_length and self.multi_hot), "sequence_length with multi_hot: the history's target "
              "C1 must be one item per row; drop --multi-hot or --sequence-length"),
+            (not self.second_label or self.num_tables > self.num_signal_tables, f"second_label needs tables beyond "
+             f"the first label's {self.num_signal_tables} signal tables (it has {self.num_tables}); ask for more "
+             "tables"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -130,6 +139,7 @@ class SyntheticSpec:
             dense=tuple(f"I{i + 1}" for i in range(NUM_DENSE_FEATURES)),
             sparse=tuple(SparseFeature(f"C{t + 1}", v, self.multi_hot) for t, v in enumerate(sizes)),
             sequence=history,
+            extra_labels=(SECOND_LABEL_COLUMN,) if self.second_label else (),
         )
 
 
@@ -163,6 +173,21 @@ class _HiddenModel:
         self.scale = spec.signal_strength / math.sqrt(k + 1)
         self.dense_weights = rng.standard_normal(NUM_DENSE_FEATURES).astype(np.float32) * 0.5
         self.bias = -1.0  # ~25-30% positives, like Criteo's click rate
+
+    @classmethod
+    def second(cls, spec: SyntheticSpec, sizes: List[int]) -> "_HiddenModel":
+        """The second label's hidden model: its own seed stream, the ``num_signal_tables`` tables after the first
+        label's, and no dense term (so no feature of the first label's)."""
+        rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 0, 2]))
+        k = min(spec.num_signal_tables, len(sizes))
+        tables = list(range(k, min(2 * k, len(sizes))))
+        model = cls.__new__(cls)
+        model.tables = tables
+        model.table_weights = [rng.standard_normal(sizes[t]).astype(np.float32) for t in tables]
+        model.scale = spec.signal_strength / math.sqrt(len(tables) + 1)
+        model.dense_weights = np.zeros(NUM_DENSE_FEATURES, np.float32)
+        model.bias = -1.0
+        return model
 
     def logits(self, dense: np.ndarray, bag_means: List[np.ndarray]) -> np.ndarray:
         z = (np.log1p(dense) - 1.0) @ self.dense_weights * 0.3
@@ -202,12 +227,14 @@ def _history(spec: SyntheticSpec, table: _ZipfTable, target: np.ndarray, n: int,
 
 
 def _chunk(
-    spec: SyntheticSpec, tables: List[_ZipfTable], hidden: _HiddenModel, n: int, chunk_idx: int
+    spec: SyntheticSpec, tables: List[_ZipfTable], hidden: _HiddenModel, n: int, chunk_idx: int,
+    second: Optional[_HiddenModel] = None,
 ) -> pa.Table:
     rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 1 + chunk_idx]))
     dense = np.floor(np.exp(rng.normal(1.0, 1.2, size=(n, NUM_DENSE_FEATURES)))).astype(np.float32)
     cols: Dict[str, pa.Array] = {}
     bag_means: List[np.ndarray] = []
+    drawn: List["tuple[np.ndarray, np.ndarray]"] = []
     for t, table in enumerate(tables):
         if spec.multi_hot:
             lengths = rng.poisson(spec.mean_pooling, size=n).astype(np.int32)
@@ -220,6 +247,7 @@ def _chunk(
             cols[f"C{t + 1}"] = pa.array(ids, pa.int64())
         if t < len(hidden.table_weights):
             bag_means.append(_bag_mean(hidden.table_weights[t], ids, lengths))
+        drawn.append((ids, lengths))
     z = hidden.logits(dense, bag_means)
     if spec.sequence_length:
         target_ids = cols[HISTORY_TARGET].to_numpy()
@@ -229,6 +257,11 @@ def _chunk(
     p = 1.0 / (1.0 + np.exp(-z))
     label = (rng.random(n) < p).astype(np.float32)
     out = {LABEL_COLUMN: pa.array(label)}
+    if second is not None:  # its own stream: the first label and every feature are drawn as without it
+        rng2 = np.random.default_rng(np.random.SeedSequence([spec.seed, 1 + chunk_idx, 2]))
+        means = [_bag_mean(w, *drawn[t]) for t, w in zip(second.tables, second.table_weights)]
+        z2 = second.logits(dense, means)
+        out[SECOND_LABEL_COLUMN] = pa.array((rng2.random(n) < 1.0 / (1.0 + np.exp(-z2))).astype(np.float32))
     out.update({f"I{i + 1}": pa.array(dense[:, i]) for i in range(NUM_DENSE_FEATURES)})
     out.update(cols)
     return pa.table(out)
@@ -249,6 +282,7 @@ def generate(
     rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 0]))
     tables = [_ZipfTable(v, spec.zipf_alpha, rng) for v in sizes]
     hidden = _HiddenModel(spec, sizes, rng)
+    second = _HiddenModel.second(spec, sizes) if spec.second_label else None
 
     n_valid = max(1, int(round(spec.rows * spec.valid_fraction)))
     n_train = spec.rows - n_valid
@@ -267,7 +301,7 @@ def generate(
                 os.remove(os.path.join(split_path, old))
         for part, start in enumerate(range(0, split_rows, spec.chunk_rows)):
             n = min(spec.chunk_rows, split_rows - start)
-            table = _chunk(spec, tables, hidden, n, chunk_idx)
+            table = _chunk(spec, tables, hidden, n, chunk_idx, second)
             pq.write_table(table, os.path.join(split_path, f"part-{part:05d}.parquet"))
             done += n
             chunk_idx += 1

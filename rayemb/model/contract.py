@@ -12,8 +12,8 @@ them as submodules and is called on each batch as::
     output = model(dense, sparse)                 # dense: (B, num_dense) float, sparse: KJT of the pooled ids
     output = model(dense, sparse, sequence)       # with sequence features
 
-``output`` is ``(B,)`` logits (or what the job's loss takes), and the loss sees
-the whole batch's output. The model never touches sharding:
+``output`` is ``(B,)`` logits, ``(B, T)`` for a schema with ``T`` label columns
+(or what the job's own loss takes), and the loss sees the whole batch's output. The model never touches sharding:
 ``DistributedModelParallel`` shards the modules it was handed, under whatever
 attribute names the model gave them, and checkpoints, resharding, resume and
 export find the tables by those modules' own parameter names.

@@ -21,7 +21,7 @@ import os
 import sys
 import sysconfig
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 from rayemb.errors import BAD_FACTORY, ConfigError
 
@@ -39,6 +39,8 @@ class ModelSpec:
     args: Mapping[str, Any] = field(default_factory=dict)
     #: how the config named it: a shipped name or ``package.module:function``
     name: str = "dlrm"
+    #: a loss of the user's, ``loss(output, labels) -> scalar`` (None: BCE per label, rayemb.train.losses)
+    loss: Optional[Callable[..., Any]] = None
 
     def build(self, embeddings: Any, schema: Any) -> Any:
         """The model, checked against the contract (:func:`rayemb.model.contract.check_model`) ->
@@ -119,6 +121,14 @@ def _search_workspace() -> None:
             sys.path.append(d)
 
 
+def user_loss(target: Optional[str]) -> Optional[Callable[..., Any]]:
+    """The loss function ``train.loss`` names (imported, shipped to the workers as a factory is), or None."""
+    if not target:
+        return None
+    _search_workspace()
+    return _import(target, "train.loss")
+
+
 def model_spec(model_cfg: Any) -> ModelSpec:
     """The :class:`ModelSpec` of a config's ``model`` section: a factory of the user's is imported here (its
     errors found before any work starts), a shipped one where the model is built."""
@@ -132,4 +142,4 @@ def model_spec(model_cfg: Any) -> ModelSpec:
     return ModelSpec(SHIPPED_MODELS[model_cfg.name], args, model_cfg.name)
 
 
-__all__ = ["ModelSpec", "model_spec", "ship_function", "SHIPPED_MODELS"]
+__all__ = ["ModelSpec", "model_spec", "user_loss", "ship_function", "SHIPPED_MODELS"]

@@ -27,7 +27,7 @@ from rayemb import DatasetSchema, Embeddings
 
 class DCNv2(nn.Module):
     def __init__(self, embeddings: Embeddings, num_dense: int, cross_layers: int = 3, low_rank: Optional[int] = None,
-                 bottom_mlp: Sequence[int] = (64, 16), deep_mlp: Sequence[int] = (128, 64)) -> None:
+                 bottom_mlp: Sequence[int] = (64, 16), deep_mlp: Sequence[int] = (128, 64), tasks: int = 1) -> None:
         super().__init__()
         if cross_layers < 1:
             raise ValueError(f"dcn_v2: cross_layers={cross_layers}; use 1 or more (model.args.cross_layers)")
@@ -39,7 +39,7 @@ class DCNv2(nn.Module):
         cross = CrossNet(width, cross_layers) if low_rank is None else LowRankCrossNet(width, cross_layers, low_rank)
         self.cross = cross.to(device)  # TorchRec's cross nets take no device argument
         self.deep = MLP(width, list(deep_mlp), device=device)
-        self.logit = nn.Linear(deep_mlp[-1], 1, device=device)
+        self.logit = nn.Linear(deep_mlp[-1], tasks, device=device)  # one logit per label column
 
     def forward(self, dense: torch.Tensor, sparse) -> torch.Tensor:
         pooled = self.embedding(sparse).to_dict()
@@ -50,4 +50,4 @@ class DCNv2(nn.Module):
 def dcn_v2(embeddings: Embeddings, schema: DatasetSchema, cross_layers: int = 3, low_rank: Optional[int] = None,
            bottom_mlp: Sequence[int] = (64, 16), deep_mlp: Sequence[int] = (128, 64)) -> DCNv2:
     """The DCN-v2 factory (``model.name: dcn_v2``)."""
-    return DCNv2(embeddings, len(schema.dense), cross_layers, low_rank, bottom_mlp, deep_mlp)
+    return DCNv2(embeddings, len(schema.dense), cross_layers, low_rank, bottom_mlp, deep_mlp, len(schema.labels))

@@ -131,9 +131,10 @@ def dlrm(embeddings: Embeddings, schema: DatasetSchema, bottom_mlp: Sequence[int
          top_mlp: Sequence[int] = (64, 32, 1), sequence_tower: str = "attention") -> DLRM:
     """The DLRM factory (``model.name: dlrm``; ``model.bottom_mlp`` / ``model.top_mlp`` / ``model.sequence_tower``
     are its arguments): bottom MLP over the dense features, the pooled (and history) vectors, dot interaction,
-    top MLP to one logit."""
+    top MLP to one logit per label column (a multi-task schema shares everything below the last layer)."""
+    top = [*top_mlp[:-1], len(schema.labels)]
     return DLRM(embeddings.pooled, feature_names=embeddings.features, dense_in_features=len(schema.dense),
-                bottom_mlp=bottom_mlp, top_mlp=top_mlp, dense_device=embeddings.device,
+                bottom_mlp=bottom_mlp, top_mlp=top, dense_device=embeddings.device,
                 sequence=embeddings.sequence, sequence_features=embeddings.sequence_features,
                 sequence_targets={f.name: f.target for f in schema.sequence},
                 sequence_tower=sequence_tower if embeddings.sequence_features else "mean")

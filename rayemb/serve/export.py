@@ -92,14 +92,14 @@ def _verified(checkpoint: str, where: str) -> Dict[str, Any]:
 
 def _check_tables(meta: Dict[str, Any], schema: DatasetSchema, cfg: JobConfig, checkpoint: str) -> None:
     """Every table the config and schema make (pooled, and the sequence tables of a history tower) is in the
-    checkpoint's meta.json with its shape: a mismatch fails here, before the (large) tables are read."""
+    checkpoint's meta.json with its shape, and the model's factory can be imported and carried: a mismatch
+    fails here, before the (large) tables are read."""
+    from rayemb.model.factory import model_spec
     from rayemb.model.tables import sequence_features
+    from rayemb.serve.user_model import check_exportable
 
-    if cfg.model.factory or cfg.model.name != "dlrm":
-        raise ConfigError(f"The checkpoint {checkpoint} is of the model {cfg.model.factory or cfg.model.name!r}; "
-                          "export rebuilds DLRM models only so far. Score such a checkpoint with the model its "
-                          "factory builds (rayemb.checkpoint.export.unsharded_state gives its tables and dense "
-                          "weights).", category="unsupported_model")
+    check_exportable(cfg.model.factory)
+    model_spec(cfg.model)  # a factory of the user's is imported here (ConfigError bad_model_factory)
     saved = meta.get("tables", {})
     compressed = meta.get("compression", {})
     for f in [*schema.sparse, *sequence_features(cfg.model, schema)]:
@@ -311,7 +311,7 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
             version = register_version(logged.model_uri, register, source.tracking_uri, vtags, desc)
         if created_run:
             client.set_terminated(created_run, "FINISHED")
-        size = sum(os.path.getsize(os.path.join(tmp, n)) for n in os.listdir(tmp))
+        size = sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(tmp) for n in names)
         published = publish(tmp, out)
     except BaseException:
         if created_run:  # the run made for this export says it failed; nothing is left under --out

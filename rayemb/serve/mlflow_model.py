@@ -6,9 +6,11 @@ artifact is the ``rayemb export`` directory (``model.pt`` + ``model.json``),
 from it, and ``predict`` takes a pandas DataFrame with the dataset's columns
 and returns a DataFrame with one column, ``prediction`` (probability). The
 class is pickled by reference, so loading needs ``rayemb`` importable (it is
-listed first in the model's pip requirements); the requirements are given
-explicitly (the installed versions), so logging never resolves packages over
-the network.
+listed first in the model's pip requirements); a model factory's own module is
+inside the artifact (the export's ``code/``, put on ``sys.path`` by
+:meth:`~rayemb.serve.model.InferenceModel.load`), so it needs no install. The
+requirements are given explicitly (the installed versions), so logging never
+resolves packages over the network.
 
 Example::
 

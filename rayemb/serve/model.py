@@ -1,4 +1,4 @@
-"""The unsharded inference model: a plain DLRM over a plain ``EmbeddingBagCollection``, and how it scores rows.
+"""The unsharded inference model: the job's model over a plain ``EmbeddingBagCollection``, and how it scores rows.
 
 A trained job exists as a logical checkpoint (:mod:`rayemb.checkpoint`): every
 table in its logical row space, hot and cold rows of hybrid tables merged
@@ -13,12 +13,20 @@ and returns probabilities, ``sigmoid(logit)``.
 On disk (``rayemb export --out DIR``)::
 
     DIR/model.pt     the model's state dict, plain tensors (torch.load(..., weights_only=True))
-    DIR/model.json   format, schema, model config, id_policy, source run/checkpoint, step, valid_auc
+    DIR/model.json   format, schema, model config (with the model's ``name``, ``factory``, ``args``), id_policy,
+                     source run/checkpoint, step, valid_auc
+    DIR/code/        a factory's module when it is not installed (:mod:`rayemb.serve.user_model`)
     DIR/model.torchscript.pt   torch.jit.script of the DLRM: (dense after log1p, KJT of logical ids) -> logits;
                      load with torch.jit.load after ``import torchrec`` (its FBGEMM ops). Not written for
                      models with a user-history tower (``model.sequence_tower``): the DLRM skips that branch
                      under TorchScript, so a scripted form would silently score without the history
-                     (model.json: ``torchscript: null`` and ``torchscript_skipped`` says why)
+                     (model.json: ``torchscript: null`` and ``torchscript_skipped`` says why), nor for
+                     models other than the shipped DLRM
+
+A model of another factory (``model.name: dcn_v2``, ``model.factory``) is
+rebuilt by its factory around the same plain tables
+(:func:`rayemb.serve.user_model.build_factory_model`); the checkpoint's tables
+go to wherever the model holds the embedding modules.
 
 A model trained with sequence features (docs/sequence.md) is exported with its
 ``sequence`` EmbeddingCollection (one table per sequence feature, checkpoint
@@ -40,7 +48,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -66,7 +74,8 @@ def model_config(cfg: Any) -> Dict[str, Any]:
     """The ``model`` section of a :class:`~rayemb.config.JobConfig` as plain JSON values."""
     m = cfg.model
     return {"embedding_dim": int(m.embedding_dim), "bottom_mlp": [int(x) for x in m.bottom_mlp],
-            "top_mlp": [int(x) for x in m.top_mlp], "sequence_tower": str(getattr(m, "sequence_tower", "none"))}
+            "top_mlp": [int(x) for x in m.top_mlp], "sequence_tower": str(getattr(m, "sequence_tower", "none")),
+            "name": str(m.name), "factory": m.factory, "args": dict(m.args or {})}
 
 
 def uses_sequence(model_cfg: Mapping[str, Any]) -> bool:
@@ -77,16 +86,12 @@ def uses_sequence(model_cfg: Mapping[str, Any]) -> bool:
 
 def _sequence_args(schema: DatasetSchema, model_cfg: Mapping[str, Any], device: Any) -> Dict[str, Any]:
     """The DLRM's sequence arguments as the training job passes them (rayemb.train.sharding.build_model)."""
-    from types import SimpleNamespace
+    from rayemb.serve.user_model import sequence_parts
 
-    from rayemb.model.tables import sequence_features, sequence_module
-
-    cfg = SimpleNamespace(embedding_dim=int(model_cfg["embedding_dim"]),
-                          sequence_tower=str(model_cfg.get("sequence_tower", "none")))
-    features = sequence_features(cfg, schema)
-    return {"sequence": sequence_module(cfg, schema, device=device), "sequence_features": features,
+    sequence, features = sequence_parts(schema, model_cfg, device)
+    return {"sequence": sequence, "sequence_features": features,
             "sequence_targets": {f.name: f.target for f in schema.sequence},
-            "sequence_tower": cfg.sequence_tower if features else "mean"}
+            "sequence_tower": str(model_cfg.get("sequence_tower", "none")) if features else "mean"}
 
 
 def build_dlrm(schema: DatasetSchema, model_cfg: Mapping[str, Any], device: Any = None):
@@ -96,25 +101,27 @@ def build_dlrm(schema: DatasetSchema, model_cfg: Mapping[str, Any], device: Any 
     :class:`~rayemb.embedding.compressed.CompressedEmbeddingBagCollection` of the same compression.
     """
     import torch
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from rayemb.model.tables import table_configs
     from rayemb.models.dlrm import DLRM
+    from rayemb.serve.user_model import pooled_module
 
     device = torch.device(device or "cpu")
-    tables = table_configs(schema, int(model_cfg["embedding_dim"]))
-    if model_cfg.get("compression"):
-        from rayemb.embedding.compressed import CompressedEmbeddingBagCollection
-        from rayemb.embedding.compression_math import storage_spec
-
-        # compressed tables as trained (physical tables T__q / T__r / T__block, ids split inside)
-        specs = {t: storage_spec(st) for t, st in model_cfg["compression"].items()}
-        ebc = CompressedEmbeddingBagCollection(tables, specs, device=device)
-    else:
-        ebc = EmbeddingBagCollection(tables=tables, device=device)
+    ebc = pooled_module(schema, model_cfg, device)
     return DLRM(ebc, feature_names=schema.sparse_names, dense_in_features=len(schema.dense),
                 bottom_mlp=list(model_cfg["bottom_mlp"]), top_mlp=list(model_cfg["top_mlp"]), dense_device=device,
                 **_sequence_args(schema, model_cfg, device))
+
+
+def build_inference_model(schema: DatasetSchema, model_cfg: Mapping[str, Any],
+                          device: Any = None) -> Tuple[Any, Dict[str, str]]:
+    """(the plain model of ``model_cfg`` on ``device``, where it holds its embedding modules: ``pooled`` and, with
+    sequence features, ``sequence``): :func:`build_dlrm` for the DLRM, else the model's factory."""
+    from rayemb.serve.user_model import DLRM_PATHS, build_factory_model, is_dlrm
+
+    if not is_dlrm(model_cfg):
+        return build_factory_model(schema, model_cfg, device)
+    model = build_dlrm(schema, model_cfg, device)
+    return model, {k: v for k, v in DLRM_PATHS.items() if k == "pooled" or model.has_sequence}
 
 
 def _strip_wrappers(key: str) -> str:
@@ -127,38 +134,47 @@ def _strip_wrappers(key: str) -> str:
     return key
 
 
-def _table_of(key: str) -> Optional[str]:
-    """The checkpoint table of an inference-model weight key (compressed ones: their physical tables), else None."""
+def _table_of(key: str, paths: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The checkpoint table of an inference-model weight key (compressed ones: their physical tables), else None.
+
+    ``paths``: where the model holds its pooled and sequence modules (default: the DLRM's)."""
     import re
 
-    m = re.match(r"embedding\.(?:bags\.)?embedding_bags\.([^.]+)\.weight$", key) or re.match(
-        r"embedding\.rows\.d\d+\.embeddings\.([^.]+)\.weight$", key) or re.match(
-        r"sequence\.embeddings\.([^.]+)\.weight$", key)
+    from rayemb.serve.user_model import DLRM_PATHS
+
+    pooled, sequence = (re.escape(p) for p in ({**DLRM_PATHS, **(paths or {})}[k] for k in ("pooled", "sequence")))
+    m = re.match(pooled + r"\.(?:bags\.)?embedding_bags\.([^.]+)\.weight$", key) or re.match(
+        pooled + r"\.rows\.d\d+\.embeddings\.([^.]+)\.weight$", key) or re.match(
+        sequence + r"\.embeddings\.([^.]+)\.weight$", key)
     return m.group(1) if m else None
 
 
 def inference_state(unsharded: Mapping[str, Any], schema: DatasetSchema, model_cfg: Mapping[str, Any],
                     source: str = "checkpoint") -> Dict[str, Any]:
-    """The plain DLRM's state dict from :func:`rayemb.checkpoint.export.unsharded_state` (plain tensors, CPU).
+    """The plain model's state dict from :func:`rayemb.checkpoint.export.unsharded_state` (plain tensors, CPU).
 
-    Tables go to ``embedding.embedding_bags.<t>.weight``; every other model
-    tensor is the training model's dense tensor of the same name (wrapper
-    prefixes removed). Raises :class:`DataError` (``bad_checkpoint``) when a
-    table or MLP tensor is missing or of another shape: the checkpoint is
-    not of this schema and model config.
+    Tables go to ``<pooled>.embedding_bags.<t>.weight`` (``<pooled>``: where the
+    model holds its pooled module, ``embedding`` in the DLRM; sequence tables
+    likewise under ``<sequence>``); every other model tensor is the training
+    model's dense tensor of the same name (wrapper prefixes removed). Raises
+    :class:`DataError` (``bad_checkpoint``) when a table or MLP tensor is
+    missing or of another shape: the checkpoint is not of this schema and
+    model config.
     """
-    target = build_dlrm(schema, model_cfg, device="meta").state_dict()
+    target_model, paths = build_inference_model(schema, model_cfg, device="meta")
+    target, projections = target_model.state_dict(), paths["pooled"] + ".projections."
     dense = {_strip_wrappers(k): v for k, v in unsharded["dense"].items()}
     fix = ("Export with the job config and dataset the checkpoint was trained with (the run's config.yaml and "
            "its data.path).")
     out: Dict[str, Any] = {}
     for key, want in target.items():
-        table = _table_of(key)
+        table = _table_of(key, paths)
         if table is not None:
             got = unsharded["tables"].get(table, {}).get("weight")
             what = f"table {table!r}"
-        elif key.startswith("embedding.projections."):  # a block table's projection: the trained model's plain child
-            got, what = dense.get("embedding.plain." + key[len("embedding."):]), f"model tensor {key!r}"
+        elif key.startswith(projections):  # a block table's projection: the trained model's plain child
+            got = dense.get(paths["pooled"] + ".plain." + key[len(paths["pooled"]) + 1:])
+            what = f"model tensor {key!r}"
         else:
             got, what = dense.get(key), f"model tensor {key!r}"
         if got is None:
@@ -223,26 +239,29 @@ def _id_column(table: pa.Table, feat: Any) -> Any:
                         category="invalid_input") from None
 
 class InferenceModel:
-    """A plain DLRM in eval mode with its schema and id policy; :meth:`predict` returns probabilities.
+    """A plain model in eval mode with its schema and id policy; :meth:`predict` returns probabilities.
 
     Args:
-        model: the DLRM (:func:`build_dlrm`) with its weights loaded.
+        model: the model (:func:`build_inference_model`) with its weights loaded.
         schema: the training dataset's schema.
         id_policy: ``data.id_policy`` of the job (``error``, ``hash`` or ``clip``).
-        info: ``model.json``: the model config (``model``: embedding_dim, bottom_mlp, top_mlp) and where it
-            came from.
+        info: ``model.json``: the model config (``model``: embedding_dim, bottom_mlp, top_mlp, name, factory,
+            args) and where it came from.
+        paths: where ``model`` holds its embedding modules (None: a DLRM's, ``sequence`` when it has one).
     """
 
     def __init__(self, model: Any, schema: DatasetSchema, id_policy: str = "error",
-                 info: Optional[Dict[str, Any]] = None) -> None:
+                 info: Optional[Dict[str, Any]] = None, paths: Optional[Mapping[str, str]] = None) -> None:
         from rayemb.data.batching import BatchConverter
 
         self.model = model.eval()
         self.schema = schema
         self.id_policy = id_policy
         self.info = dict(info or {})
-        #: the model has a user-history tower: it scores the schema's sequence columns too
-        self.sequence = bool(getattr(model, "has_sequence", False))
+        self.paths = dict(paths) if paths is not None else {
+            "pooled": "embedding", **({"sequence": "sequence"} if getattr(model, "has_sequence", False) else {})}
+        #: the model holds sequence embeddings (a user-history tower): it scores the schema's sequence columns too
+        self.sequence = "sequence" in self.paths
         # ids are logical (one table per feature): no hybrid remap
         self.converter = BatchConverter(schema, id_policy, sequence=self.sequence)
 
@@ -259,24 +278,43 @@ class InferenceModel:
     @classmethod
     def from_state(cls, state: Mapping[str, Any], schema: DatasetSchema, model_cfg: Mapping[str, Any],
                    id_policy: str = "error", info: Optional[Dict[str, Any]] = None,
-                   device: Any = "cpu") -> "InferenceModel":
-        """Builds the model on the meta device and assigns ``state`` (no second copy of the tables)."""
+                   device: Any = "cpu", code: Optional[str] = None) -> "InferenceModel":
+        """Builds the model on the meta device and assigns ``state`` (no second copy of the tables).
+
+        ``code``: a folder put first on ``sys.path`` before a factory is imported (an export's ``code/``)."""
+        import itertools
+
         import torch
 
-        model = build_dlrm(schema, model_cfg, device="meta")
+        from rayemb.serve.user_model import put_on_path
+
+        put_on_path(code)
+        model, paths = build_inference_model(schema, model_cfg, device="meta")
         model.load_state_dict(dict(state), strict=True, assign=True)
-        return cls(model.to(torch.device(device)), schema, id_policy, {**(info or {}), "model": dict(model_cfg)})
+        if any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
+            # a tensor of the model's own outside its state dict (a non-persistent buffer): built for real
+            model, paths = build_inference_model(schema, model_cfg, device="cpu")
+            model.load_state_dict(dict(state), strict=True)
+        return cls(model.to(torch.device(device)), schema, id_policy, {**(info or {}), "model": dict(model_cfg)},
+                   paths)
 
     def save(self, directory: str, torchscript: bool = True) -> None:
         """Writes ``model.pt``, ``model.json`` (and the TorchScript form) into ``directory`` (created; the caller
         renames it into place)."""
         import torch
 
+        from rayemb.serve.user_model import copy_factory_code, is_dlrm, model_name
+
         os.makedirs(directory, exist_ok=True)
+        model_cfg = self.info.get("model", {})
+        code = copy_factory_code(model_cfg["factory"], directory) if model_cfg.get("factory") else None
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         torch.save(state, os.path.join(directory, STATE_FILE))
         scripted, skipped = None, None
-        if self.sequence:
+        if not is_dlrm(model_cfg):
+            skipped = (f"TorchScript forms are written for the shipped DLRM only; {model_name(model_cfg)} is rebuilt "
+                       "by its factory: use model.pt (InferenceModel.load) or the pyfunc model")
+        elif self.sequence:
             skipped = ("the DLRM skips its user-history branch under TorchScript (torch.jit.is_scripting), so a "
                        "scripted form would score without the history; use model.pt (InferenceModel.load)")
         elif torchscript:
@@ -286,7 +324,7 @@ class InferenceModel:
             except Exception as e:  # noqa: BLE001 - an optional form; the state dict is the model
                 logger.warning("no TorchScript form written (torch.jit.script failed: %s: %s)", type(e).__name__, e)
         info = {**self.info, "format": FORMAT, "schema": self.schema.to_dict(), "id_policy": self.id_policy,
-                "torchscript": scripted, "torchscript_skipped": skipped}
+                "torchscript": scripted, "torchscript_skipped": skipped, "code": code}
         with open(os.path.join(directory, INFO_FILE), "w") as f:
             json.dump(info, f, indent=1, sort_keys=True)
 
@@ -294,6 +332,8 @@ class InferenceModel:
     def load(cls, directory: str, device: Any = "cpu") -> "InferenceModel":
         """The model ``rayemb export`` wrote to ``directory``; :class:`DataError` when it is not one."""
         import torch
+
+        from rayemb.serve.user_model import code_dir
 
         info_path, state_path = os.path.join(directory, INFO_FILE), os.path.join(directory, STATE_FILE)
         if not (os.path.isfile(info_path) and os.path.isfile(state_path)):
@@ -307,7 +347,8 @@ class InferenceModel:
                             "with this rayemb version (`rayemb export`).", category="not_a_model")
         schema = DatasetSchema.from_dict(info["schema"], source=info_path)
         state = torch.load(state_path, map_location="cpu", weights_only=True)
-        return cls.from_state(state, schema, info["model"], info.get("id_policy", "error"), info, device)
+        return cls.from_state(state, schema, info["model"], info.get("id_policy", "error"), info, device,
+                              code=code_dir(directory, info))
 
     # ---- scoring ---- #
 
@@ -347,8 +388,10 @@ class InferenceModel:
         with torch.no_grad():
             for start in range(0, table.num_rows, batch_rows):
                 b = self.converter(table.slice(start, batch_rows))
-                history = None if b.sequence is None else b.sequence.to(device)
-                out.append(self.model(b.dense.to(device), b.sparse.to(device), history).float().cpu().numpy())
+                inputs = (b.dense.to(device), b.sparse.to(device))
+                if self.sequence:
+                    inputs += (b.sequence.to(device),)
+                out.append(self.model(*inputs).float().cpu().numpy())
         return np.concatenate(out)
 
     def predict(self, data: Any, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
@@ -357,4 +400,5 @@ class InferenceModel:
 
 
 __all__ = ["FORMAT", "INFO_FILE", "PREDICTION_COLUMN", "STATE_FILE", "TORCHSCRIPT_FILE", "InferenceModel", "build_dlrm",
-           "feature_columns", "inference_state", "missing_columns_error", "model_config", "sigmoid", "uses_sequence"]
+           "build_inference_model", "feature_columns", "inference_state", "missing_columns_error", "model_config",
+           "sigmoid", "uses_sequence"]

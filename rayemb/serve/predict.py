@@ -128,14 +128,17 @@ class _Scorer:
 
         from rayemb.logs import quiet_third_party_logs
         from rayemb.serve.model import InferenceModel
+        from rayemb.serve.user_model import write_code
 
         quiet_third_party_logs()
         torch.set_num_threads(max(1, threads))
         loaded = ray.get(bundle[0])
         info = loaded["info"]
         schema = DatasetSchema.from_dict(info["schema"])
+        # the factory's code of the export (its code/ folder), written where this actor can import it
         self.model = InferenceModel.from_state(loaded["state"], schema, info["model"], info.get("id_policy", "error"),
-                                               info, device="cuda" if use_gpu else "cpu")
+                                               info, device="cuda" if use_gpu else "cpu",
+                                               code=write_code(loaded.get("code", {})))
         self.passthrough = passthrough
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -167,12 +170,13 @@ def _bundle(model_dir: str) -> Dict[str, Any]:
     import torch
 
     from rayemb.serve.model import INFO_FILE, STATE_FILE, InferenceModel
+    from rayemb.serve.user_model import code_dir, read_code
 
     InferenceModel.load(model_dir)  # checks format, schema and every tensor's shape once, here
     with open(os.path.join(model_dir, INFO_FILE)) as f:
         info = json.load(f)
     return {"info": info, "state": torch.load(os.path.join(model_dir, STATE_FILE), map_location="cpu",
-                                              weights_only=True)}
+                                              weights_only=True), "code": read_code(code_dir(model_dir, info))}
 
 
 def _write_on_driver(ds: Any, tmp: str) -> None:

@@ -52,6 +52,7 @@ def _dense_part(device: Any, local_batch: int, dim: int, spec: Any,
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
     from rayemb.model.contract import Embeddings
+    from rayemb.train.losses import TaskLoss
 
     features = list(schema.sparse_names)
 
@@ -72,8 +73,9 @@ def _dense_part(device: Any, local_batch: int, dim: int, spec: Any,
     kjt = KeyedJaggedTensor.from_lengths_sync(keys=features, values=torch.zeros(0, dtype=torch.int64, device=device),
                                               lengths=torch.zeros(local_batch * len(features), dtype=torch.int32,
                                                                   device=device))
-    y = torch.rand(local_batch, device=device).round()
-    loss_fn = torch.nn.BCEWithLogitsLoss()
+    tasks = len(schema.labels)
+    y = torch.rand(local_batch if tasks == 1 else (local_batch, tasks), device=device).round()
+    loss_fn = TaskLoss(schema.labels, user_loss=spec.loss)
 
     def model_step() -> None:
         opt.zero_grad()

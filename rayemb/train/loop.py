@@ -169,6 +169,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     from rayemb.logs import quiet_third_party_logs
     from rayemb.model.tables import sequence_features, table_configs
     from rayemb.train.data_loader import RankBatches
+    from rayemb.train.losses import TaskLoss
     from rayemb.train.resume import CheckpointSchedule, restore, save_and_report
     from rayemb.train.step import LossWindow, StepTimer, TrainStep, check_finite_loss
     from rayemb.train.validation import evaluate
@@ -200,7 +201,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     # the next batch's input exchange starts before this batch's backward (rayemb.embedding.prefetch)
     prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
     prefetch = prefetch if prefetch is not None and prefetch.enabled else None
-    loss_fn = torch.nn.BCEWithLogitsLoss()
+    loss_fn = TaskLoss(schema.labels, cfg.train.task_weights, spec.loss if spec is not None else None)
     converter = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap,
                                sequence=cfg.model.sequence_tower != "none")
     data_args = dict(in_memory=bool(loop_config.get("in_memory")), first_batch_timeout_s=cfg.data.first_batch_timeout_s,
@@ -315,7 +316,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 check_window()
                 checkpoint(epoch, epoch_steps, False, {"step": step, "epoch": epoch, "checkpoint": 1})
         check_window()  # the epoch's last window may be partial: a diverged model is neither validated nor saved
-        valid = evaluate(model, valid_data, device, padding=lambda: converter.padding(cfg.data.batch_size))
+        valid = evaluate(model, valid_data, device, padding=lambda: converter.padding(cfg.data.batch_size),
+                         tasks=schema.labels, primary=cfg.train.early_stopping_task)
         # every rank sees the same gathered AUC, so all make the same decision; the last epoch is no early stop
         stop = best.update(epoch, valid["valid_auc"]) and epoch + 1 < cfg.train.epochs
         if rank == 0:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -37,11 +37,27 @@ def logloss(labels: np.ndarray, logits: np.ndarray) -> float:
     return float(np.mean(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
 
 
-def validation_metrics(labels: np.ndarray, logits: np.ndarray) -> Dict[str, float]:
-    """``valid_auc``, ``valid_logloss`` and ``valid_rows`` of every (label, logit) pair given (padding left out)."""
-    labels, logits = np.asarray(labels).ravel(), np.asarray(logits).ravel()
-    return {"valid_auc": auc(labels, logits), "valid_logloss": logloss(labels, logits),
-            "valid_rows": float(labels.size)}
+def validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[Sequence[str]] = None,
+                       primary: Optional[str] = None) -> Dict[str, float]:
+    """``valid_auc``, ``valid_logloss`` and ``valid_rows`` of every (label, logit) pair given (padding left out).
+
+    Several ``tasks`` (``labels`` and ``logits`` of shape ``(N, T)``, columns in ``tasks`` order): each task's
+    ``valid_auc.<task>`` and ``valid_logloss.<task>``, and ``valid_auc`` / ``valid_logloss`` are the
+    ``primary`` task's (the first by default), the one early stopping and the best checkpoint follow."""
+    labels, logits = np.asarray(labels), np.asarray(logits)
+    if not tasks or len(tasks) == 1:
+        labels, logits = labels.ravel(), logits.ravel()
+        return {"valid_auc": auc(labels, logits), "valid_logloss": logloss(labels, logits),
+                "valid_rows": float(labels.size)}
+    labels, logits = labels.reshape(-1, len(tasks)), logits.reshape(-1, len(tasks))
+    out: Dict[str, float] = {}
+    for i, task in enumerate(tasks):
+        out[f"valid_auc.{task}"] = auc(labels[:, i], logits[:, i])
+        out[f"valid_logloss.{task}"] = logloss(labels[:, i], logits[:, i])
+    main = primary or tasks[0]
+    out.update({"valid_auc": out[f"valid_auc.{main}"], "valid_logloss": out[f"valid_logloss.{main}"],
+                "valid_rows": float(labels.shape[0])})
+    return out
 
 
 def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float],

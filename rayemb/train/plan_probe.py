@@ -96,7 +96,9 @@ def _batches(schema: Any, samples: Dict[str, TableSample], local_batch: int, see
                                                   values=torch.from_numpy(np.concatenate(values)),
                                                   lengths=torch.from_numpy(np.concatenate(lengths)))
         dense = torch.from_numpy(np.log1p(gen.exponential(3.0, (local_batch, len(schema.dense)))).astype(np.float32))
-        labels = torch.from_numpy((gen.random(local_batch) < 0.25).astype(np.float32))
+        tasks = len(schema.labels)  # (B,) labels, or (B, T) for a multi-task schema
+        labels = torch.from_numpy((gen.random(local_batch if tasks == 1 else (local_batch, tasks)) < 0.25)
+                                  .astype(np.float32))
         out.append((dense, kjt, labels))
     return out
 
@@ -222,7 +224,9 @@ def _plan_steps(cfg: Any, schema: Any, plan: Any, device: Any, raw: List[Any], c
     from rayemb.train.loop import sharded_model
     from rayemb.train.step import LossWindow, StepBatch, TrainStep
 
-    loss_fn = torch.nn.BCEWithLogitsLoss()
+    from rayemb.train.losses import TaskLoss
+
+    loss_fn = TaskLoss(schema.labels, cfg.train.task_weights, model_spec.loss if model_spec is not None else None)
     model, optimizer, remapper = sharded_model(cfg, schema, plan, device, model_spec=model_spec)
     instrument_ddp(model)
     batches = []

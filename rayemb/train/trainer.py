@@ -22,6 +22,7 @@ stages hand on are :mod:`rayemb.train.job_types`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -35,7 +36,7 @@ from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, count_rows, load_checked, parquet_files
 from rayemb.errors import DataError, TrainingError, find_user_error
 from rayemb.logs import redact_uri
-from rayemb.model.factory import model_spec
+from rayemb.model.factory import model_spec, user_loss
 from rayemb.planner.tables import split_rule
 from rayemb.planner.topology import resize_topology
 from rayemb.planner.types import parse_pins
@@ -48,6 +49,7 @@ from rayemb.train.plan_probe import placement_counts as _placement_counts
 from rayemb.train.resources import WorkerResources, worker_resources
 from rayemb.train.resume import check_resume_from, fault_injection
 from rayemb.train.job_types import MEASURED_PLAN_KEYS, JobInputs, PlannedJob, Tracking, TrainResult
+from rayemb.train.losses import check_tasks
 from rayemb.train.sharding import pins_of
 
 logger = logging.getLogger(__name__)
@@ -87,6 +89,9 @@ def check_inputs(cfg: JobConfig, model: Any = None) -> JobInputs:
     check_stats_file(resolve_path(cfg.data.stats_path) if cfg.data.stats_path else None)
     resume = check_resume_from(cfg, schema)
     model = model or model_spec(cfg.model)  # a factory of the user's: imported now, its errors before any work
+    if model.loss is None and cfg.train.loss:
+        model = dataclasses.replace(model, loss=user_loss(cfg.train.loss))
+    check_tasks(schema.labels, cfg.train.task_weights, cfg.train.early_stopping_task)
     print(f"rayemb: data {redact_uri(data_dir)} ({len(schema.sparse)} sparse tables, {train_rows:,} train / "
           f"{valid_rows:,} valid rows), outputs {redact_uri(out_dir)}", flush=True)
     return JobInputs(cfg, data_dir, out_dir, schema, train_rows, valid_rows, steps, resume, model)
@@ -130,10 +135,10 @@ def compute_statistics(inputs: JobInputs, topology: Any) -> Tuple[Any, Any]:
     stats_path = resolve_path(cfg.data.stats_path) if cfg.data.stats_path else None
     print(f"rayemb: statistics pass over {redact_uri(data_dir)}/{TRAIN_SPLIT} ...", flush=True)
     stats = load_or_compute_stats(data_dir, stats_path, progress=True)
-    check_values(stats.values, schema.label, f"{data_dir}/{TRAIN_SPLIT}")
+    check_values(stats.values, schema.labels, f"{data_dir}/{TRAIN_SPLIT}")
     check_ids(stats, schema, cfg.data.id_policy)
     valid_values = compute_stats(data_dir, split=VALID_SPLIT, tables=False).values
-    check_values(valid_values, schema.label, f"{data_dir}/{VALID_SPLIT}")
+    check_values(valid_values, schema.labels, f"{data_dir}/{VALID_SPLIT}")
     global_batch = cfg.data.batch_size * topology.world_size
     split = split_rule(topology, global_batch, cfg.model.embedding_dim).split(stats)
     # the split's table is printed by plan_job, once: across nodes the calibrated break-even replaces this split

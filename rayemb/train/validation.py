@@ -25,7 +25,7 @@ train split keeps Ray Train's equal split.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 from ray.train import DataConfig
@@ -84,7 +84,8 @@ def _gather(arr: np.ndarray) -> np.ndarray:
 
 
 def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
-             max_steps: Optional[int] = None) -> Dict[str, float]:
+             max_steps: Optional[int] = None, tasks: Optional[Sequence[str]] = None,
+             primary: Optional[str] = None) -> Dict[str, float]:
     """AUC, logloss and row count of ``model`` on every row of a split's :class:`RankBatches`, all ranks together.
 
     Args:
@@ -92,6 +93,8 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
         padding: a batch of padding rows only (``BatchConverter.padding``), fed while this rank has no batch
             left and another rank has.
         max_steps: score at most this many batches per rank.
+        tasks, primary: the label columns of a multi-task model and the one ``valid_auc`` reports
+            (:func:`rayemb.train.metrics.validation_metrics`).
     """
     import torch
 
@@ -124,7 +127,7 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
     model.train()
     z = _gather(np.concatenate(logits) if logits else np.zeros(0, np.float32))
     y = _gather(np.concatenate(labels) if labels else np.zeros(0, np.float32))
-    return validation_metrics(y, z)
+    return validation_metrics(y, z, tasks, primary)
 
 
 __all__ = ["ValidationDataConfig", "evaluate"]

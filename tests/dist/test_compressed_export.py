@@ -58,7 +58,7 @@ def _job_plan(cfg: Any, schema: Any, world_size: int) -> Any:
     placements = {t: _Placement(p, s, st) for t, (p, s, _, st) in PLAN.items()}
     hot = {t: h for t, (p, _, h, _) in PLAN.items() if p == "hybrid"}
     _, constraints = hybrid_from_placements(table_configs(schema, DIM), placements, hot, device=torch.device("meta"))
-    meta_model = build_model(cfg, schema, placements, hot, torch.device("meta"), torch.device("meta"))
+    meta_model, _, _ = build_model(cfg, schema, placements, hot, torch.device("meta"), torch.device("meta"))
     plan = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device="cpu"),
                                     constraints=constraints).collective_plan(meta_model, cpu_capable_sharders(),
                                                                              dist.GroupMember.WORLD)

@@ -60,7 +60,7 @@ def _job_plan(cfg: Any, schema: Any, world_size: int) -> Any:
     for c in constraints.values():
         if "column_wise" in c.sharding_types:
             c.min_partition = DIM // 2
-    meta_model = build_model(cfg, schema, placements, hot, torch.device("meta"), torch.device("meta"))
+    meta_model, _, _ = build_model(cfg, schema, placements, hot, torch.device("meta"), torch.device("meta"))
     plan = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device="cpu"),
                                     constraints=constraints).collective_plan(meta_model, cpu_capable_sharders(),
                                                                              dist.GroupMember.WORLD)

@@ -38,7 +38,7 @@ def _job_plan(cfg: Any, schema: Any, world_size: int) -> Any:
     from rayemb.embedding.sharders import cpu_capable_sharders
     from rayemb.train.sharding import JobPlan, build_model
 
-    meta_model = build_model(cfg, schema, {}, {}, torch.device("meta"), torch.device("meta"))
+    meta_model, _, _ = build_model(cfg, schema, {}, {}, torch.device("meta"), torch.device("meta"))
     constraints = {"H1": ParameterConstraints(sharding_types=["row_wise"]),
                    "C1": ParameterConstraints(sharding_types=["row_wise"])}
     constraints.update({n: ParameterConstraints(sharding_types=["table_wise"]) for n in schema.sparse_names[1:]})

@@ -135,6 +135,11 @@ def _schema_edit(fn: Callable[[dict], None]) -> Callable[[Path], None]:
     return mutate
 
 
+def _beside_the_data(module: Path) -> Callable[[Path], None]:
+    """Copies a model module into the case's directory, the job's working directory."""
+    return lambda data: shutil.copy(module, data.parent / module.name)
+
+
 def _empty_train(data: Path) -> None:
     path = _part(data)
     pq.write_table(pq.read_table(path).slice(0, 0), path)
@@ -198,6 +203,13 @@ CASES: List = [
                  id="resume-missing-dir"),
     pytest.param("ckpt-missing-rank", [], ["__1_0.distcp is missing", "train.resume_from"], id="resume-missing-rank-file"),
     pytest.param("ckpt-corrupt-rank", [], ["__0_0.distcp is corrupt", "train.resume_from"], id="resume-corrupt-rank-file"),
+    # ---- the model and its tasks ----
+    pytest.param(None, ["--set", "model.factory=no_such_pkg_xyz.models:build"],
+                 ["no_such_pkg_xyz.models", "cannot be imported", "PYTHONPATH"], id="model-factory-missing"),
+    pytest.param(None, ["--set", "train.task_weights={ctr: 2.0}"], ["train.task_weights.ctr", "no such label column",
+                                                                    "['label']"], id="task-without-label"),
+    pytest.param(_schema_edit(lambda d: d.update(label=["label", "like"])), [], ["like", "missing"],
+                 id="label-column-missing"),
 ]
 
 
@@ -212,6 +224,10 @@ VALUE_CASES: List = [
     pytest.param(_id_out_of_range, [], ["out-of-range", "data.id_policy"], id="id-out-of-range"),
     pytest.param(_corrupt_page, [], ["part-00000.parquet", "corrupt or truncated"], id="parquet-corrupt-page"),
     pytest.param(_empty_train, [], ["0 rows", "fewer than one global batch"], id="split-empty"),
+    # the model contract, checked on the planning task (the model built once on the meta device)
+    pytest.param(_beside_the_data(REPO / "tests" / "fixtures" / "user_models" / "broken_models.py"),
+                 ["--set", "model.factory=broken_models:drops_the_embeddings"],
+                 ["broken_models:drops_the_embeddings", "self.embedding = embeddings.pooled"], id="model-breaks-contract"),
 ]
 
 

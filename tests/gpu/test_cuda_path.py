@@ -320,7 +320,7 @@ def test_job_dlrm_trains_on_cuda(nccl_world, tmp_path) -> None:
     placements = {t: export_eq._Placement(p, s) for t, (p, s, _) in export_eq.PLAN.items()}
     hot = {t: h for t, (p, _, h) in export_eq.PLAN.items() if p == "hybrid"}
     _, constraints = hybrid_from_placements(table_configs(schema, dim), placements, hot, device=torch.device("meta"))
-    meta_model = build_model(cfg, schema, placements, hot, torch.device("meta"), torch.device("meta"))
+    meta_model, _, _ = build_model(cfg, schema, placements, hot, torch.device("meta"), torch.device("meta"))
     sharding_plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device=DEVICE.type),
                                              constraints=constraints).collective_plan(
         meta_model, cpu_capable_sharders(), dist.GroupMember.WORLD)

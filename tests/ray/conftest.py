@@ -1,4 +1,4 @@
-"""The one trained job that several modules read: training it again per module would only repeat minutes."""
+"""The trained jobs that several modules read: training them again per module would only repeat minutes."""
 
 import pytest
 
@@ -30,3 +30,29 @@ def e2e_job(shared_ray, tiny_data, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(FAULT_INJECTION_ENV_VAR, f"100:{marker}")
         return out, run_training(cfg), marker
+
+
+#: the model of one's own that ``user_model_jobs`` trains (examples/deepfm.py: not an installed module)
+USER_FACTORY = "examples.deepfm:deepfm"
+
+
+@pytest.fixture(scope="package")
+def user_model_jobs(shared_ray, tiny_data, tmp_path_factory):
+    """DeepFM (``model.factory``) trained on 2 gloo ranks with a hybrid table (pinned, so the plan does not
+    depend on the cost model), calibrated and probed on its own model, then resumed from its last checkpoint on
+    3 ranks for a second epoch. Returns ``(first TrainResult, resumed TrainResult)``. Its readers check the
+    training and the resume (test_user_model_job) and export the first job's best checkpoint
+    (test_user_model_export); none of them changes what it trained."""
+    from rayemb.train.trainer import run_training
+
+    shared_ray.ensure()
+    out = tmp_path_factory.mktemp("user_model")
+    common = [f"data.path={tiny_data}", f"tracking.output_dir={out}", "data.batch_size=256",
+              f"model.factory={USER_FACTORY}", "model.args={hidden: [32, 16]}",
+              "planner.tables={C1: {sharding: hybrid}}", "train.log_every_n_steps=10", "tracking.experiment=user"]
+    # calibrated and probed: the calibration's dense step and the plan probe build DeepFM from its factory
+    first = run_training(load_config("jobs/configs/synth_small.yaml", common + ["train.epochs=1"]))
+    resumed = run_training(load_config("jobs/configs/synth_small.yaml", common + ["planner.calibrate=false",
+        "train.epochs=2", "train.early_stopping_patience=null", f"train.resume_from={first.last_checkpoint}",
+        "train.max_steps_per_epoch=20", "scaling.num_workers=3", "scaling.cpus_per_worker=0.5"]))
+    return first, resumed

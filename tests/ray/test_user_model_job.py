@@ -12,32 +12,13 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rayemb.config import load_config
-
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 FACTORY = "examples.deepfm:deepfm"
 
 
-@pytest.fixture(scope="module")
-def jobs(shared_ray, tiny_data, tmp_path_factory):
-    from rayemb.train.trainer import run_training
-
-    shared_ray.ensure()
-    out = tmp_path_factory.mktemp("user_model")
-    common = [f"data.path={tiny_data}", f"tracking.output_dir={out}", "data.batch_size=256",
-              f"model.factory={FACTORY}", "model.args={hidden: [32, 16]}",
-              "planner.tables={C1: {sharding: hybrid}}", "train.log_every_n_steps=10", "tracking.experiment=user"]
-    # calibrated and probed: the calibration's dense step and the plan probe build DeepFM from its factory
-    first = run_training(load_config("jobs/configs/synth_small.yaml", common + ["train.epochs=1"]))
-    resumed = run_training(load_config("jobs/configs/synth_small.yaml", common + ["planner.calibrate=false",
-        "train.epochs=2", "train.early_stopping_patience=null", f"train.resume_from={first.last_checkpoint}",
-        "scaling.num_workers=3", "scaling.cpus_per_worker=0.5"]))
-    return first, resumed
-
-
-def test_a_model_of_ones_own_trains_with_a_hybrid_plan(jobs):
-    first, _ = jobs
+def test_a_model_of_ones_own_trains_with_a_hybrid_plan(user_model_jobs):
+    first, _ = user_model_jobs
     assert first.status == "FINISHED"
     assert first.plan["tables"]["C1"]["placement"] == "hybrid" and first.plan["tables"]["C1"]["hot_rows"] > 0
     assert first.metrics["valid_auc"] > 0.7, first.metrics
@@ -48,8 +29,8 @@ def test_a_model_of_ones_own_trains_with_a_hybrid_plan(jobs):
     assert meta["world_size"] == 2 and meta["placements"]["C1"] == "hybrid"
 
 
-def test_its_checkpoint_resumes_on_three_ranks_and_trains_on(jobs):
-    first, resumed = jobs
+def test_its_checkpoint_resumes_on_three_ranks_and_trains_on(user_model_jobs):
+    first, resumed = user_model_jobs
     assert resumed.status == "FINISHED"
     end = [r for r in resumed.reports if r.get("epoch_end")]
     assert [(r["epoch"], r["world_size"]) for r in end] == [(1, 3)]  # epoch 0 came from the checkpoint

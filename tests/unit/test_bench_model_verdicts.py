@@ -1,0 +1,46 @@
+"""The verdicts of jobs/bench/model_auc.py and jobs/bench/regression.py: a missing or failed run is a FAIL."""
+
+from __future__ import annotations
+
+from tests._bench import load_bench as _load
+
+ma = _load("model_auc")
+rg = _load("regression")
+
+
+def _r(seed, side, task, auc):
+    return {"seed": seed, "side": side, "task": task, "best_valid_auc": auc}
+
+
+def test_dcn_v2_passes_within_the_margin_and_fails_below_it_or_without_a_run():
+    ok = [_r(0, "dlrm", "label", 0.80), _r(0, "dcn_v2", "label", 0.796), _r(1, "dlrm", "label", 0.8),
+          _r(1, "dcn_v2", "label", 0.81)]
+    assert ma.verdicts("models", ok, [0, 1], None)["dcn_v2_vs_dlrm"]["verdict"] == "PASS"
+    low = ok[:1] + [_r(0, "dcn_v2", "label", 0.794)] + ok[2:]
+    assert ma.verdicts("models", low, [0, 1], None)["dcn_v2_vs_dlrm"]["verdict"] == "FAIL"
+    assert ma.verdicts("models", ok[:3], [0, 1], None)["dcn_v2_vs_dlrm"]["verdict"] == "FAIL"  # seed 1 missing
+
+
+def test_multitask_needs_every_task_learnt_close_to_its_single_task_model():
+    runs = [_r(0, "two_tasks", "label", 0.90), _r(0, "two_tasks", "like", 0.88), _r(0, "label_only", "label", 0.902),
+            _r(0, "like_only", "like", 0.884)]
+    v = ma.verdicts("multitask", runs, [0], 0.1)
+    assert [v[k]["verdict"] for k in ("label_auc", "like_auc", "label_vs_single", "like_vs_single",
+                                       "label_correlation")] == ["PASS"] * 5
+    worse = runs[:3] + [_r(0, "like_only", "like", 0.89)]
+    assert ma.verdicts("multitask", worse, [0], 0.1)["like_vs_single"]["verdict"] == "FAIL"
+    assert ma.verdicts("multitask", runs, [0], 0.7)["label_correlation"]["verdict"] == "FAIL"
+    assert ma.verdicts("multitask", runs[1:], [0], 0.1)["label_auc"]["verdict"] == "FAIL"
+
+
+def test_regression_ratio_on_medians_and_a_failed_run_fails():
+    def runs(old, new):
+        return [{"side": "old", "samples_per_s": v} for v in old] + [{"side": "new", "samples_per_s": v} for v in new]
+
+    commits = {"old": "a", "new": "b"}
+    s = rg.summarize(runs([100, 101, 99, 100, 102], [98, 99, 97, 100, 99]), commits, 0.97)
+    assert s["verdict"] == "PASS" and abs(s["ratio"] - 0.99) < 1e-9 and s["rows"]["new"]["min"] == 97
+    assert rg.summarize(runs([100] * 5, [96] * 5), commits, 0.97)["verdict"] == "FAIL"
+    assert rg.summarize(runs([100] * 5, [100] * 4 + [None]), commits, 0.97)["verdict"] == "FAIL"
+    assert rg.summarize(runs([100] * 4, [100] * 4), commits, 0.97)["problems"] == ["old: 4 runs (< 5)",
+                                                                                  "new: 4 runs (< 5)"]
