@@ -51,7 +51,7 @@ def run_once(tree: str, side: str, r: int, args: argparse.Namespace, tmp: str) -
                                                                                   "synth_small.yaml")]
     for o in overrides:
         cmd += ["--set", o]
-    env = _hermetic_env(os.path.join(tmp, f"env-{side}-{r}"))
+    env = _hermetic_env(os.path.join(tmp, f"e{side[0]}{r}"))  # short: Ray's socket paths must fit 107 bytes
     env["PYTHONPATH"] = tree  # this commit's rayemb, not the checkout the script runs from
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
@@ -98,7 +98,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     ensure_data(args.data, args.gen_rows)
     commits = {"old": _rev(args.old), "new": _rev(args.new)}
-    tmp = tempfile.mkdtemp(prefix="rayemb-regression-")
+    tmp = tempfile.mkdtemp(prefix="rg-")
     trees = {}
     try:
         for side, commit in commits.items():
