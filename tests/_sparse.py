@@ -118,3 +118,12 @@ def reference_rows(ref_sd: dict, remapper, table: str):
     if table.endswith("__cold"):
         return logical, full[torch.from_numpy(remapper.cold_ids(logical))]
     return logical, full
+
+
+def local_tensors(value) -> list:
+    """The tensors this rank holds of a state-dict entry, as numpy (shards of a sharded tensor)."""
+    if hasattr(value, "local_shards"):
+        return [s.tensor.detach().numpy().copy() for s in value.local_shards()]
+    if isinstance(value, torch.Tensor):
+        return [value.detach().numpy().copy()]
+    return []

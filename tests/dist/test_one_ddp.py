@@ -16,22 +16,13 @@ from typing import Dict
 
 import numpy as np
 import torch
-from _sparse import checkpoint_batch
+from _sparse import checkpoint_batch, local_tensors
 from test_logical_checkpoint import PLAN_A, TABLES, _build
 
 from rayemb.multiprocess import run_multiprocess
 
 LOCAL_BATCH = 6
 STEPS = 4
-
-
-def _local(value) -> list:
-    """The tensors this rank holds of a state-dict entry, as numpy (shards of a sharded tensor)."""
-    if hasattr(value, "local_shards"):
-        return [s.tensor.detach().numpy().copy() for s in value.local_shards()]
-    if isinstance(value, torch.Tensor):
-        return [value.detach().numpy().copy()]
-    return []
 
 
 def _train(rank: int, world_size: int, one_ddp: bool) -> Dict[str, object]:
@@ -42,7 +33,7 @@ def _train(rank: int, world_size: int, one_ddp: bool) -> Dict[str, object]:
     dmp, opt, remapper = _build(world_size, PLAN_A, seed=0, one_ddp=one_ddp)
     ddps = len(_find_ddps(dmp, DistributedDataParallel))
     instrument_ddp(dmp)
-    initial = {k: _local(v) for k, v in dmp.state_dict().items()}
+    initial = {k: local_tensors(v) for k, v in dmp.state_dict().items()}
     logits, all_reduces = [], []
     # the profiler sees every all-reduce dispatched, also those DDP's C++ reducer issues without a comm hook;
     # it watches the steps after the first (a static-graph DDP's first backward syncs once more)
@@ -61,8 +52,8 @@ def _train(rank: int, world_size: int, one_ddp: bool) -> Dict[str, object]:
         all_reduces.append(cc.calls().get("all_reduce", 0))
     prof.__exit__(None, None, None)
     dispatched = sum(e.count for e in prof.key_averages() if e.key == "c10d::allreduce_")
-    final = {k: _local(v) for k, v in dmp.state_dict().items()}
-    optim = {f"{param}.{name}": _local(t) for param, state in opt.state_dict()["state"].items()
+    final = {k: local_tensors(v) for k, v in dmp.state_dict().items()}
+    optim = {f"{param}.{name}": local_tensors(t) for param, state in opt.state_dict()["state"].items()
              for name, t in state.items()}
     return {"ddps": ddps, "all_reduces": all_reduces, "dispatched": dispatched, "logits": logits,
             "initial": initial, "final": final, "optim": optim}

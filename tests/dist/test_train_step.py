@@ -15,22 +15,13 @@ from typing import Dict
 
 import numpy as np
 import torch
-from _sparse import checkpoint_batch
+from _sparse import checkpoint_batch, local_tensors
 from test_logical_checkpoint import PLAN_A, TABLES, _build
 
 from rayemb.multiprocess import run_multiprocess
 
 LOCAL_BATCH = 6
 STEPS = 4
-
-
-def _local(value) -> list:
-    """The tensors this rank holds of a state-dict entry, as numpy (shards of a sharded tensor)."""
-    if hasattr(value, "local_shards"):
-        return [s.tensor.detach().numpy().copy() for s in value.local_shards()]
-    if isinstance(value, torch.Tensor):
-        return [value.detach().numpy().copy()]
-    return []
 
 
 def _train(rank: int, world_size: int, how: str) -> Dict[str, object]:
@@ -43,7 +34,7 @@ def _train(rank: int, world_size: int, how: str) -> Dict[str, object]:
     loss_fn = torch.nn.BCEWithLogitsLoss()
     batches = [StepBatch((kjt,), labels, kjt) for kjt, labels in
                (checkpoint_batch(remapper, TABLES, LOCAL_BATCH, s, rank, world_size) for s in range(STEPS))]
-    initial = {k: _local(v) for k, v in dmp.state_dict().items()}
+    initial = {k: local_tensors(v) for k, v in dmp.state_dict().items()}
     prefetch, counter, timer = StepPrefetch(dmp), CommCounter(), StepTimer()
     if how == "by_hand":
         losses = []
@@ -60,8 +51,8 @@ def _train(rank: int, world_size: int, how: str) -> Dict[str, object]:
         step = TrainStep(dmp, opt, loss_fn, prefetch=prefetch, counter=counter, timer=timer)
         losses = list(step.steps(iter(batches)))
     assert all(not loss.requires_grad for loss in losses)
-    final = {k: _local(v) for k, v in dmp.state_dict().items()}
-    optim = {f"{param}.{name}": _local(t) for param, state in opt.state_dict()["state"].items()
+    final = {k: local_tensors(v) for k, v in dmp.state_dict().items()}
+    optim = {f"{param}.{name}": local_tensors(t) for param, state in opt.state_dict()["state"].items()
              for name, t in state.items()}
     return {"losses": [loss.numpy().copy() for loss in losses], "initial": initial, "final": final, "optim": optim,
             "hits": prefetch.hits, "bytes": sum(counter.bytes().values()),
