@@ -98,6 +98,11 @@ def _check_tables(meta: Dict[str, Any], schema: DatasetSchema, cfg: JobConfig, c
     from rayemb.model.tables import sequence_features
     from rayemb.serve.user_model import check_exportable
 
+    if schema.extra_labels:  # one prediction column per task is not written yet: refused, not half-scored
+        raise ConfigError(f"The checkpoint {checkpoint} is of a model with label columns {schema.labels}; export "
+                          "writes one `prediction` column, so it exports single-task models only so far. Score "
+                          "it with its factory's model over rayemb.checkpoint.export.unsharded_state(checkpoint).",
+                          category="unsupported_model")
     check_exportable(cfg.model.factory)
     model_spec(cfg.model)  # a factory of the user's is imported here (ConfigError bad_model_factory)
     saved = meta.get("tables", {})
