@@ -32,6 +32,7 @@ sys.path.insert(0, _REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _report import report, write_result  # noqa: E402
+from sequence_auc import run_order  # noqa: E402  (seed by seed, the sides rotated by one per seed)
 
 COLUMNS = [("seed", ">4", "{}"), ("side", ">12", "{}"), ("task", ">6", "{}"), ("best AUC", ">9", "{:.4f}"),
            ("last AUC", ">9", "{:.4f}"), ("wall s", ">7", "{:.0f}")]
@@ -45,14 +46,6 @@ SUITES: Dict[str, Dict[str, Tuple[List[str], str]]] = {
 }
 MARGIN = 0.005
 MIN_MULTITASK_AUC = 0.85
-
-
-def run_order(seeds: Sequence[int], sides: Sequence[str]) -> List[Tuple[int, str]]:
-    order = []
-    for i, seed in enumerate(seeds):
-        k = i % len(sides)
-        order += [(seed, s) for s in [*sides[k:], *sides[:k]]]
-    return order
 
 
 def single_label_view(data: str, label: str, out: str) -> str:
