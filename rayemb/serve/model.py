@@ -378,6 +378,8 @@ class InferenceModel:
         """float32 logits of every row of ``data`` (pyarrow Table / RecordBatch or pandas DataFrame)."""
         import torch
 
+        from rayemb.model.contract import model_inputs
+
         table = _as_arrow(data)
         self.check_columns(table.column_names, "The data to score")
         if table.num_rows == 0:
@@ -387,11 +389,8 @@ class InferenceModel:
         out = []
         with torch.no_grad():
             for start in range(0, table.num_rows, batch_rows):
-                b = self.converter(table.slice(start, batch_rows))
-                inputs = (b.dense.to(device), b.sparse.to(device))
-                if self.sequence:
-                    inputs += (b.sequence.to(device),)
-                out.append(self.model(*inputs).float().cpu().numpy())
+                b = self.converter(table.slice(start, batch_rows))  # sequence columns only when self.sequence
+                out.append(self.model(*model_inputs(b, device)).float().cpu().numpy())
         return np.concatenate(out)
 
     def predict(self, data: Any, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
