@@ -97,13 +97,17 @@ def write_result_json(result, path: str) -> None:
 
 def print_result(result) -> None:
     """The lines a user reads at the end of a job: outcome, best epoch, checkpoint, where the run is."""
+    from rayemb.train.metrics import primary_metric
+
     m = result.metrics
     nan = float("nan")
-    best, best_epoch = m.get("best_valid_auc", m.get("valid_auc", nan)), int(m.get("best_epoch", m.get("epoch", 0)))
+    metric = primary_metric(m)
+    best, best_epoch = m.get(f"best_{metric}", m.get(metric, nan)), int(m.get("best_epoch", m.get("epoch", 0)))
+    second = "valid_logloss" if metric == "valid_auc" else "valid_hit_rate_at_10"
     print(
         f"rayemb: run {result.run_id} {result.status} in {result.wall_time_s:.0f}s; "
-        f"best_valid_auc={best:.4f} (epoch {best_epoch + 1}); last epoch valid_auc={m.get('valid_auc', nan):.4f} "
-        f"valid_logloss={m.get('valid_logloss', nan):.4f}"
+        f"best_{metric}={best:.4f} (epoch {best_epoch + 1}); last epoch {metric}={m.get(metric, nan):.4f} "
+        f"{second}={m.get(second, nan):.4f}"
     )
     if result.best_checkpoint:
         print(f"rayemb: best checkpoint: {redact_uri(result.best_checkpoint)}")

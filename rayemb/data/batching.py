@@ -55,6 +55,8 @@ class Batch:
     sequence: Optional["KeyedJaggedTensor"] = None
     #: (B,) bool, False on padding rows; None when every row is real
     mask: Optional["torch.Tensor"] = None
+    #: (B,) int64 ids of the converter's ``keep_ids`` feature before any remap (-1 on padding rows), else None
+    ids: Optional["torch.Tensor"] = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -108,7 +110,8 @@ class BatchConverter:
     """Turns pyarrow batches into :class:`Batch` (picklable; runs in the worker or a Ray Data task)."""
 
     def __init__(self, schema: DatasetSchema, id_policy: str = "error",
-                 remap: Optional[Callable[[Any], Any]] = None, sequence: bool = False) -> None:
+                 remap: Optional[Callable[[Any], Any]] = None, sequence: bool = False,
+                 keep_ids: Optional[str] = None) -> None:
         self.schema = schema
         self.id_policy = id_policy
         #: applied to the KeyedJaggedTensor last, e.g. the hybrid embedding's hot/cold id remap
@@ -119,6 +122,12 @@ class BatchConverter:
                             category="invalid_schema")
         #: also build Batch.sequence from the schema's sequence features
         self.sequence = sequence
+        #: a one-id-per-row sparse feature whose ids (checked, not remapped) also go to ``Batch.ids``: a
+        #: retrieval model's item feature (rayemb.train.retrieval)
+        self.keep_ids = keep_ids
+        if keep_ids is not None and keep_ids not in {f.name for f in schema.sparse if not f.multi_hot}:
+            raise DataError(f"keep_ids={keep_ids!r} is not a one-id-per-row sparse feature of the schema.",
+                            category="invalid_schema")
 
     def sequence_kjt(self, batch: pa.Table) -> "KeyedJaggedTensor":
         """The sequence features of ``batch`` as one KJT: latest ``max_length`` ids per row, key-major."""
@@ -171,7 +180,28 @@ class BatchConverter:
             values, lengths = sparse_arrays(batch, feat.name, feat.multi_hot)
             sparse.append((apply_id_policy(values, feat.num_embeddings, self.id_policy, feat.name), lengths))
         sequence = self._sequence_arrays(batch) if self.sequence else None
-        return self._assemble(dense, labels_np, sparse, sequence, 0 if pad_to is None else pad_to - n)
+        ids = None if self.keep_ids is None else sparse[self.schema.sparse_names.index(self.keep_ids)][0]
+        if ids is not None and len(ids) != n:
+            raise DataError(f"Sparse column {self.keep_ids!r} holds {n - len(ids)} null id(s) in this batch; a "
+                            "retrieval model's item column needs an item on every row: drop those rows.")
+        return self._assemble(dense, labels_np, sparse, sequence, 0 if pad_to is None else pad_to - n, ids)
+
+    def candidates(self, ids: np.ndarray, pad_to: Optional[int] = None) -> Batch:
+        """A batch whose ``keep_ids`` feature holds ``ids``, one per row, and every other input is empty (dense
+        zeros, empty bags): what a retrieval model's item tower needs to score the catalogue."""
+        n = len(ids)
+        pad = 0 if pad_to is None else pad_to - n
+        if self.keep_ids is None or pad < 0 or n + pad == 0:
+            raise ValueError(f"candidates: keep_ids={self.keep_ids!r}, {n} ids, pad_to={pad_to}")
+        ids = np.asarray(ids, dtype=np.int64)
+        sparse = [(ids, np.ones(n, np.int32)) if f.name == self.keep_ids else (np.zeros(0, np.int64),
+                                                                                 np.zeros(n, np.int32))
+                  for f in self.schema.sparse]
+        tasks = len(self.schema.labels)
+        sequence = [(np.zeros(0, np.int64), np.zeros(n, np.int32)) for _ in self.schema.sequence] \
+            if self.sequence else None
+        return self._assemble(np.zeros((n, len(self.schema.dense)), np.float32),
+                              np.zeros(n if tasks == 1 else (n, tasks), np.float32), sparse, sequence, pad, ids)
 
     def padding(self, rows: int) -> Batch:
         """A batch of ``rows`` padding rows only, for a rank whose shard has no rows left."""
@@ -181,10 +211,12 @@ class BatchConverter:
         tasks = len(self.schema.labels)
         return self._assemble(np.zeros((0, len(self.schema.dense)), np.float32),
                               np.zeros(0 if tasks == 1 else (0, tasks), np.float32),
-                              empty(self.schema.sparse), empty(self.schema.sequence) if self.sequence else None, rows)
+                              empty(self.schema.sparse), empty(self.schema.sequence) if self.sequence else None, rows,
+                              None if self.keep_ids is None else np.zeros(0, np.int64))
 
     def _assemble(self, dense: np.ndarray, labels: np.ndarray, sparse: List[Tuple[np.ndarray, np.ndarray]],
-                  sequence: Optional[List[Tuple[np.ndarray, np.ndarray]]], pad: int) -> Batch:
+                  sequence: Optional[List[Tuple[np.ndarray, np.ndarray]]], pad: int,
+                  ids: Optional[np.ndarray] = None) -> Batch:
         """The :class:`Batch` of these arrays followed by ``pad`` padding rows (remapped, masked)."""
         import torch
 
@@ -192,12 +224,14 @@ class BatchConverter:
         if pad:
             dense = np.concatenate([dense, np.zeros((pad, dense.shape[1]), np.float32)])
             labels = np.concatenate([labels, np.zeros((pad, *labels.shape[1:]), np.float32)])
+            ids = None if ids is None else np.concatenate([ids, np.full(pad, -1, np.int64)])
         kjt = _kjt(self.keys, sparse, pad)
         if self.remap is not None:
             kjt = self.remap(kjt)
         return Batch(dense=torch.from_numpy(dense), sparse=kjt, labels=torch.from_numpy(labels),
                      sequence=None if sequence is None else _kjt(self.schema.sequence_names, sequence, pad),
-                     mask=torch.arange(n + pad) < n if pad else None)
+                     mask=torch.arange(n + pad) < n if pad else None,
+                     ids=None if ids is None else torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)))
 
 
 def _kjt(keys: List[str], features: List[Tuple[np.ndarray, np.ndarray]], pad: int) -> "KeyedJaggedTensor":

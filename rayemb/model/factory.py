@@ -26,7 +26,8 @@ from typing import Any, Callable, Dict, Mapping, Optional, Union
 from rayemb.errors import BAD_FACTORY, ConfigError
 
 #: model.name -> the shipped factory
-SHIPPED_MODELS: Dict[str, str] = {"dlrm": "rayemb.models.dlrm:dlrm", "dcn_v2": "rayemb.models.dcn_v2:dcn_v2"}
+SHIPPED_MODELS: Dict[str, str] = {"dlrm": "rayemb.models.dlrm:dlrm", "dcn_v2": "rayemb.models.dcn_v2:dcn_v2",
+                                   "two_tower": "rayemb.models.two_tower:two_tower"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class ModelSpec:
         """The model, checked against the contract (:func:`rayemb.model.contract.check_model`) ->
         (model, paths of the embedding modules in it)."""
         from rayemb.model.contract import check_model
+        from rayemb.train.retrieval import check_retrieval
 
         factory = _import(self.factory, "model.name") if isinstance(self.factory, str) else self.factory
         try:
@@ -59,7 +61,9 @@ class ModelSpec:
                               BAD_FACTORY) from None
         except ValueError as e:  # a factory's own check of its arguments
             raise ConfigError(f"The model factory {self.name} refused its arguments: {e}", BAD_FACTORY) from None
-        return model, check_model(model, embeddings, self.name)
+        paths = check_model(model, embeddings, self.name)
+        check_retrieval(model, schema, self.name)
+        return model, paths
 
 
 def _import(target: str, where: str) -> Callable[..., Any]:

@@ -52,7 +52,8 @@ def _dense_part(device: Any, local_batch: int, dim: int, spec: Any,
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
     from rayemb.model.contract import Embeddings
-    from rayemb.train.losses import TaskLoss
+    from rayemb.train.losses import job_loss
+    from rayemb.train.retrieval import item_feature_of
 
     features = list(schema.sparse_names)
 
@@ -75,7 +76,9 @@ def _dense_part(device: Any, local_batch: int, dim: int, spec: Any,
                                                                   device=device))
     tasks = len(schema.labels)
     y = torch.rand(local_batch if tasks == 1 else (local_batch, tasks), device=device).round()
-    loss_fn = TaskLoss(schema.labels, user_loss=spec.loss)
+    item = item_feature_of(model)  # a retrieval model: its in-batch softmax over this rank's rows
+    loss_fn = job_loss(schema, user_loss=spec.loss, item_feature=item, gather=False)
+    y = None if item else y
 
     def model_step() -> None:
         opt.zero_grad()

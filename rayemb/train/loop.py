@@ -83,13 +83,14 @@ def _maybe_inject_fault(fault: Optional[Dict[str, Any]], step: int) -> None:
         raise RuntimeError(f"injected fault at step {step}")
 
 
-def _step_batch(batch, device) -> Any:
-    """One step's tensors on the device: the model's inputs (rayemb.model.contract) and the labels."""
+def _step_batch(batch, device, retrieval: bool = False) -> Any:
+    """One step's tensors on the device: the model's inputs (rayemb.model.contract) and what the loss takes
+    besides the model's output: the labels, or a retrieval model's item ids (rayemb.train.retrieval)."""
     from rayemb.model.contract import model_inputs
     from rayemb.train.step import StepBatch
 
     inputs = model_inputs(batch, device)
-    return StepBatch(inputs, batch.labels.to(device), inputs[1])
+    return StepBatch(inputs, (batch.ids if retrieval else batch.labels).to(device), inputs[1])
 
 
 def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device: Any,
@@ -169,9 +170,10 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     from rayemb.logs import quiet_third_party_logs
     from rayemb.model.tables import sequence_features, table_configs
     from rayemb.train.data_loader import RankBatches
-    from rayemb.train.losses import TaskLoss
+    from rayemb.train.losses import job_loss
     from rayemb.train.resume import CheckpointSchedule, restore, save_and_report
     from rayemb.train.step import LossWindow, StepTimer, TrainStep, check_finite_loss
+    from rayemb.train.retrieval import RETRIEVAL_METRIC, item_feature_of
     from rayemb.train.validation import evaluate
 
     quiet_third_party_logs()
@@ -201,9 +203,11 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     # the next batch's input exchange starts before this batch's backward (rayemb.embedding.prefetch)
     prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
     prefetch = prefetch if prefetch is not None and prefetch.enabled else None
-    loss_fn = TaskLoss(schema.labels, cfg.train.task_weights, spec.loss if spec is not None else None)
+    item = item_feature_of(model)  # a retrieval model's item feature, else None
+    loss_fn = job_loss(schema, cfg.train.task_weights, spec.loss if spec is not None else None, item,
+                       loop_config.get("table_stats"))
     converter = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap,
-                               sequence=cfg.model.sequence_tower != "none")
+                               sequence=cfg.model.sequence_tower != "none", keep_ids=item)
     data_args = dict(in_memory=bool(loop_config.get("in_memory")), first_batch_timeout_s=cfg.data.first_batch_timeout_s,
                      rank=rank, cpus_per_worker=loop_config.get("cpus_per_worker"), seed=cfg.train.seed)
     train_data = RankBatches(_shard(loop_config, TRAIN_SPLIT, rank, world), cfg.data.batch_size, converter,
@@ -222,7 +226,10 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     position = restore(model, optimizer, remapper, tables, cfg.data.batch_size, loop_config.get("resume_from"),
                        loop_config.get("checkpoint_root"))
     step = position.step
-    best = EarlyStopping(cfg.train.early_stopping_patience, position.bookkeeping)
+    best = EarlyStopping(cfg.train.early_stopping_patience, position.bookkeeping,
+                         RETRIEVAL_METRIC if item else "valid_auc")
+    retrieval = None if item is None else {"candidates": converter.candidates, "batch_size": cfg.data.batch_size,
+                                           "num_items": schema.feature(item).num_embeddings}
     fault = loop_config.get("fault_injection")
     schedule = CheckpointSchedule(cfg.train.checkpoint_every_n_steps, cfg.train.checkpoint_every_s, rank)
     ckpt_meta = {"plan_fingerprint": loop_config.get("plan_fingerprint"), "global_batch": global_batch,
@@ -255,7 +262,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 if agreed is None and not _all_have(batch is not None, device):
                     logger.warning("rank %d: a rank ran out of data at step %d; ending the epoch early", rank, step + 1)
                     return
-                yield _step_batch(batch, device)
+                yield _step_batch(batch, device, item is not None)
 
         def check_window() -> None:
             """Stops a diverged job before it is checkpointed (a collective: every rank's window is as long)."""
@@ -317,9 +324,9 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 checkpoint(epoch, epoch_steps, False, {"step": step, "epoch": epoch, "checkpoint": 1})
         check_window()  # the epoch's last window may be partial: a diverged model is neither validated nor saved
         valid = evaluate(model, valid_data, device, padding=lambda: converter.padding(cfg.data.batch_size),
-                         tasks=schema.labels, primary=cfg.train.early_stopping_task)
-        # every rank sees the same gathered AUC, so all make the same decision; the last epoch is no early stop
-        stop = best.update(epoch, valid["valid_auc"]) and epoch + 1 < cfg.train.epochs
+                         tasks=schema.labels, primary=cfg.train.early_stopping_task, retrieval=retrieval)
+        # every rank sees the same gathered metric, so all make the same decision; the last epoch is no early stop
+        stop = best.update(epoch, valid[best.metric]) and epoch + 1 < cfg.train.epochs
         if rank == 0:
             logger.info("epoch %d step %d: %s", epoch, step, valid)
         report = {"step": step, "epoch": epoch, "epoch_end": 1, **valid, **best.metrics(), "early_stopped": int(stop),
@@ -327,29 +334,32 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         checkpoint(epoch, epoch_steps, True, report)
         if stop:
             if rank == 0:
-                logger.info("early stopping after epoch %d: no valid_auc gain for %d epoch(s)", epoch, best.patience)
+                logger.info("early stopping after epoch %d: no %s gain for %d epoch(s)", epoch, best.metric,
+                            best.patience)
             break
 
 
 class EarlyStopping:
-    """Tracks the best validation AUC over epochs; says when ``patience`` epochs brought no gain."""
+    """Tracks the best validation ``metric`` (``valid_auc``; a retrieval model's hit rate) over epochs; says when
+    ``patience`` epochs brought no gain."""
 
-    def __init__(self, patience: Optional[int], resumed: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(self, patience: Optional[int], resumed: Optional[Dict[str, Any]] = None,
+                 metric: str = "valid_auc") -> None:
         resumed = resumed or {}
-        self.patience = patience
-        self.best_auc = float(resumed.get("best_valid_auc", float("-inf")))
+        self.patience, self.metric = patience, metric
+        self.best = float(resumed.get(f"best_{metric}", float("-inf")))
         self.best_epoch = int(resumed.get("best_epoch", -1))
         self.bad_epochs = int(resumed.get("epochs_without_gain", 0))
 
-    def update(self, epoch: int, auc: float) -> bool:
-        if math.isfinite(auc) and auc > self.best_auc:
-            self.best_auc, self.best_epoch, self.bad_epochs = auc, epoch, 0
+    def update(self, epoch: int, value: float) -> bool:
+        if math.isfinite(value) and value > self.best:
+            self.best, self.best_epoch, self.bad_epochs = value, epoch, 0
         else:
             self.bad_epochs += 1
         return self.patience is not None and self.bad_epochs >= self.patience
 
     def metrics(self) -> Dict[str, float]:
-        return {"best_valid_auc": self.best_auc, "best_epoch": float(self.best_epoch)}
+        return {f"best_{self.metric}": self.best, "best_epoch": float(self.best_epoch)}
 
     def state(self) -> Dict[str, Any]:
-        return {"best_valid_auc": self.best_auc, "best_epoch": self.best_epoch, "epochs_without_gain": self.bad_epochs}
+        return {f"best_{self.metric}": self.best, "best_epoch": self.best_epoch, "epochs_without_gain": self.bad_epochs}

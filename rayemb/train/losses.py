@@ -52,6 +52,24 @@ class TaskLoss:
         return (per_task * self.weights.to(per_task.device, per_task.dtype)).sum()
 
 
+def job_loss(schema: Any, weights: Optional[Mapping[str, float]] = None,
+             user_loss: Optional[Callable[[Any, Any], Any]] = None, item_feature: Optional[str] = None,
+             table_stats: Optional[Mapping[str, Any]] = None, gather: bool = True) -> Callable[[Any, Any], Any]:
+    """The job's loss: :class:`TaskLoss` for a ranking model; for a retrieval model (one naming an
+    ``item_feature``) the user's loss, called with the rows' item ids, or the logQ-corrected in-batch softmax
+    (:class:`rayemb.train.retrieval.InBatchSoftmax`; ``table_stats``: the statistics pass's tables; ``gather``:
+    negatives from every rank)."""
+    if item_feature is None:
+        return TaskLoss(schema.labels, weights, user_loss)
+    if user_loss is not None:
+        return user_loss
+    from rayemb.train.retrieval import InBatchSoftmax, item_log_q
+
+    table = (table_stats or {}).get(item_feature)
+    rows = schema.feature(item_feature).num_embeddings
+    return InBatchSoftmax(None if table is None else item_log_q(table, rows), gather)
+
+
 def check_tasks(tasks: Sequence[str], weights: Mapping[str, float], early_stopping_task: Optional[str]) -> None:
     """Every task the config names has a label column (ConfigError ``unknown_task`` naming the labels)."""
     named = {f"train.task_weights.{t}": t for t in weights}
@@ -64,4 +82,4 @@ def check_tasks(tasks: Sequence[str], weights: Mapping[str, float], early_stoppi
                           "the data and to schema.yaml's `label: [...]`.", "unknown_task")
 
 
-__all__ = ["TaskLoss", "check_tasks"]
+__all__ = ["TaskLoss", "job_loss", "check_tasks"]

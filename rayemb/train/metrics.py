@@ -60,6 +60,14 @@ def validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[S
     return out
 
 
+def primary_metric(metrics: Any) -> str:
+    """The validation metric early stopping and the best checkpoint follow in ``metrics`` (a report, a run's
+    metrics): a ranking model's ``valid_auc``, a retrieval model's hit rate@50 (:mod:`rayemb.train.retrieval`)."""
+    from rayemb.train.retrieval import RETRIEVAL_METRIC
+
+    return RETRIEVAL_METRIC if RETRIEVAL_METRIC in metrics or f"best_{RETRIEVAL_METRIC}" in metrics else "valid_auc"
+
+
 def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float],
                     probed: Optional[float] = None) -> Dict[str, float]:
     """Measured step time (median over log windows, each epoch's first window left out as warm-up) against the
@@ -92,8 +100,10 @@ def step_time_line(check: Dict[str, float]) -> str:
 
 
 def best_and_last_checkpoint(result: Any) -> Tuple[Optional[str], Optional[str]]:
-    """(retained epoch-end checkpoint with the best valid_auc, newest checkpoint) of a Ray Train result."""
+    """(retained epoch-end checkpoint with the best validation metric, newest checkpoint) of a Ray Train result."""
     last = result.checkpoint.path if result.checkpoint is not None else None
-    scored = [(float(m["valid_auc"]), c.path) for c, m in (result.best_checkpoints or []) if "valid_auc" in m]
+    kept = result.best_checkpoints or []
+    metric = primary_metric({k: 0 for _, m in kept for k in m})
+    scored = [(float(m[metric]), c.path) for c, m in kept if metric in m]
     best = max(scored)[1] if scored else last
     return best, last

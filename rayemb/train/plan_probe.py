@@ -224,15 +224,17 @@ def _plan_steps(cfg: Any, schema: Any, plan: Any, device: Any, raw: List[Any], c
     from rayemb.train.loop import sharded_model
     from rayemb.train.step import LossWindow, StepBatch, TrainStep
 
-    from rayemb.train.losses import TaskLoss
+    from rayemb.train.losses import job_loss
+    from rayemb.train.retrieval import item_feature_of
 
-    loss_fn = TaskLoss(schema.labels, cfg.train.task_weights, model_spec.loss if model_spec is not None else None)
     model, optimizer, remapper = sharded_model(cfg, schema, plan, device, model_spec=model_spec)
+    item = item_feature_of(model)  # a retrieval model: its in-batch softmax, without the synthetic rows' ids
+    loss_fn = job_loss(schema, cfg.train.task_weights, model_spec.loss if model_spec is not None else None, item)
     instrument_ddp(model)
     batches = []
     for dense, kjt, labels in raw:
         sparse = remapper.remap(kjt).to(device)
-        batches.append(StepBatch((dense.to(device), sparse), labels.to(device), sparse))
+        batches.append(StepBatch((dense.to(device), sparse), None if item else labels.to(device), sparse))
     prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
     prefetch = prefetch if prefetch is not None and prefetch.enabled else None
     step = TrainStep(model, optimizer, loss_fn, prefetch=prefetch, counter=counter)

@@ -97,16 +97,20 @@ class ProgressPrinter:
         self._print(" | ".join(parts))
 
     def _epoch_end(self, epoch: int, report: Dict[str, Any]) -> None:
-        auc = float(report.get("valid_auc", float("nan")))
+        from rayemb.train.metrics import primary_metric
+
+        metric = primary_metric(report)
+        value = float(report.get(metric, float("nan")))
         note = ""
-        if auc > self._best_auc:
-            self._best_auc = auc
+        if value > self._best_auc:
+            self._best_auc = value
             note = " (best so far)"
-        elif "best_valid_auc" in report:
-            note = f" (best {float(report['best_valid_auc']):.4f} at epoch {int(report.get('best_epoch', 0)) + 1})"
-        line = (f"epoch {epoch + 1}/{self.epochs} done: valid_auc {auc:.4f} "
-                f"valid_logloss {float(report.get('valid_logloss', float('nan'))):.4f}{note}")
+        elif f"best_{metric}" in report:
+            note = f" (best {float(report[f'best_{metric}']):.4f} at epoch {int(report.get('best_epoch', 0)) + 1})"
+        second = "valid_logloss" if metric == "valid_auc" else "valid_hit_rate_at_10"
+        line = (f"epoch {epoch + 1}/{self.epochs} done: {metric} {value:.4f} "
+                f"{second} {float(report.get(second, float('nan'))):.4f}{note}")
         if report.get("early_stopped"):
-            line += "; stopping early (no valid_auc gain)"
+            line += f"; stopping early (no {metric} gain)"
         self._print(line)
         self._last_print = float("-inf")  # the next epoch's first report prints

@@ -52,7 +52,7 @@ class Position:
 def position_from_meta(meta: Mapping[str, Any], world_size: int, batch_size: int) -> Position:
     """The :class:`Position` a checkpoint's meta.json leads to for a job of ``world_size`` ranks."""
     epoch, step = int(meta.get("epoch", 0)), int(meta.get("step", 0))
-    bookkeeping = {k: meta[k] for k in ("best_valid_auc", "best_epoch", "epochs_without_gain") if k in meta}
+    bookkeeping = {k: v for k, v in meta.items() if k.startswith("best_") or k == "epochs_without_gain"}
     if meta.get("epoch_complete", True):
         return Position(step, epoch + 1, 0, bookkeeping)
     samples = int(meta.get("epoch_samples", 0))

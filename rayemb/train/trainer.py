@@ -403,6 +403,8 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
             # by reference: Ray Train's controller unpickles this config, and the plans would import TorchRec there
             "job": cfg, "schema": inputs.schema, "plan": ray.put(planned.job_plan), "model": ray.put(inputs.model),
             "plans": ray.put(planned.plans_by_world),
+            # a retrieval model's logQ correction reads its item table's counts (rayemb.train.retrieval)
+            "table_stats": dict(planned.stats.tables),
             "train_rows": inputs.train_rows,
             "checkpoint_root": tracking.outputs.checkpoint_root,
             "metrics_queue": queue, "fault_injection": fault_injection(), "plan_fingerprint": planned.fingerprint,

@@ -25,7 +25,7 @@ train split keeps Ray Train's equal split.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 from ray.train import DataConfig
@@ -83,9 +83,27 @@ def _gather(arr: np.ndarray) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, arr.dtype)
 
 
+def eval_batches(data: Any, device: Any, padding: Callable[[], Any], max_steps: Optional[int] = None) -> Iterator[Any]:
+    """This rank's validation batches, then padding-only ones while another rank still has a batch: every rank
+    yields as many (``max_steps``: at most that many)."""
+    it = data.epoch(0)
+    agreed = _longest_shard(data, device)
+    limit = agreed if max_steps is None else (max_steps if agreed is None else min(agreed, max_steps))
+    filler = None
+    steps = 0
+    while limit is None or steps < limit:
+        batch = next(it, None)
+        if agreed is None and not _any_has(batch is not None, device):
+            break
+        if batch is None:  # this shard ran dry: padding keeps this rank in the others' collectives
+            filler = batch = filler if filler is not None else padding()
+        yield batch
+        steps += 1
+
+
 def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
              max_steps: Optional[int] = None, tasks: Optional[Sequence[str]] = None,
-             primary: Optional[str] = None) -> Dict[str, float]:
+             primary: Optional[str] = None, retrieval: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
     """AUC, logloss and row count of ``model`` on every row of a split's :class:`RankBatches`, all ranks together.
 
     Args:
@@ -95,27 +113,25 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
         max_steps: score at most this many batches per rank.
         tasks, primary: the label columns of a multi-task model and the one ``valid_auc`` reports
             (:func:`rayemb.train.metrics.validation_metrics`).
+        retrieval: for a retrieval model, :func:`rayemb.train.retrieval.evaluate_retrieval`'s ``candidates``,
+            ``num_items`` and ``batch_size``: hit rate@K over the catalogue instead of AUC.
     """
     import torch
 
     from rayemb.model.contract import model_inputs
     from rayemb.train.metrics import validation_metrics
+    from rayemb.train.retrieval import evaluate_retrieval
 
     model.eval()
     logits: List[np.ndarray] = []
     labels: List[np.ndarray] = []
-    it = data.epoch(0)
-    agreed = _longest_shard(data, device)
-    limit = agreed if max_steps is None else (max_steps if agreed is None else min(agreed, max_steps))
-    filler = None
-    steps = 0
+    batches = eval_batches(data, device, padding, max_steps)
     with torch.no_grad():
-        while limit is None or steps < limit:
-            batch = next(it, None)
-            if agreed is None and not _any_has(batch is not None, device):
-                break
-            if batch is None:  # this shard ran dry: padding keeps this rank in the others' collectives
-                filler = batch = filler if filler is not None else padding()
+        if retrieval is not None:
+            out = evaluate_retrieval(model, batches, device, **retrieval)
+            model.train()
+            return out
+        for batch in batches:
             out = model(*model_inputs(batch, device)).float().cpu().numpy()
             y = batch.labels.numpy()
             if batch.mask is not None:
@@ -123,11 +139,10 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
                 out, y = out[keep], y[keep]
             logits.append(out)
             labels.append(y)
-            steps += 1
     model.train()
     z = _gather(np.concatenate(logits) if logits else np.zeros(0, np.float32))
     y = _gather(np.concatenate(labels) if labels else np.zeros(0, np.float32))
     return validation_metrics(y, z, tasks, primary)
 
 
-__all__ = ["ValidationDataConfig", "evaluate"]
+__all__ = ["ValidationDataConfig", "evaluate", "eval_batches"]
