@@ -231,7 +231,7 @@ class BatchConverter:
         return Batch(dense=torch.from_numpy(dense), sparse=kjt, labels=torch.from_numpy(labels),
                      sequence=None if sequence is None else _kjt(self.schema.sequence_names, sequence, pad),
                      mask=torch.arange(n + pad) < n if pad else None,
-                     ids=None if ids is None else torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)))
+                     ids=None if ids is None else torch.from_numpy(np.array(ids, dtype=np.int64)))
 
 
 def _kjt(keys: List[str], features: List[Tuple[np.ndarray, np.ndarray]], pad: int) -> "KeyedJaggedTensor":

@@ -90,6 +90,31 @@ def _check_output(output: Any) -> None:
                           f"tensors; this one returned {shapes}.", "bad_model_output")
 
 
+def _gather_rows(x: Any) -> Any:
+    """Every rank's ``x`` (equal shapes), concatenated by rank, with gradients: the backward sums each rank's
+    gradient of the gathered rows and keeps this rank's slice. (An all-reduce: gloo has no reduce-scatter,
+    and torch's own autograd all-gather is deprecated.)"""
+    import torch
+    import torch.distributed as dist
+
+    class _Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, local: Any) -> Any:
+            parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+            dist.all_gather(parts, local.contiguous())
+            ctx.rows = local.shape[0]
+            return torch.cat(parts)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            grad = grad.contiguous()
+            dist.all_reduce(grad)
+            start = dist.get_rank() * ctx.rows
+            return grad[start: start + ctx.rows]
+
+    return _Gather.apply(x)
+
+
 class InBatchSoftmax:
     """``loss((query, candidate), item_ids)``: sampled softmax over the global batch's candidates, logQ-corrected.
 
@@ -120,10 +145,8 @@ class InBatchSoftmax:
         rows = query.shape[0]
         offset, candidates, ids = 0, candidate, item_ids
         if self._gather and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            from torch.distributed.nn.functional import all_gather
-
             # every rank's candidates are negatives here; their gradients flow back to the rank that made them
-            candidates = torch.cat(all_gather(candidate), dim=0)
+            candidates = _gather_rows(candidate)
             offset = dist.get_rank() * rows
             if item_ids is not None:
                 parts = [torch.empty_like(item_ids) for _ in range(dist.get_world_size())]

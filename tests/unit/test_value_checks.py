@@ -108,7 +108,7 @@ def test_early_stopping_tracks_best_and_counts_epochs_without_gain():
     assert es.update(0, 0.70) is False
     assert es.update(1, 0.69) is False  # 1 without gain
     assert es.update(2, 0.75) is False  # gain resets the count
-    assert (es.best_auc, es.best_epoch, es.bad_epochs) == (0.75, 2, 0)
+    assert (es.best, es.best_epoch, es.bad_epochs) == (0.75, 2, 0)
     assert es.update(3, 0.75) is False  # equal is no gain
     assert es.update(4, 0.60) is True  # 2 without gain
     assert es.metrics() == {"best_valid_auc": 0.75, "best_epoch": 2.0}
@@ -126,18 +126,18 @@ def test_patience_one_stops_after_first_epoch_without_gain():
 def test_patience_none_never_stops_but_tracks_best():
     es = EarlyStopping(patience=None)
     assert [es.update(e, auc) for e, auc in enumerate([0.6, 0.9, 0.5, 0.4, 0.3, 0.2])] == [False] * 6
-    assert (es.best_auc, es.best_epoch, es.bad_epochs) == (0.9, 1, 4)
+    assert (es.best, es.best_epoch, es.bad_epochs) == (0.9, 1, 4)
 
 
 def test_nan_auc_counts_as_no_gain():
     es = EarlyStopping(patience=1)
     assert es.update(0, NAN) is True  # not even a first best
-    assert (es.best_auc, es.best_epoch) == (-INF, -1)
+    assert (es.best, es.best_epoch) == (-INF, -1)
     es = EarlyStopping(patience=2)
     es.update(0, 0.7)
     assert es.update(1, NAN) is False
     assert es.update(2, NAN) is True
-    assert (es.best_auc, es.best_epoch) == (0.7, 0)
+    assert (es.best, es.best_epoch) == (0.7, 0)
 
 
 def test_early_stopping_restores_from_state():
@@ -146,10 +146,19 @@ def test_early_stopping_restores_from_state():
     es.update(1, 0.7)
     # a checkpoint's extra entries hold the state plus epoch/step
     restored = EarlyStopping(patience=2, resumed={"epoch": 1, "step": 200, **es.state()})
-    assert (restored.best_auc, restored.best_epoch, restored.bad_epochs) == (0.8, 0, 1)
+    assert (restored.best, restored.best_epoch, restored.bad_epochs) == (0.8, 0, 1)
     assert restored.update(2, 0.79) is True  # the second epoch without gain, counting the one before the restart
     fresh = EarlyStopping(patience=2, resumed={})
-    assert (fresh.best_auc, fresh.best_epoch, fresh.bad_epochs) == (-INF, -1, 0)
+    assert (fresh.best, fresh.best_epoch, fresh.bad_epochs) == (-INF, -1, 0)
+    # a retrieval job follows its hit rate, under that metric's own name in reports and checkpoints
+    hits = EarlyStopping(patience=2, metric="valid_hit_rate_at_50")
+    hits.update(0, 0.3)
+    assert hits.metrics() == {"best_valid_hit_rate_at_50": 0.3, "best_epoch": 0.0}
+    from rayemb.train.resume import position_from_meta
+
+    meta = {"epoch": 0, "step": 10, "epoch_complete": True, **hits.state()}
+    again = EarlyStopping(patience=2, resumed=position_from_meta(meta, 2, 4).bookkeeping, metric="valid_hit_rate_at_50")
+    assert (again.best, again.best_epoch) == (0.3, 0)
 
 
 # ---- find_user_error ---- #
