@@ -242,6 +242,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         save_and_report(model, optimizer, remapper, tables, meta, report)
         schedule.saved()
 
+    ready_t = time.time()  # the model is sharded and restored: what follows is data, steps and validation
     for epoch in range(position.epoch, cfg.train.epochs):
         it = train_data.epoch(epoch)  # in memory: the first call reads and converts the whole shard
         agreed = _agreed_steps(train_data, steps_per_epoch, device)
@@ -253,6 +254,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         timer = StepTimer()
         counter = CommCounter()
         train_step = TrainStep(model, optimizer, loss_fn, prefetch=prefetch, counter=counter, timer=timer)
+        epoch_t0 = time.time()  # wall clock: the driver splits the job's time into phases with it
         remaining = max(0, (steps_per_epoch if agreed is None else agreed) - skip)
 
         def batches() -> Iterator[Any]:
@@ -323,13 +325,16 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 check_window()
                 checkpoint(epoch, epoch_steps, False, {"step": step, "epoch": epoch, "checkpoint": 1})
         check_window()  # the epoch's last window may be partial: a diverged model is neither validated nor saved
+        clock = {"clock.ready_unix_s": ready_t, "clock.epoch_start_unix_s": epoch_t0,
+                 "clock.epoch_steps_end_unix_s": time.time()}
         valid = evaluate(model, valid_data, device, padding=lambda: converter.padding(cfg.data.batch_size),
                          tasks=schema.labels, primary=cfg.train.early_stopping_task, retrieval=retrieval)
         # every rank sees the same gathered metric, so all make the same decision; the last epoch is no early stop
         stop = best.update(epoch, valid[best.metric]) and epoch + 1 < cfg.train.epochs
         if rank == 0:
             logger.info("epoch %d step %d: %s", epoch, step, valid)
-        report = {"step": step, "epoch": epoch, "epoch_end": 1, **valid, **best.metrics(), "early_stopped": int(stop),
+        report = {"step": step, "epoch": epoch, "epoch_end": 1, **valid, **best.metrics(), **clock,
+                  "early_stopped": int(stop),
                   "world_size": world, "resumed_at_step": position.step if position.source else -1}
         checkpoint(epoch, epoch_steps, True, report)
         if stop:

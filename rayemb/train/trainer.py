@@ -58,14 +58,21 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any
     """Runs one training job on the current (or a new local) Ray cluster; returns when it ends.
 
     ``model``: a :class:`~rayemb.model.factory.ModelSpec` (None: the config's ``model`` section names it)."""
-    t0 = time.monotonic()
+    from rayemb.train.phases import JobPhases
+
+    t0, phases = time.monotonic(), JobPhases()
     inputs = check_inputs(cfg, model)
+    phases.mark("checks")
     init_ray()
     topology = job_topology(cfg)
+    phases.mark("ray")
     stats, split = compute_statistics(inputs, topology)
+    phases.mark("statistics")
     planned = plan_job(inputs, topology, stats, split)
+    phases.mark("plan")
     tracking = start_tracking(inputs, planned, parent_run_id)
-    result = train(inputs, planned, tracking)
+    phases.mark("tracking")
+    result = train(inputs, planned, tracking, phases)
     result.wall_time_s = time.monotonic() - t0
     return result
 
@@ -282,8 +289,10 @@ def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Option
 # ---- STAGE 5: TRAIN ---- #
 
 
-def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainResult:
-    """Ray Train workers train the planned model; every report reaches MLflow; the run ends FINISHED or FAILED."""
+def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: Any = None) -> TrainResult:
+    """Ray Train workers train the planned model; every report reaches MLflow; the run ends FINISHED or FAILED.
+
+    ``phases``: the job's :class:`~rayemb.train.phases.JobPhases` (its line printed and logged at the end)."""
     import ray
     from ray.util.queue import Queue
 
@@ -313,6 +322,8 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
     drainer = QueueDrainer(queue, run_logger, progress=progress).start()
     status, reason, best_checkpoint, last_checkpoint = "FAILED", None, None, None
     try:
+        if phases is not None:
+            phases.launch()
         with _report_poll_interval():
             result = _ray_trainer(inputs, planned, tracking, queue, resources).fit()
         status = "FINISHED"
@@ -342,6 +353,13 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking) -> TrainRe
             run_logger.log_metrics({k: v for k, v in final.items() if k.startswith("step_time_")
                                     and k != "step_time_s"}, step=0)
             print(step_time_line(final), flush=True)
+        if phases is not None:
+            from rayemb.train.phases import phases_line
+
+            split_up = phases.summary(reports)
+            final.update({f"phase_s.{k}": v for k, v in split_up.items()})
+            run_logger.log_metrics({f"phase_s.{k}": v for k, v in split_up.items()}, step=0)
+            print(phases_line(split_up), flush=True)
         if best_checkpoint:
             run_logger.set_tags({"rayemb.best_checkpoint": best_checkpoint})
         if last_checkpoint:

@@ -1,0 +1,76 @@
+"""Where a job's wall time goes: the driver's stages, then the workers' start, steps and the end.
+
+The driver marks the end of each of its stages (inputs checked, Ray up, statistics, plan with its calibration
+and probe, MLflow run started). Each epoch's report carries rank 0's wall clock at three points
+(``clock.*``): the model sharded and restored, the epoch's first step, its last step. From those the job's
+time splits into phases::
+
+    rayemb: phases: checks 0.1 s | ray 2.9 s | statistics 0.3 s | plan 4.2 s | tracking 0.8 s |
+            workers 9.1 s | data 1.2 s | steps 12.4 s | validation and checkpoints 1.9 s | end 3.0 s (wall 36.0 s)
+
+``workers``: from the Ray Train launch to the model sharded on every rank (worker processes, imports, process
+group, sharding); ``data``: reading this rank's shard before the first step (in memory: all of it); ``steps``:
+every epoch's first to last step; ``validation and checkpoints``: between epochs; ``end``: after the last
+epoch's steps (its validation, checkpoint, Ray Train's shutdown, MLflow's last writes). Each is logged to MLflow
+as ``phase_s.<name>``, with ``phase_s.outside_steps_fraction``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+DRIVER_STAGES = ("checks", "ray", "statistics", "plan", "tracking")
+
+
+class JobPhases:
+    """The driver's clock over one job (:meth:`mark` after each stage, :meth:`summary` at the end)."""
+
+    def __init__(self) -> None:
+        self.start = time.time()
+        self._last = self.start
+        self.stages: Dict[str, float] = {}
+        self.launched: Optional[float] = None
+
+    def mark(self, stage: str) -> None:
+        now = time.time()
+        self.stages[stage] = now - self._last
+        self._last = now
+
+    def launch(self) -> None:
+        """The worker group is being launched (what precedes was the driver's own stages)."""
+        self.launched = time.time()
+
+    def summary(self, reports: Sequence[Mapping[str, Any]], end: Optional[float] = None) -> Dict[str, float]:
+        """Seconds per phase (module docstring), and the wall time; worker phases only when epochs reported."""
+        end = time.time() if end is None else end
+        out = dict(self.stages)
+        epochs = [r for r in reports if r.get("epoch_end") and "clock.epoch_start_unix_s" in r]
+        if self.launched is not None and epochs:
+            # an elastic restart reports epochs again: each epoch's last report counts
+            by_epoch: Dict[Any, Mapping[str, Any]] = {r.get("epoch"): r for r in epochs}
+            ordered: List[Mapping[str, Any]] = [by_epoch[e] for e in sorted(by_epoch)]
+            first, last = ordered[0], ordered[-1]
+            steps = sum(r["clock.epoch_steps_end_unix_s"] - r["clock.epoch_start_unix_s"] for r in ordered)
+            out["workers"] = max(0.0, first["clock.ready_unix_s"] - self.launched)
+            out["data"] = max(0.0, first["clock.epoch_start_unix_s"] - first["clock.ready_unix_s"])
+            out["steps"] = steps
+            span = last["clock.epoch_steps_end_unix_s"] - first["clock.epoch_start_unix_s"]
+            out["validation_and_checkpoints"] = max(0.0, span - steps)
+            out["end"] = max(0.0, end - last["clock.epoch_steps_end_unix_s"])
+        out["wall"] = end - self.start
+        if "steps" in out and out["wall"] > 0:
+            out["outside_steps_fraction"] = 1.0 - out["steps"] / out["wall"]
+        return out
+
+
+def phases_line(phases: Mapping[str, float]) -> str:
+    """The job's one line of phases (module docstring)."""
+    names = [*DRIVER_STAGES, "workers", "data", "steps", "validation_and_checkpoints", "end"]
+    parts = [f"{n.replace('_', ' ')} {phases[n]:.1f} s" for n in names if n in phases]
+    tail = f" (wall {phases['wall']:.1f} s" + (f", {100 * phases['outside_steps_fraction']:.0f} % outside steps)"
+                                                 if "outside_steps_fraction" in phases else ")")
+    return "rayemb: phases: " + " | ".join(parts) + tail
+
+
+__all__ = ["JobPhases", "phases_line", "DRIVER_STAGES"]
