@@ -62,6 +62,10 @@ def test_two_tower_job_learns_what_popularity_cannot(ray_2_cpus, tmp_path):
         assert history["valid_hit_rate_at_10"][epoch] <= history["valid_hit_rate_at_50"][epoch] \
             <= history["valid_hit_rate_at_100"][epoch]
     assert history["best_valid_hit_rate_at_50"][-1] == max(history["valid_hit_rate_at_50"])
+    # the job's wall time split into phases, logged once: steps and the workers' start measured by rank 0's clock
+    phases = client.get_run(result["run_id"]).data.metrics
+    assert 0 < phases["phase_s.steps"] < phases["phase_s.wall"] and phases["phase_s.workers"] > 0
+    assert 0 < phases["phase_s.outside_steps_fraction"] < 1
     popular = load_bench("two_tower").popular_baseline(data)
     # popularity is flat here (about 1 in 12 held-out items in its top 10); the groups are learnt
     assert popular["hit_rate_at_10"] < 0.15, popular
