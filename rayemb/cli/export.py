@@ -60,5 +60,11 @@ def export_main(args: argparse.Namespace) -> int:
     print(f"rayemb export: MLflow model {s['model_uri']} ({s['runs_uri']}) at {redact_uri(source.tracking_uri)}")
     if s["version"] is not None:
         print(f"rayemb export: registered models:/{s['registered']}/{s['version']}")
-    print(f"score data with: rayemb predict --model {redact_uri(s['out'])} --data DATA_DIR --out PREDICTIONS_DIR")
+    if s["item_feature"]:
+        print(f"rayemb export: retrieval model (item feature {s['item_feature']!r}): outputs "
+              f"{', '.join(s['outputs'])}; the catalogue's item vectors are in items.parquet")
+    else:
+        print(f"rayemb export: prediction column(s) {', '.join(s['outputs'])}")
+    print(f"score data with: rayemb predict --model {redact_uri(s['out'])} --data DATA_DIR --out PREDICTIONS_DIR"
+          + (f" [--output {'|'.join(s['outputs'])}]" if s["item_feature"] else ""))
     return 0

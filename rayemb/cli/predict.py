@@ -23,6 +23,9 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-columns", default="",
                    help="comma-separated input columns copied to the output (e.g. an id); the label is kept "
                         "when present")
+    p.add_argument("--output", choices=("score", "user_embedding", "item_embedding"),
+                   help="retrieval models only (model.name: two_tower, or a model naming an item_feature): the pair "
+                        "score (default), the rows' user vectors, or their items' vectors (list<float> columns)")
     p.add_argument("--tracking-uri", help=f"MLflow store of an MLflow --model URI (default: ${TRACKING_URI_ENV_VAR}, "
                                           "else runs/mlflow.db)")
 
@@ -46,7 +49,7 @@ def predict_main(args: argparse.Namespace) -> int:
             uri = resolve_tracking_uri(args.tracking_uri)
         model_dir, where = local_model_dir(args.model, uri, scratch)
         s = predict(model_dir, args.data, args.out, num_workers=args.num_workers, use_gpu=args.use_gpu,
-                    batch_size=args.batch_size, keep_columns=keep, model_source=where)
+                    batch_size=args.batch_size, keep_columns=keep, model_source=where, output=args.output)
     print(f"rayemb predict: {s['rows']:,} rows -> {s['files']} file(s) in {redact_uri(s['out'])} "
           f"({', '.join(s['columns'])}); "
           f"{s['seconds']:.1f}s, {s['rows_per_s']:,.0f} rows/s")

@@ -19,6 +19,11 @@ a URI such as ``s3://bucket/models/criteo``, publishes it as a version under
 error at any point leaves no ``--out``. Checkpoints and datasets may be URIs too;
 the dataset at ``data.path`` is read through :func:`rayemb.publish.resolve`.
 
+A multi-task model (several label columns) predicts one column per label; a
+retrieval model (``item_feature``) serves pair scores and user and item
+vectors, and its export also holds the catalogue's vectors (``items.parquet``,
+:mod:`rayemb.serve.retrieval`).
+
 Example::
 
     >>> src = source_from_run("0123abcd", "sqlite:////abs/runs/mlflow.db", kind="best")
@@ -98,11 +103,6 @@ def _check_tables(meta: Dict[str, Any], schema: DatasetSchema, cfg: JobConfig, c
     from rayemb.model.tables import sequence_features
     from rayemb.serve.user_model import check_exportable
 
-    if schema.extra_labels:  # one prediction column per task is not written yet: refused, not half-scored
-        raise ConfigError(f"The checkpoint {checkpoint} is of a model with label columns {schema.labels}; export "
-                          "writes one `prediction` column, so it exports single-task models only so far. Score "
-                          "it with its factory's model over rayemb.checkpoint.export.unsharded_state(checkpoint).",
-                          category="unsupported_model")
     check_exportable(cfg.model.factory)
     model_spec(cfg.model)  # a factory of the user's is imported here (ConfigError bad_model_factory)
     saved = meta.get("tables", {})
@@ -274,6 +274,7 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
     from rayemb.checkpoint.export import unsharded_state
     from rayemb.serve.mlflow_model import log_pyfunc
     from rayemb.serve.mlflow_model import register as register_version
+    from rayemb.serve.columns import served_columns
     from rayemb.serve.model import InferenceModel, inference_state, model_config, uses_sequence
 
     t0 = time.monotonic()
@@ -329,6 +330,7 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
             "registered": register, "version": getattr(version, "version", None), "step": info["step"],
             "epoch": info["epoch"], "checkpoint": source.checkpoint, "metrics": dict(source.metrics),
             "tables": len(source.schema.sparse), "bytes": size, "example_predictions": example_pred.tolist(),
+            "item_feature": model.item_feature, "outputs": served_columns(source.schema, model.item_feature),
             "seconds": time.monotonic() - t0}
 
 

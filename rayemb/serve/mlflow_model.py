@@ -4,7 +4,11 @@
 artifact is the ``rayemb export`` directory (``model.pt`` + ``model.json``),
 ``load_context`` rebuilds the :class:`~rayemb.serve.model.InferenceModel`
 from it, and ``predict`` takes a pandas DataFrame with the dataset's columns
-and returns a DataFrame with one column, ``prediction`` (probability). The
+and returns a DataFrame with one column, ``prediction`` (probability); a
+multi-task model's has one column per label, ``prediction_<label>``. A
+retrieval model's takes ``params={"output": "score" | "user_embedding" |
+"item_embedding"}`` and returns ``score`` (the default), or a column of float
+lists (:mod:`rayemb.serve.columns`). The
 class is pickled by reference, so loading needs ``rayemb`` importable (it is
 listed first in the model's pip requirements); a model factory's own module is
 inside the artifact (the export's ``code/``, put on ``sys.path`` by
@@ -17,6 +21,7 @@ Example::
     >>> info = log_pyfunc("models/criteo", tracking_uri, run_id, example_df, step=1200)
     >>> register(info.model_uri, "criteo-dlrm", tracking_uri, tags={"valid_auc": "0.79"})
     >>> mlflow.pyfunc.load_model("models:/criteo-dlrm/1").predict(df)["prediction"]
+    >>> mlflow.pyfunc.load_model("models:/ml-two-tower/1").predict(df, params={"output": "user_embedding"})
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import pandas
 
 from rayemb import storage
 from rayemb.errors import DataError, TrackingError
-from rayemb.serve.model import PREDICTION_COLUMN
+from rayemb.serve.columns import ITEM_EMBEDDING, SCORE, USER_EMBEDDING, output_table, prediction_columns
 
 #: name of the export directory among the pyfunc model's artifacts
 ARTIFACT_KEY = "rayemb_model"
@@ -54,7 +59,11 @@ class RayembPyfuncModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context: Any, model_input: pandas.DataFrame, params: Optional[Dict[str, Any]] = None
                 ) -> pandas.DataFrame:
-        return pandas.DataFrame({PREDICTION_COLUMN: self._model.predict(model_input)})
+        output = (params or {}).get("output")
+        table = output_table(self._model, model_input, output or None)
+        # vectors as plain lists of floats: what a JSON response and a DataFrame reader both take
+        return pandas.DataFrame({name: col.to_pylist() if col.type.num_fields else col.to_numpy()
+                                 for name, col in zip(table.column_names, table.columns)})
 
 
 def pip_requirements() -> List[str]:
@@ -68,10 +77,13 @@ def pip_requirements() -> List[str]:
     return out
 
 
-def signature(schema: Any, sequence: bool = True) -> Any:
-    """Input: the feature columns; output: ``prediction`` (double).
+def signature(schema: Any, sequence: bool = True, item_feature: Optional[str] = None) -> Any:
+    """Input: the feature columns; output: ``prediction`` (double), or ``prediction_<label>`` per label.
 
     ``sequence`` (a model with a history tower): the schema's sequence columns too, arrays of ``long``.
+    ``item_feature`` (a retrieval model): every input column optional (a user vector needs no item, an item
+    vector only the item; rayemb names what an output lacks), the param ``output`` (default ``score``), and
+    the outputs ``score`` (double), ``user_embedding`` and ``item_embedding`` (arrays of float).
 
     Dense columns are ``double`` (float32 and float64 pass; nulls read as 0),
     multi-hot columns arrays of ``long``. One-hot id columns are ``Any``:
@@ -82,12 +94,19 @@ def signature(schema: Any, sequence: bool = True) -> Any:
     """
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, DataType, Schema
-    from mlflow.types.schema import AnyType, Array
+    from mlflow.types.schema import AnyType, Array, ParamSchema, ParamSpec
 
-    cols = [ColSpec(DataType.double, c) for c in schema.dense]
-    cols += [ColSpec(Array(DataType.long) if f.multi_hot else AnyType(), f.name) for f in schema.sparse]
-    cols += [ColSpec(Array(DataType.long), name) for name in (schema.sequence_names if sequence else [])]
-    return ModelSignature(inputs=Schema(cols), outputs=Schema([ColSpec(DataType.double, PREDICTION_COLUMN)]))
+    required = item_feature is None
+    cols = [ColSpec(DataType.double, c, required) for c in schema.dense]
+    cols += [ColSpec(Array(DataType.long) if f.multi_hot else AnyType(), f.name, required) for f in schema.sparse]
+    cols += [ColSpec(Array(DataType.long), name, required) for name in (schema.sequence_names if sequence else [])]
+    if required:
+        outputs = [ColSpec(DataType.double, name) for name in prediction_columns(schema)]
+        return ModelSignature(inputs=Schema(cols), outputs=Schema(outputs))
+    outputs = [ColSpec(DataType.double, SCORE, False), ColSpec(Array(DataType.float), USER_EMBEDDING, False),
+               ColSpec(Array(DataType.float), ITEM_EMBEDDING, False)]
+    return ModelSignature(inputs=Schema(cols), outputs=Schema(outputs),
+                          params=ParamSchema([ParamSpec("output", DataType.string, SCORE)]))
 
 
 @contextlib.contextmanager
@@ -122,7 +141,9 @@ def log_pyfunc(model_dir: str, schema: Any, tracking_uri: str, run_id: str, inpu
     from rayemb.serve.model import INFO_FILE, uses_sequence
 
     with open(os.path.join(model_dir, INFO_FILE)) as f:
-        sequence = uses_sequence(json.load(f).get("model", {}))
+        exported = json.load(f)
+    sequence = uses_sequence(exported.get("model", {}))
+    item_feature = (exported.get("retrieval") or {}).get("item_feature")
     with tracking(tracking_uri):
         client = mlflow.MlflowClient(tracking_uri)
         # made here, in the run's experiment: Model.log alone would file it under the active (default) experiment
@@ -131,7 +152,7 @@ def log_pyfunc(model_dir: str, schema: Any, tracking_uri: str, run_id: str, inpu
         info = Model.log(
             artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, flavor_name="pyfunc.CustomPythonModel",
             run_id=run_id, model_id=logged.model_id, python_model=RayembPyfuncModel(),
-            artifacts={ARTIFACT_KEY: os.path.abspath(model_dir)}, signature=signature(schema, sequence),
+            artifacts={ARTIFACT_KEY: os.path.abspath(model_dir)}, signature=signature(schema, sequence, item_feature),
             input_example=input_example, pip_requirements=pip_requirements(), step=int(step),
             await_registration_for=0,
         )

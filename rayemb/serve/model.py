@@ -8,7 +8,10 @@ has them (no hot/cold remap), the MLPs as trained. :class:`InferenceModel`
 scores a pyarrow table or pandas DataFrame with the dataset's columns through
 exactly the training preprocessing (:class:`~rayemb.data.batching.BatchConverter`:
 ``log1p(max(x, 0))`` dense, nulls as 0, one-/multi-hot bags, ``data.id_policy``)
-and returns probabilities, ``sigmoid(logit)``.
+and returns probabilities, ``sigmoid(logit)``: ``(N,)``, or ``(N, T)`` for a
+multi-task model (schema.yaml ``label: [click, like]``; one column per label, in
+that order). A retrieval model (one naming an ``item_feature``:
+:mod:`rayemb.serve.retrieval`) returns pair scores and serves user and item vectors.
 
 On disk (``rayemb export --out DIR``)::
 
@@ -22,6 +25,7 @@ On disk (``rayemb export --out DIR``)::
                      under TorchScript, so a scripted form would silently score without the history
                      (model.json: ``torchscript: null`` and ``torchscript_skipped`` says why), nor for
                      models other than the shipped DLRM
+    DIR/items.parquet  a retrieval model's catalogue: ``item`` id, ``item_embedding`` (list<float>)
 
 A model of another factory (``model.name: dcn_v2``, ``model.factory``) is
 rebuilt by its factory around the same plain tables
@@ -54,7 +58,10 @@ import numpy as np
 import pyarrow as pa
 
 from rayemb.data.schema import DatasetSchema
-from rayemb.errors import DataError
+from rayemb.errors import ConfigError, DataError
+# the columns of scoring, importable from here as before they had a module of their own
+from rayemb.serve.columns import (ITEM_EMBEDDING, PREDICTION_COLUMN, SCORE, USER_EMBEDDING, as_arrow, check_output,
+                                  feature_columns, id_column, input_columns, missing_columns_error, sigmoid)
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +69,6 @@ FORMAT = "rayemb-inference-v1"
 STATE_FILE = "model.pt"
 INFO_FILE = "model.json"
 TORCHSCRIPT_FILE = "model.torchscript.pt"
-#: the probability column of every prediction output (pyfunc DataFrame, rayemb predict parquet)
-PREDICTION_COLUMN = "prediction"
 #: rows converted and scored at once by :meth:`InferenceModel.predict`
 DEFAULT_BATCH_ROWS = 8192
 #: wrappers whose names DistributedModelParallel / DDP may leave in a training state-dict key
@@ -107,8 +112,10 @@ def build_dlrm(schema: DatasetSchema, model_cfg: Mapping[str, Any], device: Any 
 
     device = torch.device(device or "cpu")
     ebc = pooled_module(schema, model_cfg, device)
+    # one logit per label column, as the DLRM factory (rayemb.models.dlrm.dlrm) builds the training model
+    top_mlp = [*model_cfg["top_mlp"][:-1], len(schema.labels)]
     return DLRM(ebc, feature_names=schema.sparse_names, dense_in_features=len(schema.dense),
-                bottom_mlp=list(model_cfg["bottom_mlp"]), top_mlp=list(model_cfg["top_mlp"]), dense_device=device,
+                bottom_mlp=list(model_cfg["bottom_mlp"]), top_mlp=top_mlp, dense_device=device,
                 **_sequence_args(schema, model_cfg, device))
 
 
@@ -186,60 +193,10 @@ def inference_state(unsharded: Mapping[str, Any], schema: DatasetSchema, model_c
     return out
 
 
-def _as_arrow(data: Any) -> pa.Table:
-    if isinstance(data, pa.Table):
-        return data
-    if isinstance(data, pa.RecordBatch):
-        return pa.Table.from_batches([data])
-    if hasattr(data, "columns") and hasattr(data, "dtypes"):  # a pandas DataFrame
-        return pa.Table.from_pandas(data, preserve_index=False)
-    raise DataError(f"Cannot score a {type(data).__name__}: pass a pyarrow Table or a pandas DataFrame with the "
-                    "dataset's columns.", category="invalid_input")
-
-
-def feature_columns(schema: DatasetSchema, sequence: bool = True) -> List[str]:
-    """The columns a prediction needs: the dense, the sparse and (``sequence``: for a model with a history
-    tower) the sequence features; the label is optional."""
-    return [*schema.dense, *schema.sparse_names, *(schema.sequence_names if sequence else [])]
-
-
-def missing_columns_error(schema: DatasetSchema, missing: List[str], where: str) -> DataError:
-    history = set(missing) & set(schema.sequence_names)  # a history-tower model's list<int64> inputs
-    counts = f"{len(schema.dense)} dense, {len(schema.sparse)} sparse" + (
-        f", {len(schema.sequence)} sequence" if history else "")
-    return DataError(
-        f"{where} lacks column(s) {missing[:10]}{' ...' if len(missing) > 10 else ''} that the model needs "
-        f"({counts} features as in the training dataset's schema.yaml). Score data with the training dataset's "
-        "columns (rayemb convert writes them).",
-        category="missing_columns")
-
-
-def sigmoid(logits: np.ndarray) -> np.ndarray:
-    """``1 / (1 + exp(-z))`` in float64, without overflow for large ``|z|``."""
-    z = np.asarray(logits, dtype=np.float64)
-    e = np.exp(-np.abs(z))
-    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-
-
-
-def _id_column(table: pa.Table, feat: Any) -> Any:
-    """``feat``'s column as the type training reads (int64, or list<int64> for multi-hot and sequence features)."""
-    col = table.column(feat.name)
-    want = pa.list_(pa.int64()) if feat.multi_hot or feat.sequence else pa.int64()
-    if col.type.equals(want):
-        return col
-    try:
-        return col.cast(want)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        if feat.sequence:
-            what, fix = "Sequence", "Give each row's history as a list of integer ids, oldest first."
-        else:
-            what, fix = "Sparse", "Give ids as integers (lists of integers for multi-hot features)."
-        raise DataError(f"{what} column {feat.name!r} is {col.type}, not convertible to {want} ({e}). {fix}",
-                        category="invalid_input") from None
-
 class InferenceModel:
-    """A plain model in eval mode with its schema and id policy; :meth:`predict` returns probabilities.
+    """A plain model in eval mode with its schema and id policy; :meth:`predict` returns probabilities (one
+    column per task), or a retrieval model's pair scores (its vectors: :meth:`user_embeddings`,
+    :meth:`item_embeddings`).
 
     Args:
         model: the model (:func:`build_inference_model`) with its weights loaded.
@@ -253,6 +210,7 @@ class InferenceModel:
     def __init__(self, model: Any, schema: DatasetSchema, id_policy: str = "error",
                  info: Optional[Dict[str, Any]] = None, paths: Optional[Mapping[str, str]] = None) -> None:
         from rayemb.data.batching import BatchConverter
+        from rayemb.train.retrieval import item_feature_of
 
         self.model = model.eval()
         self.schema = schema
@@ -264,6 +222,11 @@ class InferenceModel:
         self.sequence = "sequence" in self.paths
         # ids are logical (one table per feature): no hybrid remap
         self.converter = BatchConverter(schema, id_policy, sequence=self.sequence)
+        #: a retrieval model's item feature (rayemb.train.retrieval), None for a ranking model
+        self.item_feature = item_feature_of(model)
+        #: batches whose item column must hold an item on every row (pair scores, catalogue candidates)
+        self.item_converter = None if self.item_feature is None else BatchConverter(
+            schema, id_policy, sequence=self.sequence, keep_ids=self.item_feature)
 
     @property
     def device(self) -> Any:
@@ -299,8 +262,8 @@ class InferenceModel:
                    paths)
 
     def save(self, directory: str, torchscript: bool = True) -> None:
-        """Writes ``model.pt``, ``model.json`` (and the TorchScript form) into ``directory`` (created; the caller
-        renames it into place)."""
+        """Writes ``model.pt``, ``model.json`` (and the TorchScript form; a retrieval model's ``items.parquet``)
+        into ``directory`` (created; the caller renames it into place)."""
         import torch
 
         from rayemb.serve.user_model import copy_factory_code, is_dlrm, model_name
@@ -323,8 +286,13 @@ class InferenceModel:
                 scripted = TORCHSCRIPT_FILE
             except Exception as e:  # noqa: BLE001 - an optional form; the state dict is the model
                 logger.warning("no TorchScript form written (torch.jit.script failed: %s: %s)", type(e).__name__, e)
+        retrieval = None
+        if self.item_feature is not None:  # the catalogue's vectors, for a nearest-neighbour index
+            from rayemb.serve.retrieval import write_items
+
+            retrieval = write_items(self, directory)
         info = {**self.info, "format": FORMAT, "schema": self.schema.to_dict(), "id_policy": self.id_policy,
-                "torchscript": scripted, "torchscript_skipped": skipped, "code": code}
+                "torchscript": scripted, "torchscript_skipped": skipped, "code": code, "retrieval": retrieval}
         with open(os.path.join(directory, INFO_FILE), "w") as f:
             json.dump(info, f, indent=1, sort_keys=True)
 
@@ -352,50 +320,97 @@ class InferenceModel:
 
     # ---- scoring ---- #
 
-    def check_columns(self, names: List[str], where: str) -> None:
-        """:class:`DataError` (``missing_columns``) when ``names`` lacks a feature column of the schema."""
+    def check_columns(self, names: List[str], where: str, output: Optional[str] = None) -> None:
+        """:class:`DataError` (``missing_columns``) when ``names`` lacks a feature column ``output`` (None: the
+        model's default) reads."""
         have = set(names)
-        missing = [c for c in feature_columns(self.schema, self.sequence) if c not in have]
+        need = input_columns(self.schema, self.sequence, self.item_feature, check_output(output, self.item_feature))
+        missing = [c for c in need if c not in have]
         if missing:
             raise missing_columns_error(self.schema, missing, where)
 
     def _prepared(self, table: pa.Table) -> pa.Table:
-        """The feature columns in the training types, and a placeholder label when there is none."""
+        """The feature columns in the training types, and placeholder labels (scoring reads none). A retrieval
+        model's item column may be absent (user vectors need no item): its bags are empty."""
         cols, names = [], []
         for c in self.schema.dense:
             cols.append(table.column(c))
             names.append(c)
         sequence = self.schema.sequence if self.sequence else ()
         for feat in (*self.schema.sparse, *sequence):
-            cols.append(_id_column(table, feat))
+            absent = feat.name == self.item_feature and feat.name not in table.column_names
+            cols.append(pa.nulls(table.num_rows, pa.int64()) if absent else id_column(table, feat))
             names.append(feat.name)
-        label = self.schema.label
-        cols.append(pa.array(np.zeros(table.num_rows, dtype=np.float32)))  # not used: scoring needs no label
-        names.append(label)
+        for label in self.schema.labels:
+            cols.append(pa.array(np.zeros(table.num_rows, dtype=np.float32)))
+            names.append(label)
         return pa.Table.from_arrays(cols, names=names)
 
-    def logits(self, data: Any, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
-        """float32 logits of every row of ``data`` (pyarrow Table / RecordBatch or pandas DataFrame)."""
+    def rows(self, data: Any, output: Optional[str] = None) -> pa.Table:
+        """``data`` (pyarrow Table / RecordBatch or pandas DataFrame) checked for ``output``'s columns and
+        converted to the training types."""
+        table = as_arrow(data)
+        self.check_columns(table.column_names, "The data to score", output)
+        return self._prepared(table)
+
+    def outputs(self, table: pa.Table, converter: Any = None, batch_rows: int = DEFAULT_BATCH_ROWS) -> Any:
+        """The model's outputs of each batch of ``batch_rows`` rows of a :meth:`rows` table, under no_grad."""
         import torch
 
         from rayemb.model.contract import model_inputs
 
-        table = _as_arrow(data)
-        self.check_columns(table.column_names, "The data to score")
-        if table.num_rows == 0:
-            return np.zeros(0, dtype=np.float32)
-        table = self._prepared(table)
-        device = self.device
-        out = []
+        converter, device = converter or self.converter, self.device
         with torch.no_grad():
             for start in range(0, table.num_rows, batch_rows):
-                b = self.converter(table.slice(start, batch_rows))  # sequence columns only when self.sequence
-                out.append(self.model(*model_inputs(b, device)).float().cpu().numpy())
-        return np.concatenate(out)
+                yield self.model(*model_inputs(converter(table.slice(start, batch_rows)), device))
+
+    def logits(self, data: Any, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
+        """float32 logits of every row of ``data``: ``(N,)``, or ``(N, T)`` for T label columns; a retrieval
+        model's are its pair scores (:meth:`predict`)."""
+        if self.item_feature is not None:
+            return self.predict(data, batch_rows)
+        table, tasks = self.rows(data), len(self.schema.labels)
+        out = []
+        for logits in self.outputs(table, batch_rows=batch_rows):
+            if tasks > 1 and tuple(logits.shape) != (len(logits), tasks):
+                raise ConfigError(f"The model returned logits of shape {tuple(logits.shape)} for label columns "
+                                  f"{self.schema.labels}; a multi-task model returns (B, {tasks}), one column per "
+                                  "label in schema.yaml's order.", category="bad_model_output")
+            out.append(logits.float().cpu().numpy())
+        return np.concatenate(out) if out else np.zeros((0,) if tasks == 1 else (0, tasks), dtype=np.float32)
 
     def predict(self, data: Any, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
-        """Probabilities ``sigmoid(logit)`` as float64 (computed in float64: no ties the logits do not have)."""
+        """Probabilities ``sigmoid(logit)`` as float64 (computed in float64: no ties the logits do not have):
+        ``(N,)``, or ``(N, T)`` for T label columns. A retrieval model: ``(N,)`` pair scores
+        ``query . candidate`` (float64), not probabilities."""
+        if self.item_feature is not None:
+            from rayemb.serve.retrieval import pair_scores
+
+            return pair_scores(self, self.rows(data, SCORE), batch_rows)
         return sigmoid(self.logits(data, batch_rows))
+
+    # ---- a retrieval model's vectors (rayemb.serve.retrieval) ---- #
+
+    def user_embeddings(self, data: Any, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
+        """``(N, d)`` float32 query vectors of the rows of ``data`` (every feature column but the item's)."""
+        from rayemb.serve.retrieval import user_vectors
+
+        return user_vectors(self, self.rows(data, USER_EMBEDDING), batch_rows)
+
+    def item_embeddings(self, ids: Any = None, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
+        """``(len(ids), d)`` float32 candidate vectors of item ``ids`` (None: the whole catalogue, every id of the
+        item table, in id order)."""
+        from rayemb.serve.retrieval import item_vectors
+
+        check_output(ITEM_EMBEDDING, self.item_feature)  # a ranking model has no item vectors
+        return item_vectors(self, ids, batch_rows)
+
+    def item_ids(self, data: Any) -> np.ndarray:
+        """The item column of ``data`` as int64 ids (a null is an error: it names no item)."""
+        from rayemb.serve.retrieval import item_column
+
+        check_output(ITEM_EMBEDDING, self.item_feature)
+        return item_column(self, as_arrow(data))
 
 
 __all__ = ["FORMAT", "INFO_FILE", "PREDICTION_COLUMN", "STATE_FILE", "TORCHSCRIPT_FILE", "InferenceModel", "build_dlrm",

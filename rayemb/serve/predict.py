@@ -4,8 +4,10 @@
 loaded once from the object store; CPU, or one GPU each with ``use_gpu``) →
 parquet files the driver writes as the scored blocks stream back. ``data`` and ``out`` may be URIs (``s3://...``: read
 through pyarrow.fs, the output published as a version under ``out/_v/`` named by
-``out/_PUBLISHED.json`` when complete, :mod:`rayemb.publish`). The output holds ``prediction`` (the probability), the
-label when the input has one, and any kept columns, in the input's row order.
+``out/_PUBLISHED.json`` when complete, :mod:`rayemb.publish`). The output holds ``prediction`` (the probability;
+a multi-task model: ``prediction_<label>`` per label), the labels the input has, and any kept columns, in the
+input's row order. A retrieval model writes the ``output`` asked for instead (:mod:`rayemb.serve.columns`):
+``score`` (default, with the labels), ``user_embedding`` or ``item_embedding`` (vectors, list<float>).
 Inputs are checked from the parquet footers before Ray starts any work, and
 the output appears under its final name only when every file is written.
 
@@ -24,7 +26,7 @@ import logging
 import os
 import shutil
 import time
-from typing import Any, Dict, Iterator, List, Sequence
+from typing import Any, Collection, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 
@@ -32,7 +34,7 @@ from rayemb import storage
 from rayemb.constants import SCHEMA_FILE
 from rayemb.data.schema import DatasetSchema
 from rayemb.errors import DataError, find_user_error
-from rayemb.serve.model import PREDICTION_COLUMN
+from rayemb.serve.columns import PREDICTION_COLUMN, SCORE
 
 logger = logging.getLogger(__name__)
 
@@ -86,16 +88,17 @@ def _remote_input_files(data: str) -> List[str]:
     return files
 
 
-def output_columns(files: Sequence[str], schema: DatasetSchema, keep: Sequence[str],
-                   sequence: bool = True) -> List[str]:
-    """Columns to read: the features (``sequence``: with the sequence columns, for a model with a history
-    tower), the label when every file has it, and ``keep``; checked in every footer."""
+def output_columns(files: Sequence[str], schema: DatasetSchema, keep: Sequence[str], sequence: bool = True,
+                   features: Optional[Sequence[str]] = None, output: str = PREDICTION_COLUMN) -> List[str]:
+    """Columns to read: ``features`` (None: every feature column; ``sequence``: with the sequence columns, for a
+    model with a history tower), the labels every file has (for a prediction or a score), and ``keep``;
+    checked in every footer."""
     import pyarrow.parquet as pq
 
-    from rayemb.serve.model import feature_columns, missing_columns_error
+    from rayemb.serve.columns import feature_columns, missing_columns_error
 
-    features = feature_columns(schema, sequence)
-    has_label = True
+    features = list(feature_columns(schema, sequence) if features is None else features)
+    labels = set(schema.labels) if output in (PREDICTION_COLUMN, SCORE) else set()
     for f in files:
         try:
             path, fs = storage.parquet_source(f)
@@ -110,19 +113,21 @@ def output_columns(files: Sequence[str], schema: DatasetSchema, keep: Sequence[s
         if absent:
             raise DataError(f"--keep-columns {absent} are not columns of {f!r}. Keep only columns every input file "
                             f"has (it has {sorted(names)[:20]}).", category="missing_columns")
-        has_label = has_label and schema.label in names
-    return features + [c for c in passthrough_columns(schema, keep, has_label) if c not in features]
+        labels &= names
+    return features + [c for c in passthrough_columns(schema, keep, labels) if c not in features]
 
 
-def passthrough_columns(schema: DatasetSchema, keep: Sequence[str], has_label: bool) -> List[str]:
-    """Input columns copied to the output after ``prediction``: the label (when present), then ``keep``."""
-    return list(dict.fromkeys(([schema.label] if has_label else []) + list(keep)))
+def passthrough_columns(schema: DatasetSchema, keep: Sequence[str], read: Collection[str]) -> List[str]:
+    """Input columns copied to the output after the model's: the label columns among those ``read``, in
+    schema order, then ``keep``."""
+    return list(dict.fromkeys([c for c in schema.labels if c in read] + list(keep)))
 
 
 class _Scorer:
     """Ray Data callable class: the model built once per actor; a pyarrow batch in, its predictions out."""
 
-    def __init__(self, bundle: List[Any], use_gpu: bool, passthrough: List[str], threads: int) -> None:
+    def __init__(self, bundle: List[Any], use_gpu: bool, passthrough: List[str], threads: int,
+                 output: Optional[str] = None) -> None:
         import ray
         import torch
 
@@ -139,13 +144,15 @@ class _Scorer:
         self.model = InferenceModel.from_state(loaded["state"], schema, info["model"], info.get("id_policy", "error"),
                                                info, device="cuda" if use_gpu else "cpu",
                                                code=write_code(loaded.get("code", {})))
-        self.passthrough = passthrough
+        self.passthrough, self.output = passthrough, output
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        cols = {PREDICTION_COLUMN: pa.array(self.model.predict(batch), type=pa.float64())}
+        from rayemb.serve.columns import output_table
+
+        out = output_table(self.model, batch, self.output)
         for c in self.passthrough:
-            cols[c] = batch.column(c)
-        return pa.table(cols)
+            out = out.append_column(c, batch.column(c))
+        return out
 
 
 @contextlib.contextmanager
@@ -164,7 +171,8 @@ def _data_context() -> Iterator[None]:
         ctx.execution_options.preserve_order, ctx.raise_original_map_exception = saved
 
 
-def _bundle(model_dir: str) -> Dict[str, Any]:
+def _bundle(model_dir: str) -> Tuple[Dict[str, Any], Optional[str]]:
+    """(what the scoring actors build the model from, the model's item feature: None for a ranking model)."""
     import json
 
     import torch
@@ -172,11 +180,12 @@ def _bundle(model_dir: str) -> Dict[str, Any]:
     from rayemb.serve.model import INFO_FILE, STATE_FILE, InferenceModel
     from rayemb.serve.user_model import code_dir, read_code
 
-    InferenceModel.load(model_dir)  # checks format, schema and every tensor's shape once, here
+    item_feature = InferenceModel.load(model_dir).item_feature  # checks format, schema and tensor shapes once
     with open(os.path.join(model_dir, INFO_FILE)) as f:
         info = json.load(f)
     return {"info": info, "state": torch.load(os.path.join(model_dir, STATE_FILE), map_location="cpu",
-                                              weights_only=True), "code": read_code(code_dir(model_dir, info))}
+                                              weights_only=True), "code": read_code(code_dir(model_dir, info))}, \
+        item_feature
 
 
 def _write_on_driver(ds: Any, tmp: str) -> None:
@@ -209,10 +218,11 @@ def _write_on_driver(ds: Any, tmp: str) -> None:
 
 def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: bool = False,
             batch_size: int = DEFAULT_BATCH_SIZE, keep_columns: Sequence[str] = (), model_source: str = "",
-            cpus_per_worker: float = 1.0) -> Dict[str, Any]:
+            cpus_per_worker: float = 1.0, output: Optional[str] = None) -> Dict[str, Any]:
     """Scores every row of ``data`` with the export in ``model_dir``; writes parquet to ``out``; returns a summary.
 
-    Joins the running Ray (else starts a local one and stops it after).
+    ``output``: a retrieval model's ``score`` (None: the default), ``user_embedding`` or ``item_embedding``;
+    a ranking model takes none. Joins the running Ray (else starts a local one and stops it after).
     """
     import pyarrow.parquet as pq
     import ray
@@ -226,13 +236,18 @@ def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: 
         raise DataError(f"--num-workers {num_workers} and --batch-size {batch_size} must be at least 1.",
                         category="invalid_arguments")
     out = check_out(out)
-    bundle = _bundle(model_dir)
+    bundle, item_feature = _bundle(model_dir)
     schema = DatasetSchema.from_dict(bundle["info"]["schema"])
-    files = input_files(data)
+    from rayemb.serve.columns import check_output, input_columns, output_names
     from rayemb.serve.model import uses_sequence
 
-    columns = output_columns(files, schema, list(keep_columns), uses_sequence(bundle["info"].get("model", {})))
-    passthrough = passthrough_columns(schema, list(keep_columns), schema.label in columns)
+    output = check_output(output, item_feature)  # a ranking model asked for a retrieval output: refused here
+    files = input_files(data)
+    sequence = uses_sequence(bundle["info"].get("model", {}))
+    columns = output_columns(files, schema, list(keep_columns), sequence,
+                             input_columns(schema, sequence, item_feature, output), output)
+    passthrough = passthrough_columns(schema, list(keep_columns), set(columns))
+    written_columns = output_names(schema, output) + passthrough
     rows_in = sum(pq.ParquetFile(p, filesystem=fs).metadata.num_rows
                   for p, fs in map(storage.parquet_source, files))
     started = not ray.is_initialized()
@@ -247,7 +262,8 @@ def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: 
             ds = ray.data.read_parquet(paths, columns=columns, filesystem=fs)
             ds = ds.map_batches(_Scorer, fn_constructor_kwargs={"bundle": [ref], "use_gpu": use_gpu,
                                                                 "passthrough": passthrough,
-                                                                "threads": int(cpus_per_worker)},
+                                                                "threads": int(cpus_per_worker),
+                                                                "output": output},
                                 batch_size=batch_size, batch_format="pyarrow",
                                 compute=ray.data.ActorPoolStrategy(size=num_workers),
                                 num_cpus=cpus_per_worker, num_gpus=1 if use_gpu else 0)
@@ -269,8 +285,8 @@ def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: 
             ray.shutdown()
     files_out = sorted(storage.join(published, os.path.basename(f)) for f in written)
     seconds = time.monotonic() - t0
-    return {"out": out, "rows": rows_out, "files": len(files_out), "paths": files_out, "columns": [PREDICTION_COLUMN]
-            + passthrough, "seconds": seconds, "rows_per_s": rows_out / max(seconds, 1e-9)}
+    return {"out": out, "rows": rows_out, "files": len(files_out), "paths": files_out, "columns": written_columns,
+            "output": output, "seconds": seconds, "rows_per_s": rows_out / max(seconds, 1e-9)}
 
 
 __all__ = ["DEFAULT_BATCH_SIZE", "input_files", "output_columns", "passthrough_columns", "predict"]

@@ -9,7 +9,7 @@ step). Each step is :class:`rayemb.train.step.TrainStep`, which reads nothing
 back to the host: a window's losses are summed on the device and read, and
 checked for divergence, at its log point (and before any checkpoint). After
 each epoch it evaluates AUC and logloss on every row of the validation split,
-gathered over all ranks (:mod:`rayemb.train.validation`), and reports.
+over all ranks together (:mod:`rayemb.train.validation`), and reports.
 """
 
 from __future__ import annotations

@@ -63,6 +63,13 @@ class JobPhases:
             out["outside_steps_fraction"] = 1.0 - out["steps"] / out["wall"]
         return out
 
+    def report(self, reports: Sequence[Mapping[str, Any]], run_logger: Any) -> Dict[str, float]:
+        """Prints the job's line of phases and logs them to its MLflow run; returns them as ``phase_s.*``."""
+        metrics = {f"phase_s.{k}": v for k, v in self.summary(reports).items()}
+        run_logger.log_metrics(metrics, step=0)
+        print(phases_line({k[len("phase_s."):]: v for k, v in metrics.items()}), flush=True)
+        return metrics
+
 
 def phases_line(phases: Mapping[str, float]) -> str:
     """The job's one line of phases (module docstring)."""

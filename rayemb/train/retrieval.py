@@ -26,7 +26,7 @@ early stopping and the best checkpoint follow.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -82,12 +82,14 @@ def item_log_q(table: Any, num_embeddings: int) -> np.ndarray:
     return np.log(counts / total).astype(np.float32)
 
 
-def _check_output(output: Any) -> None:
+def towers(output: Any) -> Tuple[Any, Any]:
+    """``(query, candidate)`` of a retrieval model's output, else ConfigError ``bad_model_output``."""
     if not (isinstance(output, (tuple, list)) and len(output) == 2 and all(o.dim() == 2 for o in output)
             and output[0].shape == output[1].shape):
         shapes = [tuple(o.shape) for o in output] if isinstance(output, (tuple, list)) else type(output).__name__
         raise ConfigError(f"A retrieval model (one with item_feature) returns (query, candidate), two (B, d) "
                           f"tensors; this one returned {shapes}.", "bad_model_output")
+    return output[0], output[1]
 
 
 def _gather_rows(x: Any) -> Any:
@@ -140,8 +142,7 @@ class InBatchSoftmax:
         import torch.distributed as dist
         import torch.nn.functional as F
 
-        _check_output(output)
-        query, candidate = output
+        query, candidate = towers(output)
         rows = query.shape[0]
         offset, candidates, ids = 0, candidate, item_ids
         if self._gather and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -224,5 +225,5 @@ def evaluate_retrieval(model: Any, batches: Any, device: Any, candidates: Callab
     return out
 
 
-__all__ = ["InBatchSoftmax", "item_log_q", "item_feature_of", "check_retrieval", "catalogue_vectors",
+__all__ = ["InBatchSoftmax", "towers", "item_log_q", "item_feature_of", "check_retrieval", "catalogue_vectors",
            "evaluate_retrieval", "HIT_RATE_KS", "RETRIEVAL_METRIC"]

@@ -354,12 +354,7 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: An
                                     and k != "step_time_s"}, step=0)
             print(step_time_line(final), flush=True)
         if phases is not None:
-            from rayemb.train.phases import phases_line
-
-            split_up = phases.summary(reports)
-            final.update({f"phase_s.{k}": v for k, v in split_up.items()})
-            run_logger.log_metrics({f"phase_s.{k}": v for k, v in split_up.items()}, step=0)
-            print(phases_line(split_up), flush=True)
+            final.update(phases.report(reports, run_logger))
         if best_checkpoint:
             run_logger.set_tags({"rayemb.best_checkpoint": best_checkpoint})
         if last_checkpoint:

@@ -16,8 +16,9 @@ Three parts make that hold:
   dry feeds padding-only batches until no rank has a batch left: every rank
   runs the same number of forward passes.
 * **the metrics** (:func:`evaluate`): padding rows carry ``Batch.mask`` False
-  and are dropped before the logits are gathered, so AUC (exact, over all
-  gathered logits), logloss and ``valid_rows`` are those of the real rows.
+  and are dropped before the metrics are computed over every rank's rows
+  together (:mod:`rayemb.train.dist_metrics`: exact AUC, each row's score sent
+  once), so AUC, logloss and ``valid_rows`` are those of the real rows.
 
 Training batches are unaffected: they stay full (``drop_last=True``) and the
 train split keeps Ray Train's equal split.
@@ -74,15 +75,6 @@ def _longest_shard(data: Any, device: Any) -> Optional[int]:
     return int(n.item())
 
 
-def _gather(arr: np.ndarray) -> np.ndarray:
-    import torch.distributed as dist
-
-    parts: List[Optional[np.ndarray]] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, arr)
-    parts = [p for p in parts if p is not None and p.size]
-    return np.concatenate(parts) if parts else np.zeros(0, arr.dtype)
-
-
 def eval_batches(data: Any, device: Any, padding: Callable[[], Any], max_steps: Optional[int] = None) -> Iterator[Any]:
     """This rank's validation batches, then padding-only ones while another rank still has a batch: every rank
     yields as many (``max_steps``: at most that many)."""
@@ -119,7 +111,7 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
     import torch
 
     from rayemb.model.contract import model_inputs
-    from rayemb.train.metrics import validation_metrics
+    from rayemb.train.dist_metrics import distributed_validation_metrics
     from rayemb.train.retrieval import evaluate_retrieval
 
     model.eval()
@@ -140,9 +132,9 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
             logits.append(out)
             labels.append(y)
     model.train()
-    z = _gather(np.concatenate(logits) if logits else np.zeros(0, np.float32))
-    y = _gather(np.concatenate(labels) if labels else np.zeros(0, np.float32))
-    return validation_metrics(y, z, tasks, primary)
+    z = np.concatenate(logits) if logits else np.zeros(0, np.float32)
+    y = np.concatenate(labels) if labels else np.zeros(0, np.float32)
+    return distributed_validation_metrics(y, z, tasks, primary)  # exact, each row's score sent once
 
 
 __all__ = ["ValidationDataConfig", "evaluate", "eval_batches"]

@@ -120,13 +120,3 @@ def test_shipped_models_give_one_logit_per_label(name):
     kjt = KeyedJaggedTensor.from_lengths_sync(keys=["C1"], values=torch.tensor([1, 2, 3]),
                                               lengths=torch.ones(3, dtype=torch.int32))
     assert model(torch.rand(3, 1), kjt).shape == (3, 2)
-
-
-def test_export_refuses_a_model_with_several_labels_before_reading_its_tables():
-    from rayemb.config import config_from_dict
-    from rayemb.serve.export import _check_tables
-
-    cfg = config_from_dict({"name": "t", "data": {"path": "d"}})
-    with pytest.raises(ConfigError, match=r"label columns \['click', 'like'\].*single-task models only") as e:
-        _check_tables({"tables": {}}, DatasetSchema.from_dict(SCHEMA), cfg, "/ckpt")
-    assert e.value.category == "unsupported_model"
