@@ -16,7 +16,7 @@ its module plan joins the job's ShardingPlan under the key ``sequence``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -170,6 +170,19 @@ def pins_of(cfg: JobConfig, table_names: List[str]) -> Dict[str, TablePin]:
         for name in table_names:
             pins.setdefault(name, {}).setdefault("hybrid", False)
     return parse_pins(pins, table_names)
+
+
+def placement_choice(cfg: JobConfig, table_names: List[str], world_size: int) -> Optional[str]:
+    """Why the job has no placement to choose (None: it has one): one rank, where every placement keeps every row
+    on that rank; or every table pinned to a placement other than hybrid (a hybrid pin's hot set still depends
+    on the calibration across nodes). The calibration and the plan probe measure only to choose."""
+    if world_size == 1:
+        return "one rank"
+    pins = pins_of(cfg, table_names)
+    if all(pins.get(t) is not None and pins[t].sharding is not None and pins[t].sharding.value != "hybrid"
+           for t in table_names):
+        return "every table pinned"
+    return None
 
 
 def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any,

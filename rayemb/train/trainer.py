@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import logging
 import os
 import sys
 import time
@@ -50,9 +49,7 @@ from rayemb.train.resources import WorkerResources, worker_resources
 from rayemb.train.resume import check_resume_from, fault_injection
 from rayemb.train.job_types import MEASURED_PLAN_KEYS, JobInputs, PlannedJob, Tracking, TrainResult
 from rayemb.train.losses import check_tasks
-from rayemb.train.sharding import pins_of
-
-logger = logging.getLogger(__name__)
+from rayemb.train.sharding import pins_of, placement_choice
 
 def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any = None) -> TrainResult:
     """Runs one training job on the current (or a new local) Ray cluster; returns when it ends.
@@ -234,6 +231,10 @@ def calibrate(inputs: JobInputs, topology: Any, resources: WorkerResources) -> A
     cfg = inputs.cfg
     if cfg.planner.objective != "step_time" or not cfg.planner.calibrate:
         return None
+    if (no_choice := placement_choice(cfg, inputs.schema.sparse_names, inputs.world_size)) is not None:
+        print(f"rayemb: {no_choice}: no placement to choose, no calibration nor plan probe; the step time is "
+              "predicted with the built-in constants", flush=True)
+        return None
     from rayemb.train.calibrate import calibrate_cluster, job_shape
 
     shape = job_shape(cfg, inputs.schema, inputs.model)
@@ -400,7 +401,6 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
 
     from rayemb.train.backend import RayembTorchConfig
     from rayemb.train.held_splits import HeldSplit
-
     from rayemb.tracking.callback import ReportForwarder
     from rayemb.train.loop import train_loop_per_worker
     from rayemb.train.validation import ValidationDataConfig

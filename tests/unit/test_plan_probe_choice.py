@@ -97,3 +97,20 @@ def test_a_plan_json_of_the_previous_schema_is_refused_by_name():
         PlanResult.from_json({"schema_version": 1, "world_size": 2, "tables": {}, "ranks": []}, source="old.json")
     assert e.value.category == "invalid_plan_file"
     assert "old.json" in str(e.value) and "schema_version 1" in str(e.value) and "rayemb plan" in str(e.value)
+
+
+def test_no_calibration_or_probe_where_there_is_no_placement_to_choose():
+    from rayemb.train.sharding import placement_choice
+
+    tables = ["C1", "C2"]
+    cfg = load_config("jobs/configs/synth_small.yaml", ["scaling.num_workers=2"])
+    assert placement_choice(cfg, tables, 1) == "one rank"
+    assert placement_choice(cfg, tables, 2) is None
+    pinned = load_config("jobs/configs/synth_small.yaml", [
+        "scaling.num_workers=2", "planner.tables.C1.sharding=row_wise", "planner.tables.C2.sharding=data_parallel"])
+    assert placement_choice(pinned, tables, 2) == "every table pinned"
+    # a table left free, or pinned hybrid (its hot set still follows the calibration), leaves a choice
+    assert placement_choice(pinned, tables + ["C3"], 2) is None
+    hybrid = load_config("jobs/configs/synth_small.yaml", [
+        "scaling.num_workers=2", "planner.tables.C1.sharding=row_wise", "planner.tables.C2.sharding=hybrid"])
+    assert placement_choice(hybrid, tables, 2) is None
