@@ -156,6 +156,9 @@ class TrainConfig:
     early_stopping_task: Optional[str] = None
     #: a loss of your own, "package.module:function" taking (model output, labels) -> scalar (None: BCE per task)
     loss: Optional[str] = None
+    #: the dense part's arithmetic in the training step: fp32, or bf16 under torch.autocast (MLPs, interactions;
+    #: weights, gradients, optimizer state and the embedding tables stay fp32)
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train.epochs", f"{self.epochs} < 1", "Train at least one epoch.")
@@ -166,6 +169,8 @@ class TrainConfig:
                  "'package.module:function'", "Name the module and the function, e.g. 'my_losses:sampled_softmax'.")
         for key, lr in (("train.dense_lr", self.dense_lr), ("train.embedding_lr", self.embedding_lr)):
             _require(math.isfinite(lr) and lr > 0, key, f"{lr} is not a positive finite number", "Use e.g. 0.05.")
+        _require(self.precision in ("fp32", "bf16"), "train.precision", f"{self.precision!r} is unknown",
+                 "Use fp32, or bf16 for the dense layers under autocast.")
         _require(self.embedding_optimizer in EMBEDDING_OPTIMIZERS, "train.embedding_optimizer",
                  f"{self.embedding_optimizer!r} is unknown", f"Use one of {EMBEDDING_OPTIMIZERS}.")
         _require(self.log_every_n_steps >= 1, "train.log_every_n_steps", f"{self.log_every_n_steps} < 1",

@@ -253,7 +253,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         window, window_t0 = LossWindow(device, step + 1), time.perf_counter()
         timer = StepTimer()
         counter = CommCounter()
-        train_step = TrainStep(model, optimizer, loss_fn, prefetch=prefetch, counter=counter, timer=timer)
+        train_step = TrainStep(model, optimizer, loss_fn, prefetch=prefetch, counter=counter, timer=timer,
+                               precision=cfg.train.precision)
         epoch_t0 = time.time()  # wall clock: the driver splits the job's time into phases with it
         remaining = max(0, (steps_per_epoch if agreed is None else agreed) - skip)
 

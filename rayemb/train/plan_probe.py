@@ -237,7 +237,7 @@ def _plan_steps(cfg: Any, schema: Any, plan: Any, device: Any, raw: List[Any], c
         batches.append(StepBatch((dense.to(device), sparse), None if item else labels.to(device), sparse))
     prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
     prefetch = prefetch if prefetch is not None and prefetch.enabled else None
-    step = TrainStep(model, optimizer, loss_fn, prefetch=prefetch, counter=counter)
+    step = TrainStep(model, optimizer, loss_fn, prefetch=prefetch, counter=counter, precision=cfg.train.precision)
     losses = step.steps(itertools.cycle(batches))  # each step draws the next batch, whose exchange it starts
     window = LossWindow(device, 1)
 

@@ -55,6 +55,8 @@ class TrainStep:
     before the backward, backward (fused embedding optimizer applied in it), the other optimizers.
 
     ``optimizer``: stepped after the backward (None: every parameter updates in the backward);
+    ``precision``: ``bf16`` runs the forward and the loss under ``torch.autocast`` (bfloat16 matmuls; the
+    parameters, their gradients and the backward stay fp32);
     ``loss_fn(output, labels)`` (None: the model's output is the loss); ``prefetch``: a
     :class:`~rayemb.embedding.prefetch.StepPrefetch`, started on the next batch's ``sparse``; ``counter``: a
     :class:`~rayemb.embedding.comm.CommCounter`, on during forward and backward; ``timer``: a
@@ -64,10 +66,18 @@ class TrainStep:
     """
 
     def __init__(self, model: Any, optimizer: Any = None, loss_fn: Any = None, *, prefetch: Any = None,
-                 counter: Any = None, timer: Optional[StepTimer] = None) -> None:
+                 counter: Any = None, timer: Optional[StepTimer] = None, precision: str = "fp32") -> None:
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
-        self.prefetch, self.timer = prefetch, timer
+        self.prefetch, self.timer, self.precision = prefetch, timer, precision
         self._counted = counter if counter is not None else contextlib.nullcontext()
+
+    def _autocast(self, batch: StepBatch) -> Any:
+        if self.precision != "bf16":
+            return contextlib.nullcontext()
+        import torch
+
+        device = next((t.device for t in batch.inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
     def _lap(self, phase: str) -> None:
         if self.timer is not None:
@@ -75,9 +85,10 @@ class TrainStep:
 
     def forward(self, batch: StepBatch) -> Any:
         """The loss of ``batch`` (with its graph, for :meth:`backward`)."""
-        with self._counted:  # bytes of the model's own collectives only
+        with self._counted, self._autocast(batch):  # bytes of the model's own collectives only
             out = self.model(*batch.inputs)
             loss = out if self.loss_fn is None else self.loss_fn(out, batch.labels)
+        loss = loss.float()  # autocast may leave it bf16: summed and checked in fp32
         self._lap("forward")
         return loss
 

@@ -21,6 +21,14 @@ def test_dcn_v2_passes_within_the_margin_and_fails_below_it_or_without_a_run():
     assert ma.verdicts("models", ok[:3], [0, 1], None)["dcn_v2_vs_dlrm"]["verdict"] == "FAIL"  # seed 1 missing
 
 
+def test_bf16_passes_within_its_margin_of_fp32_and_fails_beyond_it_or_without_a_run():
+    ok = [_r(0, "fp32", "label", 0.910), _r(0, "bf16", "label", 0.9075)]
+    assert ma.verdicts("precision", ok, [0], None)["bf16_vs_fp32"]["verdict"] == "PASS"
+    far = [_r(0, "fp32", "label", 0.910), _r(0, "bf16", "label", 0.9065)]
+    assert ma.verdicts("precision", far, [0], None)["bf16_vs_fp32"]["verdict"] == "FAIL"
+    assert ma.verdicts("precision", ok[:1], [0], None)["bf16_vs_fp32"]["verdict"] == "FAIL"
+
+
 def test_multitask_needs_every_task_learnt_close_to_its_single_task_model():
     runs = [_r(0, "two_tasks", "label", 0.90), _r(0, "two_tasks", "like", 0.88), _r(0, "label_only", "label", 0.902),
             _r(0, "like_only", "like", 0.884)]
