@@ -257,6 +257,11 @@ class PlannerConfig:
     objective: str = "step_time"
     #: measure the step-time model's constants on the live cluster at job start (false: built-in defaults)
     calibrate: bool = True
+    #: use a calibration of the same job shape and cluster measured within this many hours (kept under
+    #: tracking.output_dir/calibrations) instead of measuring; 0: always measure
+    calibration_max_age_h: float = 24.0
+    #: measure anew even when a recent calibration of the same shape is kept (and replace it)
+    recalibrate: bool = False
     #: one node: a plan placing every table alike wins when predicted within this fraction of the best mix
     tie_margin: float = 0.05
     #: steps of the plan probe at job start (rayemb.train.plan_probe): the step-time model's plan and the same
@@ -267,6 +272,8 @@ class PlannerConfig:
     def __post_init__(self) -> None:
         _require(0.0 <= self.tie_margin < 1.0, "planner.tie_margin", f"{self.tie_margin!r} is not in [0, 1)",
                  "Use a fraction such as 0.05 (0: always the lowest prediction).")
+        _require(self.calibration_max_age_h >= 0, "planner.calibration_max_age_h", f"{self.calibration_max_age_h} < 0",
+                 "Use hours >= 0 (0: always measure).")
         _require(isinstance(self.probe_steps, int) and 0 <= self.probe_steps <= 1000, "planner.probe_steps",
                  f"{self.probe_steps!r} is not a step count in [0, 1000]", "Use e.g. 30 (0: no plan probe).")
         _require(self.engine in PLANNER_ENGINES, "planner.engine", f"{self.engine!r} is unknown",

@@ -44,7 +44,7 @@ for _ in range(int(sys.argv[2])):
     print("CAL " + json.dumps(c.to_dict()), flush=True)
 """
 SHAPE = dict(local_batch=512, num_dense=13, num_sparse=26, dim=16, bottom_mlp=[64, 16], top_mlp=[64, 32, 1],
-             prefetch_input_dist=True)  # the default job's (rayemb.train.trainer.calibrate)
+             prefetch_input_dist=True)  # the default job's (rayemb.train.calibration_store.calibrate)
 
 
 def spread(values: Sequence[float]) -> Optional[float]:

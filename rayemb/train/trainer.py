@@ -46,10 +46,12 @@ from rayemb.train.metrics import best_and_last_checkpoint, step_time_check, step
 from rayemb.train.outputs import JobOutputs, check_output_dir, read_splits, tracking_uri as job_tracking_uri
 from rayemb.train.plan_probe import placement_counts as _placement_counts
 from rayemb.train.resources import WorkerResources, worker_resources
+from rayemb.train.calibration_store import calibrate
 from rayemb.train.resume import check_resume_from, fault_injection
 from rayemb.train.job_types import MEASURED_PLAN_KEYS, JobInputs, PlannedJob, Tracking, TrainResult
 from rayemb.train.losses import check_tasks
-from rayemb.train.sharding import pins_of, placement_choice
+from rayemb.train.sharding import pins_of
+
 
 def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any = None) -> TrainResult:
     """Runs one training job on the current (or a new local) Ray cluster; returns when it ends.
@@ -187,7 +189,7 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
         job_plan = choose_by_probe(cfg, inputs.schema, job_plan, stats, split, plan_for, inputs.world_size,
                                    resources.cpus_per_worker, inputs.model)
     summary = job_plan.summary
-    # what shards the model, not what was measured on the way (a resumed job re-calibrates)
+    # what shards the model, not what was measured on the way (a resumed job calibrates again, or reuses a kept one)
     fingerprint = hashlib.sha1(to_json({k: v for k, v in summary.items() if k not in MEASURED_PLAN_KEYS})
                                .encode()).hexdigest()[:12]
     print(f"rayemb: plan {fingerprint}: " + ", ".join(f"{p} x{n}" for p, n in _placement_counts(summary).items())
@@ -224,30 +226,6 @@ def _plan_remote(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, 
     meta = torch.device("meta")
     build_model(cfg, schema, job_plan.placements, job_plan.hot_ids, meta, meta, model=model)
     return job_plan
-
-
-def calibrate(inputs: JobInputs, topology: Any, resources: WorkerResources) -> Any:
-    """The step-time model's constants measured on the live cluster (None: not asked for, or failed)."""
-    cfg = inputs.cfg
-    if cfg.planner.objective != "step_time" or not cfg.planner.calibrate:
-        return None
-    if (no_choice := placement_choice(cfg, inputs.schema.sparse_names, inputs.world_size)) is not None:
-        print(f"rayemb: {no_choice}: no placement to choose, no calibration nor plan probe; the step time is "
-              "predicted with the built-in constants", flush=True)
-        return None
-    from rayemb.train.calibrate import calibrate_cluster, job_shape
-
-    shape = job_shape(cfg, inputs.schema, inputs.model)
-    print(f"rayemb: calibrating the step-time model on {inputs.world_size} ranks ...", flush=True)
-    try:
-        cal = calibrate_cluster(inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,
-                                topology.num_nodes, shape, strategy=cfg.scaling.placement_strategy)
-    except Exception as e:  # noqa: BLE001 - planning goes on with the defaults, said loudly
-        print(f"rayemb: WARNING: calibration failed ({type(e).__name__}: {e}); planning with the built-in "
-              "constants (planner.calibrate=false skips it)", flush=True)
-        return None
-    print(f"rayemb: calibrated in {cal.seconds:.1f}s: {cal.summary()}", flush=True)
-    return cal
 
 
 # ---- STAGE 4: TRACKING ---- #
