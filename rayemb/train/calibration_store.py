@@ -5,14 +5,15 @@ Measuring the step-time model's constants takes seconds to tens of seconds at ev
 resubmitted with another learning rate measures the same thing again. A calibration is stored under the
 job's output storage (``tracking.output_dir``, local or a URI)::
 
-    <output_dir>/calibrations/<key>.json    {"key_fields": {...}, "measured_at": <unix s>, "calibration": {...}}
+    <output_dir>/calibrations/<key>.json    {"key_fields": {...}, "measured_at": <unix s>, "measured": {...}}
 
 ``key`` hashes everything the measurement depends on: the ranks (count, CPUs each, GPU or not, nodes,
 placement strategy), the cluster's nodes (CPUs, GPUs and accelerator type of each), the job's local batch,
 dense and sparse feature counts, dim, MLPs, input prefetch, the model (name and arguments) and the versions of
 torch, fbgemm, TorchRec and rayemb. A stored calibration younger than ``planner.calibration_max_age_h`` is
 used instead of measuring (plan.json's ``calibration.source`` says ``cached``, with its age);
-``planner.recalibrate: true`` measures anew and replaces it.
+``planner.recalibrate: true`` measures anew and replaces it. The plan probe's step times are kept the same way,
+keyed also by its candidate plans (:func:`rayemb.train.plan_probe.choose_by_probe`).
 """
 
 from __future__ import annotations
@@ -72,12 +73,10 @@ def cache_path(out_dir: str, key: str) -> str:
     return storage.join(out_dir, CACHE_DIR, f"{key}.json")
 
 
-def load_calibration(out_dir: str, fields: Mapping[str, Any], max_age_s: float,
-                     now: Optional[float] = None) -> Optional[Tuple[Any, float, str]]:
-    """(calibration, its age in seconds, where) of a stored one of these ``fields`` younger than ``max_age_s``,
-    else None (also for an unreadable or foreign file: measuring is always the way out)."""
-    from rayemb.planner.step_time import Calibration
-
+def load_kept(out_dir: str, fields: Mapping[str, Any], max_age_s: float,
+              now: Optional[float] = None) -> Optional[Tuple[Dict[str, Any], float, str]]:
+    """(the kept measurement, its age in seconds, where) of these ``fields`` when younger than ``max_age_s``, else
+    None (also for an unreadable or foreign file: measuring is always the way out)."""
     if max_age_s <= 0:
         return None
     path = cache_path(out_dir, cache_key(fields))
@@ -90,18 +89,51 @@ def load_calibration(out_dir: str, fields: Mapping[str, Any], max_age_s: float,
         age = (time.time() if now is None else now) - float(doc["measured_at"])
         if not 0 <= age <= max_age_s:
             return None
-        cal = Calibration.from_dict(doc["calibration"])
-    except Exception:  # noqa: BLE001 - a damaged cache entry is a miss, not a failed job
+        return dict(doc["measured"]), age, path
+    except Exception:  # noqa: BLE001 - a damaged entry is a miss, not a failed job
         return None
-    return replace(cal, source="cached", seconds=0.0), age, path
+
+
+def store_kept(out_dir: str, fields: Mapping[str, Any], measured: Mapping[str, Any], now: Optional[float] = None) -> str:
+    """Keeps ``measured`` (JSON values) as the measurement of ``fields``; returns where."""
+    path = cache_path(out_dir, cache_key(fields))
+    doc = {"key_fields": fields, "measured_at": time.time() if now is None else now, "measured": dict(measured)}
+    storage.write_text(path, json.dumps(doc, sort_keys=True, indent=1, default=str))
+    return path
+
+
+def load_calibration(out_dir: str, fields: Mapping[str, Any], max_age_s: float,
+                     now: Optional[float] = None) -> Optional[Tuple[Any, float, str]]:
+    """(calibration, its age in seconds, where) kept for these ``fields`` (:func:`load_kept`), else None."""
+    from rayemb.planner.step_time import Calibration
+
+    kept = load_kept(out_dir, fields, max_age_s, now)
+    if kept is None:
+        return None
+    try:
+        cal = Calibration.from_dict(kept[0])
+    except Exception:  # noqa: BLE001 - an entry of another layout is a miss
+        return None
+    return replace(cal, source="cached", seconds=0.0), kept[1], kept[2]
 
 
 def store_calibration(out_dir: str, fields: Mapping[str, Any], cal: Any, now: Optional[float] = None) -> str:
-    """Writes ``cal`` as the calibration of ``fields``; returns where."""
-    path = cache_path(out_dir, cache_key(fields))
-    doc = {"key_fields": fields, "measured_at": time.time() if now is None else now, "calibration": cal.to_dict()}
-    storage.write_text(path, json.dumps(doc, sort_keys=True, indent=1, default=str))
-    return path
+    return store_kept(out_dir, fields, cal.to_dict(), now)
+
+
+def job_key_fields(inputs: Any, topology: Any, resources: Any) -> Dict[str, Any]:
+    """The key fields of the job's measurements (its calibration; with ``"probe"`` added, its plan probe)."""
+    from rayemb.train.calibrate import job_shape
+
+    cfg = inputs.cfg
+    ranks = {"world": inputs.world_size, "cpus_per_worker": resources.cpus_per_worker, "gpu": cfg.scaling.use_gpu,
+             "nodes": topology.num_nodes, "strategy": cfg.scaling.placement_strategy}
+    return key_fields(job_shape(cfg, inputs.schema, inputs.model), ranks, cluster_nodes())
+
+
+def kept_max_age_s(cfg: Any) -> float:
+    """How old a kept measurement may be for this job (0 with ``planner.recalibrate``: measure anew)."""
+    return 0.0 if cfg.planner.recalibrate else 3600.0 * cfg.planner.calibration_max_age_h
 
 
 def calibrate(inputs: Any, topology: Any, resources: Any) -> Any:
@@ -120,16 +152,13 @@ def calibrate(inputs: Any, topology: Any, resources: Any) -> Any:
     from rayemb.train.calibrate import calibrate_cluster, job_shape
 
     shape = job_shape(cfg, inputs.schema, inputs.model)
-    ranks = {"world": inputs.world_size, "cpus_per_worker": resources.cpus_per_worker, "gpu": cfg.scaling.use_gpu,
-             "nodes": topology.num_nodes, "strategy": cfg.scaling.placement_strategy}
-    fields = key_fields(shape, ranks, cluster_nodes())
-    if not cfg.planner.recalibrate:
-        kept = load_calibration(inputs.out_dir, fields, 3600.0 * cfg.planner.calibration_max_age_h)
-        if kept is not None:
-            cal, age, path = kept
-            print(f"rayemb: calibration of this shape and cluster from {redact_uri(path)}, measured "
-                  f"{age / 3600:.1f} h ago (planner.recalibrate=true measures anew): {cal.summary()}", flush=True)
-            return cal
+    fields = job_key_fields(inputs, topology, resources)
+    kept = load_calibration(inputs.out_dir, fields, kept_max_age_s(cfg))
+    if kept is not None:
+        cal, age, path = kept
+        print(f"rayemb: calibration of this shape and cluster from {redact_uri(path)}, measured "
+              f"{age / 3600:.1f} h ago (planner.recalibrate=true measures anew): {cal.summary()}", flush=True)
+        return cal
     print(f"rayemb: calibrating the step-time model on {inputs.world_size} ranks ...", flush=True)
     try:
         cal = calibrate_cluster(inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,
@@ -146,4 +175,4 @@ def calibrate(inputs: Any, topology: Any, resources: Any) -> Any:
     return cal
 
 
-__all__ = ["calibrate", "key_fields", "cache_key", "load_calibration", "store_calibration", "cluster_nodes", "CACHE_DIR"]
+__all__ = ["calibrate", "key_fields", "job_key_fields", "kept_max_age_s", "load_kept", "store_kept", "cache_key", "load_calibration", "store_calibration", "cluster_nodes", "CACHE_DIR"]

@@ -31,10 +31,12 @@ step of it; ``plan_probe`` records both for every candidate.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
+import json
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -339,27 +341,53 @@ def apply_probe(candidates: Sequence[Any], result: ProbeResult) -> Any:
     return chosen
 
 
+def _plan_fingerprint(summary: Dict[str, Any]) -> str:
+    """What a probe of the plan steps: every table's placement, shards and hot rows, the batch and the world (not
+    the ranks' free memory at planning time, which moves from one job to the next)."""
+    plain = {k: summary.get(k) for k in ("tables", "global_batch", "world_size", "sequence")}
+    return hashlib.sha1(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any, plan_for: Callable[[Any], Any],
-                    world: int, cpus_per_worker: float, model: Any = None) -> Any:
+                    world: int, cpus_per_worker: float, model: Any = None,
+                    kept: Optional[Tuple[str, Dict[str, Any], float]] = None) -> Any:
     """``job_plan`` and the same job on the other side of the hybrid choice (:func:`probe_candidates`), timed on
     the live cluster (:func:`probe_plans`), each the job's own model (``model``, its factory); returns the
     faster (:func:`apply_probe`).
 
-    Skipped (``job_plan`` as it is) with ``planner.probe_steps: 0``, with a sequence tower (the probe's
-    synthetic batches have no histories) and, said loudly, when the probe fails.
+    ``kept``: (output storage, the job's key fields, max age in seconds) of measurements kept for later jobs
+    (:mod:`rayemb.train.calibration_store`): the same candidates probed on the same key within the age are not
+    probed again. Skipped (``job_plan`` as it is) with ``planner.probe_steps: 0``, with a sequence tower (the
+    probe's synthetic batches have no histories) and, said loudly, when the probe fails.
     """
+    from rayemb.logs import redact_uri
+    from rayemb.train.calibration_store import load_kept, store_kept
+
     if cfg.planner.probe_steps == 0 or cfg.model.sequence_tower != "none":
         return job_plan
     candidates = probe_candidates(cfg, job_plan, split, plan_for)
-    print(f"rayemb: probing {len(candidates)} plan(s) for {cfg.planner.probe_steps} steps on {world} ranks ...",
-          flush=True)
-    try:
-        result = probe_plans(cfg, schema, candidates, table_samples(schema, stats, split), world, cpus_per_worker,
-                             cfg.scaling.use_gpu, cfg.scaling.placement_strategy, model=model)
-    except Exception as e:  # noqa: BLE001 - the model's plan and prediction stand, said loudly
-        print(f"rayemb: WARNING: plan probe failed ({type(e).__name__}: {e}); training the model's plan "
-              "(planner.probe_steps=0 skips the probe)", flush=True)
-        return job_plan
+    fields = None if kept is None else {**kept[1], "probe": {
+        "steps": cfg.planner.probe_steps, "plans": [_plan_fingerprint(c.summary) for c in candidates]}}
+    hit = None if kept is None else load_kept(kept[0], fields, kept[2])
+    if hit is not None:
+        result = ProbeResult(**hit[0])
+        print(f"rayemb: plan probe of these {len(candidates)} plan(s) from {redact_uri(hit[2])}, measured "
+              f"{hit[1] / 3600:.1f} h ago (planner.recalibrate=true probes anew)", flush=True)
+    else:
+        print(f"rayemb: probing {len(candidates)} plan(s) for {cfg.planner.probe_steps} steps on {world} ranks ...",
+              flush=True)
+        try:
+            result = probe_plans(cfg, schema, candidates, table_samples(schema, stats, split), world,
+                                 cpus_per_worker, cfg.scaling.use_gpu, cfg.scaling.placement_strategy, model=model)
+        except Exception as e:  # noqa: BLE001 - the model's plan and prediction stand, said loudly
+            print(f"rayemb: WARNING: plan probe failed ({type(e).__name__}: {e}); training the model's plan "
+                  "(planner.probe_steps=0 skips the probe)", flush=True)
+            return job_plan
+        if kept is not None:
+            try:
+                store_kept(kept[0], fields, dataclasses.asdict(result))
+            except Exception as e:  # noqa: BLE001 - the job goes on; the next one probes again
+                print(f"rayemb: WARNING: could not keep the plan probe ({type(e).__name__}: {e})", flush=True)
     for plan, step_s in zip(candidates, result.step_s):
         print("rayemb: plan probe: " + ", ".join(f"{p} x{n}" for p, n in placement_counts(plan.summary).items())
               + f": {1e3 * step_s:.1f} ms/step probed, {1e3 * plan.summary['predicted_step_time_s']:.1f} ms "

@@ -46,7 +46,7 @@ from rayemb.train.metrics import best_and_last_checkpoint, step_time_check, step
 from rayemb.train.outputs import JobOutputs, check_output_dir, read_splits, tracking_uri as job_tracking_uri
 from rayemb.train.plan_probe import placement_counts as _placement_counts
 from rayemb.train.resources import WorkerResources, worker_resources
-from rayemb.train.calibration_store import calibrate
+from rayemb.train.calibration_store import calibrate, job_key_fields, kept_max_age_s
 from rayemb.train.resume import check_resume_from, fault_injection
 from rayemb.train.job_types import MEASURED_PLAN_KEYS, JobInputs, PlannedJob, Tracking, TrainResult
 from rayemb.train.losses import check_tasks
@@ -186,8 +186,9 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
     if calibration is not None and inputs.world_size > 1:  # measured at job start: the plan too
         from rayemb.train.plan_probe import choose_by_probe
 
+        kept = (inputs.out_dir, job_key_fields(inputs, topology, resources), kept_max_age_s(cfg))
         job_plan = choose_by_probe(cfg, inputs.schema, job_plan, stats, split, plan_for, inputs.world_size,
-                                   resources.cpus_per_worker, inputs.model)
+                                   resources.cpus_per_worker, inputs.model, kept=kept)
     summary = job_plan.summary
     # what shards the model, not what was measured on the way (a resumed job calibrates again, or reuses a kept one)
     fingerprint = hashlib.sha1(to_json({k: v for k, v in summary.items() if k not in MEASURED_PLAN_KEYS})

@@ -60,3 +60,32 @@ def test_probe_times_each_candidate_on_rank_actors_and_picks_the_faster(ray_2_cp
 
         time.sleep(0.2)
     assert ray.available_resources().get("CPU") == before
+
+
+def test_the_same_candidates_on_the_same_key_are_not_probed_again(ray_2_cpus, tiny_data, tmp_path, capsys):
+    from rayemb.data.schema import load_checked
+    from rayemb.data.stats import compute_stats
+    from rayemb.planner.tables import split_rule
+    from rayemb.planner.types import ClusterTopology
+    from rayemb.train.plan_probe import choose_by_probe
+
+    cfg = load_config("jobs/configs/synth_small.yaml", [f"data.path={tiny_data}", "data.batch_size=256",
+                                                        "scaling.num_workers=2", "planner.probe_steps=4"])
+    schema, stats = load_checked(tiny_data), compute_stats(tiny_data)
+    topology = ClusterTopology(1, 2, compute_device="cpu")
+    split = split_rule(topology, 512, cfg.model.embedding_dim).split(stats)
+
+    def plan_for(c, plan_split=None, topo=topology):
+        return _plan(c, schema, stats, plan_split or split, topo)
+
+    kept = (str(tmp_path / "runs"), {"a job's key fields": 1}, 3600.0)
+    first = choose_by_probe(cfg, schema, plan_for(cfg), stats, split, plan_for, 2, 0.5, kept=kept)
+    assert "probing 2 plan(s)" in capsys.readouterr().out
+    second = choose_by_probe(cfg, schema, plan_for(cfg), stats, split, plan_for, 2, 0.5, kept=kept)
+    out = capsys.readouterr().out
+    assert "probing" not in out and "plan probe of these 2 plan(s) from" in out
+    assert second.summary["plan_probe"] == first.summary["plan_probe"]
+    assert second.summary["probed_step_time_s"] == first.summary["probed_step_time_s"]
+    # another key (or an age limit of 0: planner.recalibrate) probes again
+    choose_by_probe(cfg, schema, plan_for(cfg), stats, split, plan_for, 2, 0.5, kept=(kept[0], kept[1], 0.0))
+    assert "probing 2 plan(s)" in capsys.readouterr().out
