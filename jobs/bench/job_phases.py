@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _report import report, spread, write_result  # noqa: E402
 
-PHASES = ("checks", "ray", "statistics", "plan", "tracking", "workers", "data", "steps",
+PHASES = ("checks", "ray", "statistics", "plan", "tracking", "workers", "model", "data", "steps",
           "validation_and_checkpoints", "end", "wall")
 COLUMNS = [("run", ">3", "{}"), *[(p[:10], ">10", "{:.1f}") for p in PHASES], ("outside", ">7", "{:.0%}"),
            ("calibration", ">11", "{}")]

@@ -159,6 +159,7 @@ def _shard(loop_config: Dict[str, Any], split: str, rank: int, world: int) -> An
 
 
 def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
+    loop_t0 = time.time()  # the worker process is up: what follows is imports, the process group, the model
     import ray.train
     import ray.train.torch
     import torch
@@ -326,8 +327,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 check_window()
                 checkpoint(epoch, epoch_steps, False, {"step": step, "epoch": epoch, "checkpoint": 1})
         check_window()  # the epoch's last window may be partial: a diverged model is neither validated nor saved
-        clock = {"clock.ready_unix_s": ready_t, "clock.epoch_start_unix_s": epoch_t0,
-                 "clock.epoch_steps_end_unix_s": time.time()}
+        clock = {"clock.loop_start_unix_s": loop_t0, "clock.ready_unix_s": ready_t,
+                 "clock.epoch_start_unix_s": epoch_t0, "clock.epoch_steps_end_unix_s": time.time()}
         valid = evaluate(model, valid_data, device, padding=lambda: converter.padding(cfg.data.batch_size),
                          tasks=schema.labels, primary=cfg.train.early_stopping_task, retrieval=retrieval)
         # every rank sees the same gathered metric, so all make the same decision; the last epoch is no early stop

@@ -1,18 +1,19 @@
 """Where a job's wall time goes: the driver's stages, then the workers' start, steps and the end.
 
 The driver marks the end of each of its stages (inputs checked, Ray up, statistics, plan with its calibration
-and probe, MLflow run started). Each epoch's report carries rank 0's wall clock at three points
-(``clock.*``): the model sharded and restored, the epoch's first step, its last step. From those the job's
-time splits into phases::
+and probe, MLflow run started). Each epoch's report carries rank 0's wall clock at four points (``clock.*``):
+the training function started, the model sharded and restored, the epoch's first step, its last step. From
+those the job's time splits into phases::
 
-    rayemb: phases: checks 0.1 s | ray 2.9 s | statistics 0.3 s | plan 4.2 s | tracking 0.8 s |
-            workers 9.1 s | data 1.2 s | steps 12.4 s | validation and checkpoints 1.9 s | end 3.0 s (wall 36.0 s)
+    rayemb: phases: checks 0.1 s | ray 2.9 s | statistics 0.3 s | plan 4.2 s | tracking 0.8 s | workers 5.1 s |
+            model 4.0 s | data 1.2 s | steps 12.4 s | validation and checkpoints 1.9 s | end 3.0 s (wall 36.0 s, ...)
 
-``workers``: from the Ray Train launch to the model sharded on every rank (worker processes, imports, process
-group, sharding); ``data``: reading this rank's shard before the first step (in memory: all of it); ``steps``:
-every epoch's first to last step; ``validation and checkpoints``: between epochs; ``end``: after the last
-epoch's steps (its validation, checkpoint, Ray Train's shutdown, MLflow's last writes). Each is logged to MLflow
-as ``phase_s.<name>``, with ``phase_s.outside_steps_fraction``.
+``workers``: from the Ray Train launch to the training function running on rank 0 (Ray Train's controller, the
+worker processes); ``model``: from there to the model sharded and restored (imports, the process group's
+first collectives, the model and its sharding); ``data``: reading this rank's shard before the first step (in
+memory: all of it); ``steps``: every epoch's first to last step; ``validation and checkpoints``: between
+epochs; ``end``: after the last epoch's steps (its validation, checkpoint, Ray Train's shutdown, MLflow's last
+writes). Each is logged to MLflow as ``phase_s.<name>``, with ``phase_s.outside_steps_fraction``.
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ class JobPhases:
             ordered: List[Mapping[str, Any]] = [by_epoch[e] for e in sorted(by_epoch)]
             first, last = ordered[0], ordered[-1]
             steps = sum(r["clock.epoch_steps_end_unix_s"] - r["clock.epoch_start_unix_s"] for r in ordered)
-            out["workers"] = max(0.0, first["clock.ready_unix_s"] - self.launched)
+            started = first.get("clock.loop_start_unix_s", first["clock.ready_unix_s"])
+            out["workers"] = max(0.0, started - self.launched)
+            out["model"] = max(0.0, first["clock.ready_unix_s"] - started)
             out["data"] = max(0.0, first["clock.epoch_start_unix_s"] - first["clock.ready_unix_s"])
             out["steps"] = steps
             span = last["clock.epoch_steps_end_unix_s"] - first["clock.epoch_start_unix_s"]
@@ -73,7 +76,7 @@ class JobPhases:
 
 def phases_line(phases: Mapping[str, float]) -> str:
     """The job's one line of phases (module docstring)."""
-    names = [*DRIVER_STAGES, "workers", "data", "steps", "validation_and_checkpoints", "end"]
+    names = [*DRIVER_STAGES, "workers", "model", "data", "steps", "validation_and_checkpoints", "end"]
     parts = [f"{n.replace('_', ' ')} {phases[n]:.1f} s" for n in names if n in phases]
     tail = f" (wall {phases['wall']:.1f} s" + (f", {100 * phases['outside_steps_fraction']:.0f} % outside steps)"
                                                  if "outside_steps_fraction" in phases else ")")

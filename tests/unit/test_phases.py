@@ -7,9 +7,9 @@ import pytest
 from rayemb.train.phases import JobPhases, phases_line
 
 
-def _epoch(epoch, ready, start, end):
-    return {"epoch": epoch, "epoch_end": 1, "clock.ready_unix_s": ready, "clock.epoch_start_unix_s": start,
-            "clock.epoch_steps_end_unix_s": end}
+def _epoch(epoch, ready, start, end, loop=1012.0):
+    return {"epoch": epoch, "epoch_end": 1, "clock.loop_start_unix_s": loop, "clock.ready_unix_s": ready,
+            "clock.epoch_start_unix_s": start, "clock.epoch_steps_end_unix_s": end}
 
 
 def test_phases_split_the_wall_time_by_the_workers_clock():
@@ -22,7 +22,7 @@ def test_phases_split_the_wall_time_by_the_workers_clock():
                _epoch(1, 1015.0, 1028.0, 1038.0),
                _epoch(1, 1040.0, 1041.0, 1043.0)]  # epoch 1 again after an elastic restart: the last one counts
     out = p.summary(reports, end=1046.0)
-    assert out["workers"] == 8.0 and out["data"] == 1.0
+    assert out["workers"] == 5.0 and out["model"] == 3.0 and out["data"] == 1.0
     assert out["steps"] == 12.0  # epoch 0's 10 s and the restarted epoch 1's 2 s
     assert out["validation_and_checkpoints"] == pytest.approx((1043.0 - 1016.0) - 12.0)
     assert out["end"] == 3.0 and out["wall"] == 46.0
