@@ -54,3 +54,14 @@ def train_save_score(rank: int, world_size: int, cfg: Any, schema: Any, job_plan
         for start in range(rank * half, (rank + 1) * half, batch):
             logits.append(forward(convert(valid.slice(start, min(batch, (rank + 1) * half - start)))).numpy())
     return model, {"lo": rank * half, "logits": np.concatenate(logits)}
+
+
+def small_dataset(path: str, **changes: Any) -> str:
+    """The equivalence tests' dataset at ``path``: 6 multi-hot tables of 30-60 rows, 4 of them carrying the label's
+    signal, 1,400 rows (a fifth validation); ``changes`` replace any of those (``rows=600``, ``second_label=True``)."""
+    from rayemb.data.synthetic import SyntheticSpec, generate
+
+    spec = dict(rows=1400, num_tables=6, multi_hot=True, mean_pooling=3, seed=3, num_signal_tables=4,
+                cardinalities=[60, 50, 40, 45, 30, 35], valid_fraction=0.2)
+    generate(SyntheticSpec(**{**spec, **changes}), path)
+    return path

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
@@ -67,14 +66,6 @@ def verdict(results: Sequence[Dict[str, Any]], baseline: Dict[str, float], seeds
             "ratio_per_seed": ratios, "verdict": "PASS" if ok else "FAIL"}
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ratings", required=True, help="MovieLens u.data / ratings.dat / ratings.csv")
@@ -90,6 +81,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from rayemb.config import load_config
     from rayemb.convert.common import ConvertOptions
     from rayemb.convert.movielens import convert_movielens
+    from rayemb.storage import sha256
     from rayemb.train.trainer import run_training
 
     data = os.path.abspath(args.data)
@@ -102,7 +94,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     results: List[Dict[str, Any]] = []
 
     def document(complete: bool) -> Dict[str, Any]:
-        return {"schema_version": 1, "ratings": os.path.basename(args.ratings), "ratings_sha256": _sha256(args.ratings),
+        return {"schema_version": 1, "ratings": os.path.basename(args.ratings), "ratings_sha256": sha256(args.ratings),
                 "data": data, "config": args.config, "overrides": args.set, "seeds": args.seeds,
                 "complete": complete, "baseline": {"name": "most popular in train", **baseline},
                 "results": results, "verdict": verdict(results, baseline, args.seeds)}

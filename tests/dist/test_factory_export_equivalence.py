@@ -48,12 +48,10 @@ def _train_score_rank(rank: int, world_size: int, cfgs: Dict[str, Any], schema: 
 def jobs(tmp_path_factory):
     from rayemb.config import config_from_dict
     from rayemb.data.schema import DatasetSchema
-    from rayemb.data.synthetic import SyntheticSpec, generate
+    from tests._export import small_dataset
 
     root = tmp_path_factory.mktemp("user_export_eq")
-    data = str(root / "data")
-    generate(SyntheticSpec(rows=1400, num_tables=6, multi_hot=True, mean_pooling=3, seed=3, num_signal_tables=4,
-                           cardinalities=[60, 50, 40, 45, 30, 35], valid_fraction=0.2), data)
+    data = small_dataset(str(root / "data"))
     cfgs = {name: config_from_dict({
         "name": f"user-export-{name}", "data": {"path": data, "batch_size": BATCH},
         "model": {"embedding_dim": DIM, **spec}, "train": {"dense_lr": 0.1, "embedding_lr": 0.1},

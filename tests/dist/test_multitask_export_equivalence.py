@@ -42,12 +42,10 @@ def _train_score_rank(rank: int, world_size: int, cfg: Any, schema: Any, checkpo
 def job(tmp_path_factory):
     from rayemb.config import config_from_dict
     from rayemb.data.schema import DatasetSchema
-    from rayemb.data.synthetic import SyntheticSpec, generate
+    from tests._export import small_dataset
 
     root = tmp_path_factory.mktemp("multitask_export")
-    data = str(root / "data")
-    generate(SyntheticSpec(rows=1400, num_tables=6, multi_hot=True, mean_pooling=3, seed=3, num_signal_tables=4,
-                           cardinalities=[60, 50, 40, 45, 30, 35], valid_fraction=0.2, second_label=True), data)
+    data = small_dataset(str(root / "data"), second_label=True)
     cfg = config_from_dict({
         "name": "multitask-export", "data": {"path": data, "batch_size": BATCH},
         "model": {"embedding_dim": DIM, "bottom_mlp": [16, DIM], "top_mlp": [16, 1]},

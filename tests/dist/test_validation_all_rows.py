@@ -96,12 +96,10 @@ def _score_rank(rank: int, world_size: int, cfg: Any, schema: Any) -> Dict[str, 
 def scored(tmp_path_factory) -> List[Dict[str, Any]]:
     from rayemb.config import config_from_dict
     from rayemb.data.schema import DatasetSchema
-    from rayemb.data.synthetic import SyntheticSpec, generate
+    from tests._export import small_dataset
 
     root = tmp_path_factory.mktemp("valid_rows")
-    data = str(root / "data")
-    generate(SyntheticSpec(rows=600, num_tables=6, multi_hot=True, mean_pooling=3, seed=3, num_signal_tables=4,
-                           cardinalities=[60, 50, 40, 45, 30, 35], valid_fraction=0.2), data)
+    data = small_dataset(str(root / "data"), rows=600)
     cfg = config_from_dict({
         "name": "valid-rows", "data": {"path": data, "batch_size": LOCAL_BATCH},
         "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests._bench import load_bench as _load
 
 ma = _load("model_auc")
@@ -52,3 +54,14 @@ def test_regression_ratio_on_medians_and_a_failed_run_fails():
     assert rg.summarize(runs([100] * 5, [100] * 4 + [None]), commits, 0.97)["verdict"] == "FAIL"
     assert rg.summarize(runs([100] * 4, [100] * 4), commits, 0.97)["problems"] == ["old: 4 runs (< 5)",
                                                                                   "new: 4 runs (< 5)"]
+
+
+def test_two_tower_needs_its_ratio_over_the_popular_items_on_every_seed():
+    tt = _load("two_tower")
+    baseline = {"hit_rate_at_50": 0.15}
+    ok = [{"seed": 0, "hit_rate_at_50": 0.30}, {"seed": 1, "hit_rate_at_50": 0.19}]
+    v = tt.verdict(ok, baseline, [0, 1])
+    assert v["verdict"] == "PASS" and v["ratio_per_seed"][1] == pytest.approx(0.19 / 0.15)
+    assert tt.verdict([ok[0], {"seed": 1, "hit_rate_at_50": 0.17}], baseline, [0, 1])["verdict"] == "FAIL"
+    assert tt.verdict([ok[0], {"seed": 1, "error": "RuntimeError"}], baseline, [0, 1])["verdict"] == "FAIL"
+    assert tt.verdict(ok[:1], baseline, [0, 1])["verdict"] == "FAIL"
