@@ -3,11 +3,15 @@
 Two ways in, one interface (:class:`RankBatches`):
 
 * **in memory** (``data.in_memory``, the default when the rank's shard fits):
-  the first epoch reads the rank's shard once, converts every batch
-  (tensors, KJT, hybrid remap) and keeps them; every epoch after that runs
-  with no Ray Data, no arrow and no remap in the step, in a fresh order per
-  epoch (seeded). All ranks agree on the number of batches once per epoch,
-  so the step itself needs no extra collective.
+  the first epoch trains from the first converted batch on, in the order the
+  shard is read, while a background thread reads and converts the next ones
+  (as streamed data does) and every batch is kept; every epoch after that
+  runs with no Ray Data, no arrow and no remap in the step, in a fresh order
+  per epoch (seeded). From the second epoch on, all ranks agree on the number
+  of batches once per epoch, so the step itself needs no extra collective
+  (during the first, as for streamed data, each step checks that every rank
+  has a batch). A job that resumes at a later epoch reads the whole shard
+  first, and takes that epoch's order.
 * **streamed**: a background thread pulls and converts the next batches while
   the step runs (a bounded queue, ``PREFETCH_BATCHES`` deep); each step still
   checks that every rank has a batch.
@@ -160,6 +164,8 @@ class RankBatches:
         self.split, self.rank, self.cpus_per_worker = split, rank, cpus_per_worker
         self.seed, self.shuffle = seed, shuffle
         self._cache: Optional[List[Any]] = None
+        #: the first epoch's batches kept so far and the stream they come from, while it is being read
+        self._partial: Optional[Any] = None
         self._loading: Optional[threading.Thread] = None
         self._load_error: Optional[BaseException] = None
         #: seconds the last full read of the shard took (in memory: the one load)
@@ -224,10 +230,34 @@ class RankBatches:
                     len(cache), self.split, self.load_seconds)
         self._cache = cache
 
+    def _keep_as_read(self) -> Iterator[Any]:
+        """The first epoch in memory: each batch as soon as it is converted, kept for the epochs after it."""
+        kept: List[Any] = []
+        stream = self._stream()
+        self._partial = (kept, stream)
+        for item in stream:
+            kept.append(item)
+            yield item
+        self._finish_partial()
+
+    def _finish_partial(self) -> None:
+        """Reads what the first epoch did not (it may stop early), then holds every batch."""
+        kept, stream = self._partial
+        kept.extend(stream)
+        self._partial = None
+        logger.info("rank %d: %d %s batches held in memory (read and converted in %.1f s, beside the first epoch)",
+                    self.rank, len(kept), self.split, self.load_seconds)
+        self._cache = kept
+
     def epoch(self, epoch: int) -> Iterator[Any]:
-        """This epoch's batches: streamed, or (in memory) loaded on first use and reordered per epoch."""
+        """This epoch's batches: streamed, or (in memory) the first epoch as read and kept, each later one the
+        kept batches in its own order."""
         if not self.in_memory:
             return self._stream()
+        if self._partial is not None:
+            self._finish_partial()
+        if self._cache is None and self._loading is None and epoch == 0:
+            return self._keep_as_read()
         if self._cache is None:
             if self._loading is None:
                 self._load()
@@ -237,7 +267,7 @@ class RankBatches:
             if self._load_error is not None:
                 error, self._load_error = self._load_error, None
                 raise error
-        if not self.shuffle:
+        if not self.shuffle or epoch == 0:  # the first epoch is the read order, also when read again
             return iter(self._cache)
         order = np.random.default_rng((self.seed, epoch)).permutation(len(self._cache))
         return (self._cache[i] for i in order)

@@ -36,11 +36,24 @@ def _batches(shard, **kw):
 def test_in_memory_reads_once_and_reorders_each_epoch_reproducibly():
     shard = _Shard(20)
     data = _batches(shard)
-    e0, e1 = list(data.epoch(0)), list(data.epoch(1))
+    first = data.epoch(0)
+    assert next(first) == 0 and data.needs_step_check  # the first batch before the shard is read: steps check
+    e0 = [0, *first]
+    e1, e2 = list(data.epoch(1)), list(data.epoch(2))
     assert shard.passes == 1 and len(data) == 20 and not data.needs_step_check
-    assert sorted(e0) == sorted(e1) == [10 * i for i in range(20)]  # converted, every batch once per epoch
-    assert e0 != e1  # a fresh order per epoch ...
-    assert list(_batches(_Shard(20)).epoch(1)) == e1  # ... that the seed reproduces
+    assert e0 == [10 * i for i in range(20)]  # the first epoch in the order read, each batch converted once
+    assert sorted(e1) == sorted(e2) == e0 and e1 != e2 != e0  # a fresh order per later epoch ...
+    assert list(_batches(_Shard(20)).epoch(1)) == e1  # ... that the seed reproduces, also on a resumed job
+    assert list(data.epoch(0)) == e0
+
+
+def test_a_first_epoch_that_stops_early_still_keeps_every_batch():
+    shard = _Shard(12)
+    data = _batches(shard)
+    it = data.epoch(0)
+    assert [next(it) for _ in range(5)] == [0, 10, 20, 30, 40]  # e.g. train.max_steps_per_epoch
+    e1 = list(data.epoch(1))
+    assert sorted(e1) == [10 * i for i in range(12)] and shard.passes == 1 and len(data) == 12
 
 
 @pytest.mark.timing
