@@ -3,15 +3,18 @@
 Two ways in, one interface (:class:`RankBatches`):
 
 * **in memory** (``data.in_memory``, the default when the rank's shard fits):
-  the first epoch trains from the first converted batch on, in the order the
-  shard is read, while a background thread reads and converts the next ones
-  (as streamed data does) and every batch is kept; every epoch after that
-  runs with no Ray Data, no arrow and no remap in the step, in a fresh order
-  per epoch (seeded). From the second epoch on, all ranks agree on the number
-  of batches once per epoch, so the step itself needs no extra collective
-  (during the first, as for streamed data, each step checks that every rank
-  has a batch). A job that resumes at a later epoch reads the whole shard
-  first, and takes that epoch's order.
+  the rank's shard is read once, every batch converted (tensors, KJT, hybrid
+  remap) and kept; every epoch runs with no Ray Data, no arrow and no remap in
+  the step, in a fresh order per epoch (seeded). All ranks agree on the number
+  of batches once per epoch, so the step itself needs no extra collective.
+  Where the step leaves the CPU free (``overlap_first_epoch``: a GPU step), the
+  first epoch instead trains from the first converted batch on, in the order
+  the shard is read, while a background thread converts the next ones, as for
+  streamed data (each of its steps then checks that every rank has a batch);
+  on a CPU step the conversion would take the step's own cores (measured
+  slower overall: docs/benchmarks.md, job_phases), so the shard is read first.
+  A job that resumes at a later epoch reads the whole shard first and takes
+  that epoch's order.
 * **streamed**: a background thread pulls and converts the next batches while
   the step runs (a bounded queue, ``PREFETCH_BATCHES`` deep); each step still
   checks that every rank has a batch.
@@ -151,18 +154,21 @@ class RankBatches:
         in_memory: keep the converted batches after the first pass.
         first_batch_timeout_s: the wait for an epoch's first batch before :class:`DataStarvedError`.
         split, rank, cpus_per_worker: for messages.
-        seed: the per-epoch order of in-memory batches is ``default_rng((seed, epoch))``.
+        seed: the per-epoch order of in-memory batches is ``default_rng((seed, epoch))`` (an overlapped first
+            epoch: the read order).
         shuffle: reorder in-memory batches every epoch.
+        overlap_first_epoch: in memory, train the first epoch from the first converted batch on (module
+            docstring); False reads the whole shard first.
     """
 
     def __init__(self, shard: Any, batch_size: int, convert: Callable[[Any], Any], *, in_memory: bool,
                  first_batch_timeout_s: float, split: str, rank: int, cpus_per_worker: Optional[float] = None,
-                 seed: int = 0, shuffle: bool = True, drop_last: bool = True) -> None:
+                 seed: int = 0, shuffle: bool = True, drop_last: bool = True, overlap_first_epoch: bool = True) -> None:
         self.shard, self.batch_size, self.convert, self.drop_last = shard, batch_size, convert, drop_last
         self.in_memory = in_memory
         self.first_batch_timeout_s = first_batch_timeout_s
         self.split, self.rank, self.cpus_per_worker = split, rank, cpus_per_worker
-        self.seed, self.shuffle = seed, shuffle
+        self.seed, self.shuffle, self.overlap_first_epoch = seed, shuffle, overlap_first_epoch
         self._cache: Optional[List[Any]] = None
         #: the first epoch's batches kept so far and the stream they come from, while it is being read
         self._partial: Optional[Any] = None
@@ -256,7 +262,7 @@ class RankBatches:
             return self._stream()
         if self._partial is not None:
             self._finish_partial()
-        if self._cache is None and self._loading is None and epoch == 0:
+        if self._cache is None and self._loading is None and epoch == 0 and self.overlap_first_epoch:
             return self._keep_as_read()
         if self._cache is None:
             if self._loading is None:
@@ -267,7 +273,7 @@ class RankBatches:
             if self._load_error is not None:
                 error, self._load_error = self._load_error, None
                 raise error
-        if not self.shuffle or epoch == 0:  # the first epoch is the read order, also when read again
+        if not self.shuffle or (epoch == 0 and self.overlap_first_epoch):  # an overlapped first epoch: read order
             return iter(self._cache)
         order = np.random.default_rng((self.seed, epoch)).permutation(len(self._cache))
         return (self._cache[i] for i in order)

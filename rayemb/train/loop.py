@@ -211,8 +211,9 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                                sequence=cfg.model.sequence_tower != "none", keep_ids=item)
     data_args = dict(in_memory=bool(loop_config.get("in_memory")), first_batch_timeout_s=cfg.data.first_batch_timeout_s,
                      rank=rank, cpus_per_worker=loop_config.get("cpus_per_worker"), seed=cfg.train.seed)
+    # a GPU step leaves the CPU to the conversion of the next batches; a CPU step needs its cores itself
     train_data = RankBatches(_shard(loop_config, TRAIN_SPLIT, rank, world), cfg.data.batch_size, converter,
-                             split=TRAIN_SPLIT, **data_args)
+                             split=TRAIN_SPLIT, overlap_first_epoch=device.type == "cuda", **data_args)
     # every validation row is scored: the last batch is padded to the full size, padding is masked out
     valid_data = RankBatches(_shard(loop_config, VALID_SPLIT, rank, world), cfg.data.batch_size,
                              functools.partial(converter, pad_to=cfg.data.batch_size), split=VALID_SPLIT,

@@ -47,6 +47,17 @@ def test_in_memory_reads_once_and_reorders_each_epoch_reproducibly():
     assert list(data.epoch(0)) == e0
 
 
+def test_without_overlap_the_shard_is_read_first_and_every_epoch_has_its_own_order():
+    shard = _Shard(20)
+    data = _batches(shard, overlap_first_epoch=False)
+    first = data.epoch(0)
+    assert not data.needs_step_check and len(data) == 20  # read whole before the first batch is handed out
+    e0, e1 = list(first), list(data.epoch(1))
+    assert sorted(e0) == sorted(e1) == [10 * i for i in range(20)] and e0 != e1 and shard.passes == 1
+    assert list(_batches(_Shard(20), overlap_first_epoch=False).epoch(0)) == e0  # seeded
+    assert e1 == list(_batches(_Shard(20)).epoch(1))  # later epochs: the same order either way
+
+
 def test_a_first_epoch_that_stops_early_still_keeps_every_batch():
     shard = _Shard(12)
     data = _batches(shard)
