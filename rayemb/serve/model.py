@@ -59,7 +59,7 @@ import pyarrow as pa
 
 from rayemb.data.schema import DatasetSchema
 from rayemb.errors import ConfigError, DataError
-# the columns of scoring, importable from here as before they had a module of their own
+# the columns of scoring, re-exported: code that loads a model finds them next to it
 from rayemb.serve.columns import (ITEM_EMBEDDING, PREDICTION_COLUMN, SCORE, USER_EMBEDDING, as_arrow, check_output,
                                   feature_columns, id_column, input_columns, missing_columns_error, sigmoid)
 
