@@ -246,7 +246,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
 
     ready_t = time.time()  # the model is sharded and restored: what follows is data, steps and validation
     for epoch in range(position.epoch, cfg.train.epochs):
-        it = train_data.epoch(epoch)  # in memory: the first call reads and converts the whole shard
+        it = train_data.epoch(epoch)  # in memory: the first call reads the whole shard (on a GPU: as it trains)
         agreed = _agreed_steps(train_data, steps_per_epoch, device)
         skip = position.skip_steps if epoch == position.epoch else 0
         for _ in range(skip):  # the steps of this epoch the checkpoint already holds
