@@ -115,7 +115,10 @@ def _profile_rank(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: A
                 if r.cc:
                     r.cc.reset()  # per-step comm figures from the timed steps only
             if torch_profile and rank == 0:
-                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if torch.cuda.is_available():
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                prof = torch.profiler.profile(activities=activities)
                 prof.__enter__()
         following = batches[i + 1] if i + 1 < len(batches) else None
         for r in (runs if i % 2 == 0 else runs[::-1]):
@@ -124,6 +127,27 @@ def _profile_rank(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: A
     if prof is not None:
         prof.__exit__(None, None, None)
         out[0]["top_ops"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+        out[0]["launches_per_step"] = launches_per_step(prof.events(), (len(batches) - warmup) * len(runs))
+    return out
+
+
+def launches_per_step(events: Sequence[Any], steps: int) -> Dict[str, float]:
+    """Operators one step runs, from the profiler's events: ``aten_ops`` (every ATen operator call on the host,
+    nested ones included: what a launch-bound step pays for), ``top_level_aten_ops`` (those not inside another)
+    and ``device_kernels`` (kernels on the accelerator; 0 on a CPU)."""
+    aten = [e for e in events if e.name.startswith("aten::")]
+    top = [e for e in aten if not any(p.name.startswith("aten::") for p in _parents(e))]
+    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA") and not e.name.startswith(
+        ("aten::", "cuda"))]
+    return {"aten_ops": len(aten) / steps, "top_level_aten_ops": len(top) / steps,
+            "device_kernels": len(kernels) / steps}
+
+
+def _parents(event: Any) -> List[Any]:
+    out, p = [], getattr(event, "cpu_parent", None)
+    while p is not None:
+        out.append(p)
+        p = getattr(p, "cpu_parent", None)
     return out
 
 
@@ -192,11 +216,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      "samples_per_s": global_batch / (ms["step"] / 1e3)})
         if res[0].get("top_ops"):
             print(res[0]["top_ops"])
+            nonlocal launches
+            launches = res[0]["launches_per_step"]
+            print("operators per step (rank 0): " + ", ".join(f"{k} {v:.1f}" for k, v in launches.items()))
         if on and args.ab == "counter":
             nonlocal comm
             comm = _comm_summary([r["comm"] for r in res])
 
     comm: Dict[str, Dict[str, float]] = {}
+    launches: Dict[str, float] = {}
     common = dict(cfg=cfg, schema=schema, job_plan=job_plan, steps=args.steps, warmup=args.warmup,
                   threads=args.threads)
     if args.interleave:  # both sides on each rank, taking turns step by step: host drift hits them alike
@@ -226,7 +254,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plan = ", ".join(f"{p} x{placements.count(p)}" for p in sorted(set(placements)))
     doc = {"schema_version": 1, "benchmark": "step_profile", "plan": plan, "overrides": args.overrides, "ab": args.ab,
            "interleaved": args.interleave,
-           "comm_per_step": comm,
+           "comm_per_step": comm, "launches_per_step": launches,
            "threads": args.threads, "world": args.world, "rows": rows,
            # the step-time model's figure for this plan (no plan probe runs here, so no probed_step_time_s)
            "predicted_step_time_s": job_plan.summary.get("predicted_step_time_s")}
