@@ -97,13 +97,13 @@ def write_result_json(result, path: str) -> None:
 
 def print_result(result) -> None:
     """The lines a user reads at the end of a job: outcome, best epoch, checkpoint, where the run is."""
-    from rayemb.train.metrics import primary_metric
+    from rayemb.train.metrics import primary_metric, secondary_metric
 
     m = result.metrics
     nan = float("nan")
     metric = primary_metric(m)
     best, best_epoch = m.get(f"best_{metric}", m.get(metric, nan)), int(m.get("best_epoch", m.get("epoch", 0)))
-    second = "valid_logloss" if metric == "valid_auc" else "valid_hit_rate_at_10"
+    second = secondary_metric(metric)
     print(
         f"rayemb: run {result.run_id} {result.status} in {result.wall_time_s:.0f}s; "
         f"best_{metric}={best:.4f} (epoch {best_epoch + 1}); last epoch {metric}={m.get(metric, nan):.4f} "

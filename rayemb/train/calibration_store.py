@@ -121,14 +121,13 @@ def store_calibration(out_dir: str, fields: Mapping[str, Any], cal: Any, now: Op
     return store_kept(out_dir, fields, cal.to_dict(), now)
 
 
-def job_key_fields(inputs: Any, topology: Any, resources: Any) -> Dict[str, Any]:
-    """The key fields of the job's measurements (its calibration; with ``"probe"`` added, its plan probe)."""
-    from rayemb.train.calibrate import job_shape
-
+def job_key_fields(inputs: Any, topology: Any, resources: Any, shape: Mapping[str, Any]) -> Dict[str, Any]:
+    """The key fields of the job's measurements (its calibration of ``shape``; with ``"probe"`` added, its plan
+    probe)."""
     cfg = inputs.cfg
     ranks = {"world": inputs.world_size, "cpus_per_worker": resources.cpus_per_worker, "gpu": cfg.scaling.use_gpu,
              "nodes": topology.num_nodes, "strategy": cfg.scaling.placement_strategy}
-    return key_fields(job_shape(cfg, inputs.schema, inputs.model), ranks, cluster_nodes())
+    return key_fields(shape, ranks, cluster_nodes())
 
 
 def kept_max_age_s(cfg: Any) -> float:
@@ -136,29 +135,30 @@ def kept_max_age_s(cfg: Any) -> float:
     return 0.0 if cfg.planner.recalibrate else 3600.0 * cfg.planner.calibration_max_age_h
 
 
-def calibrate(inputs: Any, topology: Any, resources: Any) -> Any:
+def calibrate(inputs: Any, topology: Any, resources: Any) -> Tuple[Any, Optional[Dict[str, Any]]]:
     """The step-time model's constants for the job (None: not asked for, nothing to choose, or failed): a stored
-    calibration of the same key when recent enough, else measured on the live cluster and stored."""
+    calibration of the same key when recent enough, else measured on the live cluster and stored; and that key's
+    fields (:func:`job_key_fields`, for the plan probe's kept result; None without a calibration)."""
     from rayemb.logs import redact_uri
     from rayemb.train.sharding import placement_choice
 
     cfg = inputs.cfg
     if cfg.planner.objective != "step_time" or not cfg.planner.calibrate:
-        return None
+        return None, None
     if (no_choice := placement_choice(cfg, inputs.schema.sparse_names, inputs.world_size)) is not None:
         print(f"rayemb: {no_choice}: no placement to choose, no calibration nor plan probe; the step time is "
               "predicted with the built-in constants", flush=True)
-        return None
+        return None, None
     from rayemb.train.calibrate import calibrate_cluster, job_shape
 
     shape = job_shape(cfg, inputs.schema, inputs.model)
-    fields = job_key_fields(inputs, topology, resources)
+    fields = job_key_fields(inputs, topology, resources, shape)
     kept = load_calibration(inputs.out_dir, fields, kept_max_age_s(cfg))
     if kept is not None:
         cal, age, path = kept
         print(f"rayemb: calibration of this shape and cluster from {redact_uri(path)}, measured "
               f"{age / 3600:.1f} h ago (planner.recalibrate=true measures anew): {cal.summary()}", flush=True)
-        return cal
+        return cal, fields
     print(f"rayemb: calibrating the step-time model on {inputs.world_size} ranks ...", flush=True)
     try:
         cal = calibrate_cluster(inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,
@@ -166,13 +166,14 @@ def calibrate(inputs: Any, topology: Any, resources: Any) -> Any:
     except Exception as e:  # noqa: BLE001 - planning goes on with the defaults, said loudly
         print(f"rayemb: WARNING: calibration failed ({type(e).__name__}: {e}); planning with the built-in "
               "constants (planner.calibrate=false skips it)", flush=True)
-        return None
+        return None, None
     print(f"rayemb: calibrated in {cal.seconds:.1f}s: {cal.summary()}", flush=True)
     try:
         store_calibration(inputs.out_dir, fields, cal)
     except Exception as e:  # noqa: BLE001 - the job goes on; the next one measures again
         print(f"rayemb: WARNING: could not keep the calibration for later jobs ({type(e).__name__}: {e})", flush=True)
-    return cal
+    return cal, fields
 
 
-__all__ = ["calibrate", "key_fields", "job_key_fields", "kept_max_age_s", "load_kept", "store_kept", "cache_key", "load_calibration", "store_calibration", "cluster_nodes", "CACHE_DIR"]
+__all__ = ["calibrate", "key_fields", "job_key_fields", "kept_max_age_s", "load_kept", "store_kept", "cache_key",
+           "load_calibration", "store_calibration", "cluster_nodes", "CACHE_DIR"]

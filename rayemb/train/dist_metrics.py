@@ -96,11 +96,6 @@ def distributed_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float(int(total) / (2.0 * p * n)) if p and n else float("nan")
 
 
-def _logloss_sum(labels: np.ndarray, logits: np.ndarray) -> float:
-    y, z = np.asarray(labels, np.float64).ravel(), np.asarray(logits, np.float64).ravel()
-    return float(np.sum(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
-
-
 def distributed_validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[Sequence[str]] = None,
                                    primary: Optional[str] = None) -> Dict[str, float]:
     """:func:`rayemb.train.metrics.validation_metrics` of every rank's rows together, no row gathered whole:
@@ -108,12 +103,14 @@ def distributed_validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks
     import torch
     import torch.distributed as dist
 
+    from rayemb.train.metrics import logloss_sum
+
     _, world = _world()
     tasks = list(tasks or [])
     columns = max(1, len(tasks))
     labels = np.asarray(labels, np.float64).reshape(-1, columns)
     logits = np.asarray(logits, np.float64).reshape(-1, columns)
-    sums = torch.tensor([float(labels.shape[0])] + [_logloss_sum(labels[:, i], logits[:, i]) for i in range(columns)],
+    sums = torch.tensor([float(labels.shape[0])] + [logloss_sum(labels[:, i], logits[:, i]) for i in range(columns)],
                         dtype=torch.float64)
     if world > 1:
         dist.all_reduce(sums)

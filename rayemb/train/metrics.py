@@ -28,13 +28,17 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
-def logloss(labels: np.ndarray, logits: np.ndarray) -> float:
-    """Mean binary cross-entropy of logits, computed stably (log-sum-exp form); NaN for no rows."""
+def logloss_sum(labels: np.ndarray, logits: np.ndarray) -> float:
+    """Summed binary cross-entropy of logits, computed stably (log-sum-exp form)."""
     y = np.asarray(labels, dtype=np.float64).ravel()
     z = np.asarray(logits, dtype=np.float64).ravel()
-    if not y.size:
-        return float("nan")
-    return float(np.mean(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
+    return float(np.sum(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
+
+
+def logloss(labels: np.ndarray, logits: np.ndarray) -> float:
+    """Mean binary cross-entropy of logits (:func:`logloss_sum` over the rows); NaN for no rows."""
+    rows = np.asarray(labels).size
+    return logloss_sum(labels, logits) / rows if rows else float("nan")
 
 
 def validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[Sequence[str]] = None,
@@ -66,6 +70,12 @@ def primary_metric(metrics: Any) -> str:
     from rayemb.train.retrieval import RETRIEVAL_METRIC
 
     return RETRIEVAL_METRIC if RETRIEVAL_METRIC in metrics or f"best_{RETRIEVAL_METRIC}" in metrics else "valid_auc"
+
+
+def secondary_metric(primary: str) -> str:
+    """The metric the job's lines show beside ``primary``: a ranking model's logloss, a retrieval model's hit
+    rate@10."""
+    return "valid_logloss" if primary == "valid_auc" else "valid_hit_rate_at_10"
 
 
 def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float],
@@ -103,7 +113,7 @@ def best_and_last_checkpoint(result: Any) -> Tuple[Optional[str], Optional[str]]
     """(retained epoch-end checkpoint with the best validation metric, newest checkpoint) of a Ray Train result."""
     last = result.checkpoint.path if result.checkpoint is not None else None
     kept = result.best_checkpoints or []
-    metric = primary_metric({k: 0 for _, m in kept for k in m})
+    metric = primary_metric({k for _, m in kept for k in m})
     scored = [(float(m[metric]), c.path) for c, m in kept if metric in m]
     best = max(scored)[1] if scored else last
     return best, last

@@ -97,7 +97,7 @@ class ProgressPrinter:
         self._print(" | ".join(parts))
 
     def _epoch_end(self, epoch: int, report: Dict[str, Any]) -> None:
-        from rayemb.train.metrics import primary_metric
+        from rayemb.train.metrics import primary_metric, secondary_metric
 
         metric = primary_metric(report)
         value = float(report.get(metric, float("nan")))
@@ -107,7 +107,7 @@ class ProgressPrinter:
             note = " (best so far)"
         elif f"best_{metric}" in report:
             note = f" (best {float(report[f'best_{metric}']):.4f} at epoch {int(report.get('best_epoch', 0)) + 1})"
-        second = "valid_logloss" if metric == "valid_auc" else "valid_hit_rate_at_10"
+        second = secondary_metric(metric)
         line = (f"epoch {epoch + 1}/{self.epochs} done: {metric} {value:.4f} "
                 f"{second} {float(report.get(second, float('nan'))):.4f}{note}")
         if report.get("early_stopped"):

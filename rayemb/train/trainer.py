@@ -46,7 +46,7 @@ from rayemb.train.metrics import best_and_last_checkpoint, step_time_check, step
 from rayemb.train.outputs import JobOutputs, check_output_dir, read_splits, tracking_uri as job_tracking_uri
 from rayemb.train.plan_probe import placement_counts as _placement_counts
 from rayemb.train.resources import WorkerResources, worker_resources
-from rayemb.train.calibration_store import calibrate, job_key_fields, kept_max_age_s
+from rayemb.train.calibration_store import calibrate, kept_max_age_s
 from rayemb.train.resume import check_resume_from, fault_injection
 from rayemb.train.job_types import MEASURED_PLAN_KEYS, JobInputs, PlannedJob, Tracking, TrainResult
 from rayemb.train.losses import check_tasks
@@ -162,7 +162,7 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
 
     cfg = inputs.cfg
     resources = worker_resources(cfg, inputs.schema, stats, inputs.train_rows, inputs.valid_rows)
-    calibration = calibrate(inputs, topology, resources)
+    calibration, key_fields = calibrate(inputs, topology, resources)
     rule = split_rule(topology, cfg.data.batch_size * topology.world_size, cfg.model.embedding_dim,
                       calibration=calibration)
     if rule.given_threshold is not None:  # across nodes: hot from the calibrated break-even (split_rule)
@@ -186,7 +186,7 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
     if calibration is not None and inputs.world_size > 1:  # measured at job start: the plan too
         from rayemb.train.plan_probe import choose_by_probe
 
-        kept = (inputs.out_dir, job_key_fields(inputs, topology, resources), kept_max_age_s(cfg))
+        kept = (inputs.out_dir, key_fields, kept_max_age_s(cfg))
         job_plan = choose_by_probe(cfg, inputs.schema, job_plan, stats, split, plan_for, inputs.world_size,
                                    resources.cpus_per_worker, inputs.model, kept=kept)
     summary = job_plan.summary

@@ -24,7 +24,9 @@ def test_the_next_job_of_the_same_shape_reuses_the_kept_calibration(ray_2_cpus, 
         cfg = load_config(os.path.join(REPO, "jobs", "configs", "synth_small.yaml"), [
             f"data.path={tiny_data}", f"tracking.output_dir={tmp_path / 'runs'}", "data.batch_size=64",
             "model.embedding_dim=8", "model.bottom_mlp=[16,8]", "model.top_mlp=[16,1]", *extra])
-        return calibrate(check_inputs(cfg), job_topology(cfg), SimpleNamespace(cpus_per_worker=0.5))
+        cal, fields = calibrate(check_inputs(cfg), job_topology(cfg), SimpleNamespace(cpus_per_worker=0.5))
+        assert fields["ranks"]["world"] == 2 and fields["shape"]["local_batch"] == 64  # the key the probe reuses
+        return cal
 
     first = stage()
     assert first.source == "measured" and first.seconds > 0
