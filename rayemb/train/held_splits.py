@@ -14,12 +14,18 @@ restarts); a rank instead maps the table from the object store (no copy on its n
 A rank's rows come back in batches through :meth:`HeldShard.iter_batches`, the part of Ray Data's
 ``DataIterator`` that :class:`~rayemb.train.data_loader.RankBatches` uses. An elastic group restarted on
 another world size slices the same table again.
+
+A split too large for the driver to hold whose rank shards still fit in the ranks' memory (``data.in_memory``)
+is a :class:`FileSplit`: the driver reads only the files' footers (rows per file), and each rank reads the row
+groups holding its own rows straight from storage, with the same bounds. Ray Data's read tasks, split
+coordinator and per-worker dataset manager are then not started at all; they pay off for streamed data, whose
+shard is read as it trains, not for a shard read once and kept.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Tuple
 
 
 @dataclass(frozen=True)
@@ -38,18 +44,69 @@ class HeldSplit:
 
     def bounds(self, rank: int, world: int, equal: bool) -> tuple:
         """The [start, stop) rows of ``rank`` of ``world``: equal counts, or every row (module docstring)."""
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is not one of {world} ranks")
-        if equal:
-            n = self.rows // world
-            return rank * n, (rank + 1) * n
-        return rank * self.rows // world, (rank + 1) * self.rows // world
+        return _bounds(self.rows, rank, world, equal)
 
     def shard(self, rank: int, world: int, equal: bool) -> "HeldShard":
         import ray
 
         start, stop = self.bounds(rank, world, equal)
         return HeldShard(ray.get(self.ref).slice(start, stop - start))
+
+
+@dataclass(frozen=True)
+class FileSplit:
+    """One split as parquet files and their row counts; each rank reads its own rows (module docstring).
+
+    ``fs``: the files' pyarrow filesystem (None: local paths), as Ray Data's read tasks would receive it.
+    """
+
+    paths: Tuple[str, ...]
+    file_rows: Tuple[int, ...]
+    fs: Any = None
+
+    @classmethod
+    def of(cls, paths: Any, fs: Any = None) -> "FileSplit":
+        import pyarrow.parquet as pq
+
+        return cls(tuple(paths), tuple(pq.read_metadata(p, filesystem=fs).num_rows for p in paths), fs)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.file_rows)
+
+    def bounds(self, rank: int, world: int, equal: bool) -> tuple:
+        return _bounds(self.rows, rank, world, equal)
+
+    def shard(self, rank: int, world: int, equal: bool) -> "HeldShard":
+        """The rank's rows: only the row groups that hold them are read."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        start, stop = self.bounds(rank, world, equal)
+        pieces, first = [], 0  # ``first``: the split's row number of the current row group's first row
+        for path, n in zip(self.paths, self.file_rows):
+            if first + n <= start or first >= stop:
+                first += n
+                continue
+            f = pq.ParquetFile(path, filesystem=self.fs)
+            for g in range(f.num_row_groups):
+                g_rows = f.metadata.row_group(g).num_rows
+                lo, hi = max(start, first), min(stop, first + g_rows)
+                if lo < hi:
+                    pieces.append(f.read_row_group(g).slice(lo - first, hi - lo))
+                first += g_rows
+        schema = pq.read_schema(self.paths[0], filesystem=self.fs)
+        return HeldShard(pa.concat_tables(pieces).combine_chunks() if pieces else schema.empty_table())
+
+
+def _bounds(rows: int, rank: int, world: int, equal: bool) -> tuple:
+    """The [start, stop) rows of ``rank`` of ``world`` in a split of ``rows``: equal counts, or every row."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is not one of {world} ranks")
+    if equal:
+        n = rows // world
+        return rank * n, (rank + 1) * n
+    return rank * rows // world, (rank + 1) * rows // world
 
 
 class HeldShard:
@@ -69,4 +126,4 @@ class HeldShard:
             yield self.table.slice(start, min(batch_size, n - start))
 
 
-__all__ = ["HeldSplit", "HeldShard"]
+__all__ = ["HeldSplit", "FileSplit", "HeldShard"]

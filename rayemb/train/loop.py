@@ -149,7 +149,8 @@ def steps_for_world(train_rows: int, world: int, cfg: JobConfig) -> int:
 
 
 def _shard(loop_config: Dict[str, Any], split: str, rank: int, world: int) -> Any:
-    """The rank's rows of ``split``: sliced from the object store when the driver held it, else Ray Data's shard."""
+    """The rank's rows of ``split``: held by the driver or read by the rank itself (an in-memory shard), else Ray
+    Data's shard."""
     import ray.train
 
     held = (loop_config.get("held_splits") or {}).get(split)

@@ -152,25 +152,31 @@ class JobOutputs:
             print(f"rayemb: WARNING: job files not uploaded to {redact_uri(self.remote_job_dir)}: {e}", flush=True)
 
 
-def read_splits(train_files: Any, valid_files: Any, rows: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
+def read_splits(train_files: Any, valid_files: Any, rows: Optional[Dict[str, int]] = None,
+                in_memory: bool = False) -> Dict[str, Any]:
     """Both splits of the parquet files, remote files through their pyarrow filesystem.
 
     ``rows``: split -> its row count; a split of at most :data:`~rayemb.constants.SMALL_SPLIT_MAX_ROWS` rows is
     read by this process into the object store (a :class:`~rayemb.train.held_splits.HeldSplit` that each rank
-    slices), a larger one (or one of unknown size) is a Ray Dataset read by Ray Data's read tasks.
+    slices). A larger one is, when the ranks keep their shards in memory (``in_memory``), a
+    :class:`~rayemb.train.held_splits.FileSplit` that each rank reads its rows of, else (or when its size is
+    unknown) a Ray Dataset read by Ray Data's read tasks as the ranks train.
     """
     import ray
 
-    from rayemb.train.held_splits import HeldSplit
+    from rayemb.train.held_splits import FileSplit, HeldSplit
 
     out = {}
     for name, files in (("train", train_files), ("valid", valid_files)):
         paths, fs = storage.for_ray_data(files)
-        if rows is not None and rows.get(name, SMALL_SPLIT_MAX_ROWS + 1) <= SMALL_SPLIT_MAX_ROWS:
+        size = None if rows is None else rows.get(name)
+        if size is not None and size <= SMALL_SPLIT_MAX_ROWS:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
             out[name] = HeldSplit.put(pa.concat_tables([pq.read_table(p, filesystem=fs) for p in paths]))
+        elif size is not None and in_memory:
+            out[name] = FileSplit.of(paths, fs)
         else:
             out[name] = ray.data.read_parquet(paths, filesystem=fs) if fs is not None else ray.data.read_parquet(paths)
     return out

@@ -8,6 +8,8 @@
 * ``warnings``: e.g. that once the workers are packed onto the live nodes no
   node keeps a CPU for Ray Data — the job would wait for its first batch
   (the worker then fails after ``data.first_batch_timeout_s`` with the cause).
+  Only streamed data needs Ray Data's read tasks: in-memory shards are read by
+  the ranks themselves (:mod:`rayemb.train.held_splits`).
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ def worker_resources(cfg: JobConfig, schema: Any, stats: Any, train_rows: int, v
     cpw = resolve_cpus_per_worker(cfg, sum(nodes) or 1.0)
     size = shard_bytes(cfg, schema, stats, train_rows, valid_rows)
     in_memory = cfg.data.in_memory if cfg.data.in_memory is not None else size <= IN_MEMORY_MAX_BYTES_PER_RANK
-    warnings = data_starvation_warning(nodes, cfg.scaling.num_workers, cpw, cfg.scaling.placement_strategy)
+    warnings = () if in_memory else \
+        data_starvation_warning(nodes, cfg.scaling.num_workers, cpw, cfg.scaling.placement_strategy)
     return WorkerResources(cpw, bool(in_memory), size, tuple(warnings))
 
 

@@ -379,7 +379,7 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
     from ray.train.torch import TorchTrainer
 
     from rayemb.train.backend import RayembTorchConfig
-    from rayemb.train.held_splits import HeldSplit
+    from rayemb.train.held_splits import FileSplit, HeldSplit
     from rayemb.tracking.callback import ReportForwarder
     from rayemb.train.loop import train_loop_per_worker
     from rayemb.train.validation import ValidationDataConfig
@@ -387,8 +387,9 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
     cfg, data_dir = inputs.cfg, inputs.data_dir
     ray.data.DataContext.get_current().enable_progress_bars = False
     splits = read_splits(parquet_files(data_dir, TRAIN_SPLIT), parquet_files(data_dir, VALID_SPLIT),
-                         rows={"train": inputs.train_rows, "valid": inputs.valid_rows})
-    held = {name: s for name, s in splits.items() if isinstance(s, HeldSplit)}  # small: in the object store
+                         rows={"train": inputs.train_rows, "valid": inputs.valid_rows}, in_memory=resources.in_memory)
+    # small ones in the object store, in-memory ones read by each rank: neither is a Ray Dataset
+    held = {name: s for name, s in splits.items() if isinstance(s, (HeldSplit, FileSplit))}
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={

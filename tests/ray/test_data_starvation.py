@@ -16,13 +16,14 @@ def test_starved_workers_fail_fast_with_the_cause(ray_2_cpus, tiny_data, tmp_pat
     from rayemb.train.trainer import run_training
 
     monkeypatch.setattr(outputs, "SMALL_SPLIT_MAX_ROWS", 0)  # Ray Data's read tasks, as for a large dataset
+    # ... streamed (an in-memory shard is read by its rank, with no Ray Data task to starve)
 
     # 2 workers x 1 CPU on a 2-CPU cluster: nothing left for Ray Data's read tasks. max_failures=2 would
     # restart the group twice on the same starvation; a user error must end the run at once instead.
     cfg = load_config("jobs/configs/synth_small.yaml", [
         f"data.path={tiny_data}", f"tracking.output_dir={tmp_path}", "data.batch_size=256", "train.epochs=1",
         "scaling.cpus_per_worker=1.0", "scaling.max_failures=2", "data.first_batch_timeout_s=5",
-        "planner.calibrate=false",
+        "planner.calibrate=false", "data.in_memory=false",
     ])
     t0 = time.monotonic()
     with pytest.raises(DataError) as e:

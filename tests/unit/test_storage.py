@@ -149,6 +149,28 @@ def test_ray_data_gets_the_filesystem_and_bucket_paths(s3):
     assert storage.for_ray_data(["/a/p.parquet"]) == (["/a/p.parquet"], None)
 
 
+def test_ranks_read_their_rows_of_an_in_memory_split_from_the_bucket(s3, request, tmp_path, monkeypatch):
+    import pickle
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rayemb.train import outputs
+    from rayemb.train.held_splits import FileSplit
+
+    uris = []
+    for i, n in enumerate((700, 333)):
+        local = tmp_path / f"p{i}.parquet"
+        pq.write_table(pa.table({"row": pa.array(range(i * 700, i * 700 + n), pa.int64())}), local, row_group_size=100)
+        uris.append(f"{_prefix(request)}/train/p{i}.parquet")
+        storage.upload_file(str(local), uris[-1])
+    monkeypatch.setattr(outputs, "SMALL_SPLIT_MAX_ROWS", 10)
+    split = outputs.read_splits(uris, uris[1:], rows={"train": 1_033, "valid": 333}, in_memory=True)["train"]
+    assert isinstance(split, FileSplit) and split.file_rows == (700, 333)
+    split = pickle.loads(pickle.dumps(split))  # as the ranks receive it
+    assert split.shard(1, 2, equal=True).table.column("row").to_pylist() == list(range(516, 1_032))
+
+
 def test_an_unreachable_store_is_a_storage_error_without_the_secret(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", FAKE_ACCESS_KEY_ID)
