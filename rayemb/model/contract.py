@@ -55,11 +55,14 @@ class Embeddings:
     device: Optional[torch.device] = None
 
 
-def model_inputs(batch: Any, device: Any) -> Tuple[Any, ...]:
+def model_inputs(batch: Any, device: Any, non_blocking: bool = False) -> Tuple[Any, ...]:
     """A batch's positional model inputs on ``device``: ``(dense, sparse)``, or with sequence features
-    ``(dense, sparse, sequence)`` (:class:`~rayemb.data.batching.Batch` or anything with those fields)."""
-    dense, sparse = batch.dense.to(device), batch.sparse.to(device)
-    return (dense, sparse) if batch.sequence is None else (dense, sparse, batch.sequence.to(device))
+    ``(dense, sparse, sequence)`` (:class:`~rayemb.data.batching.Batch` or anything with those fields).
+    ``non_blocking``: asynchronous copies from pinned memory (:mod:`rayemb.train.device_feed`)."""
+    dense, sparse = batch.dense.to(device, non_blocking=non_blocking), batch.sparse.to(device, non_blocking)
+    if batch.sequence is None:
+        return dense, sparse
+    return dense, sparse, batch.sequence.to(device, non_blocking)
 
 
 def _path_of(model: nn.Module, target: nn.Module) -> Optional[str]:

@@ -83,14 +83,15 @@ def _maybe_inject_fault(fault: Optional[Dict[str, Any]], step: int) -> None:
         raise RuntimeError(f"injected fault at step {step}")
 
 
-def _step_batch(batch, device, retrieval: bool = False) -> Any:
+def _step_batch(batch, device, retrieval: bool = False, non_blocking: bool = False) -> Any:
     """One step's tensors on the device: the model's inputs (rayemb.model.contract) and what the loss takes
     besides the model's output: the labels, or a retrieval model's item ids (rayemb.train.retrieval)."""
     from rayemb.model.contract import model_inputs
     from rayemb.train.step import StepBatch
 
-    inputs = model_inputs(batch, device)
-    return StepBatch(inputs, (batch.ids if retrieval else batch.labels).to(device), inputs[1])
+    inputs = model_inputs(batch, device, non_blocking)
+    target = batch.ids if retrieval else batch.labels
+    return StepBatch(inputs, target.to(device, non_blocking=non_blocking), inputs[1])
 
 
 def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device: Any,
@@ -172,6 +173,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     from rayemb.logs import quiet_third_party_logs
     from rayemb.model.tables import sequence_features, table_configs
     from rayemb.train.data_loader import RankBatches
+    from rayemb.train.device_feed import DeviceFeed, pinned
     from rayemb.train.losses import job_loss
     from rayemb.train.resume import CheckpointSchedule, restore, save_and_report
     from rayemb.train.step import LossWindow, StepTimer, TrainStep, check_finite_loss
@@ -213,7 +215,9 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     data_args = dict(in_memory=bool(loop_config.get("in_memory")), first_batch_timeout_s=cfg.data.first_batch_timeout_s,
                      rank=rank, cpus_per_worker=loop_config.get("cpus_per_worker"), seed=cfg.train.seed)
     # a GPU step leaves the CPU to the conversion of the next batches; a CPU step needs its cores itself
-    train_data = RankBatches(_shard(loop_config, TRAIN_SPLIT, rank, world), cfg.data.batch_size, converter,
+    # on a GPU, batches are pinned where they are converted: their copies are then asynchronous (DeviceFeed)
+    train_data = RankBatches(_shard(loop_config, TRAIN_SPLIT, rank, world), cfg.data.batch_size,
+                             pinned(converter) if device.type == "cuda" else converter,
                              split=TRAIN_SPLIT, overlap_first_epoch=device.type == "cuda", **data_args)
     # every validation row is scored: the last batch is padded to the full size, padding is masked out
     valid_data = RankBatches(_shard(loop_config, VALID_SPLIT, rank, world), cfg.data.batch_size,
@@ -262,13 +266,17 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
         remaining = max(0, (steps_per_epoch if agreed is None else agreed) - skip)
 
         def batches() -> Iterator[Any]:
-            """The remaining steps' batches on the device, until a rank runs dry."""
+            """The remaining steps' host batches, until a rank runs dry."""
             for _ in range(remaining):
                 batch = next(it, None)
                 if agreed is None and not _all_have(batch is not None, device):
                     logger.warning("rank %d: a rank ran out of data at step %d; ending the epoch early", rank, step + 1)
                     return
-                yield _step_batch(batch, device, item is not None)
+                yield batch
+
+        # each batch is copied to the device while the step before it runs (rayemb.train.device_feed)
+        on_device = DeviceFeed(batches(), functools.partial(_step_batch, device=device, retrieval=item is not None),
+                               device)
 
         def check_window() -> None:
             """Stops a diverged job before it is checkpointed (a collective: every rank's window is as long)."""
@@ -277,7 +285,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 dist.all_reduce(total)
                 check_finite_loss(float(total), window.first_step, step, epoch)
 
-        for loss in train_step.steps(batches()):  # no host sync per step: the loss is read at log points
+        for loss in train_step.steps(on_device):  # no host sync per step: the loss is read at log points
             step += 1
             epoch_steps += 1
             _maybe_inject_fault(fault, step)

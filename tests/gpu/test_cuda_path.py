@@ -389,3 +389,33 @@ def test_calibration_compute_probes_on_cuda(caplog) -> None:
     assert 1e-12 < flat["replicated_elem_s"] < 1e-8, out
     assert seconds < 10.0, seconds
     assert peak_gib < 2.0, peak_gib
+
+
+def test_device_feed_copies_on_its_stream_and_trains_as_plain_copies() -> None:
+    """Pinned host batches copied on the feed's stream (non_blocking) give the losses of plain synchronous copies,
+    with the copies really asynchronous (pinned sources) and on a stream other than the step's."""
+    from rayemb.train.device_feed import DeviceFeed, pinned
+    from rayemb.train.step import StepBatch, TrainStep
+
+    host = [StepBatch((torch.randn(4096, 64, generator=torch.Generator().manual_seed(i)),),
+                      torch.randint(0, 2, (4096,), generator=torch.Generator().manual_seed(i)).float())
+            for i in range(20)]
+
+    def move(batch, non_blocking):
+        return StepBatch(tuple(t.to(DEVICE, non_blocking=non_blocking) for t in batch.inputs),
+                         batch.labels.to(DEVICE, non_blocking=non_blocking))
+
+    def train(batches):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 1), torch.nn.Flatten(0)).to(DEVICE)
+        step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.BCEWithLogitsLoss())
+        return torch.stack(list(step.steps(batches))).cpu()
+
+    pin = pinned(lambda b: b)
+    staged = [pin(b) for b in host]
+    assert all(b.inputs[0].is_pinned() and b.labels.is_pinned() for b in staged)
+    feed = DeviceFeed(staged, move, DEVICE)
+    assert feed.stream is not None and feed.stream != torch.cuda.current_stream(DEVICE)
+    fed = train(feed)
+    plain = train(move(b, False) for b in host)
+    assert torch.equal(fed, plain), (fed - plain).abs().max()

@@ -32,7 +32,7 @@ def no_host_reads():
         raise AssertionError("a tensor was read back to the host")
 
     with contextlib.ExitStack() as stack:
-        for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        for name in ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__"):
             stack.enter_context(mock.patch.object(torch.Tensor, name, read))
         yield
 
