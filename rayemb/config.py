@@ -30,6 +30,8 @@ from rayemb.units import flatten
 ID_POLICIES = ("error", "hash", "clip")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_SPREAD")
 EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
+#: model.embedding_dtype -> bytes per stored table element (what the planner's memory estimates count)
+EMBEDDING_DTYPE_BYTES = {"fp32": 4, "fp16": 2}
 
 
 def _require(ok: bool, where: str, problem: str, fix: str) -> None:
@@ -94,6 +96,10 @@ class ModelConfig:
     #: mean (masked mean of the history) or attention (DIN-style, against the target feature's embedding);
     #: a factory of your own gets the sequence embeddings unless this is none
     sequence_tower: str = "none"
+    #: the pooled tables' stored weights: fp32, or fp16 (half the memory; sharded tables' FBGEMM optimizer
+    #: state and the replicated rows' optimizer state stay fp32; lookups return fp32). Sequence tables and
+    #: compressed tables are fp32 only (docs/api.md, "Half-precision tables")
+    embedding_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         from rayemb.model.factory import SHIPPED_MODELS
@@ -108,8 +114,18 @@ class ModelConfig:
         _require(self.embedding_dim >= 1, "model.embedding_dim", f"{self.embedding_dim} < 1", "Use a positive dim.")
         _require(self.sequence_tower in ("none", "mean", "attention"), "model.sequence_tower",
                  f"{self.sequence_tower!r} is unknown", "Use none, mean or attention.")
+        _require(self.embedding_dtype in EMBEDDING_DTYPE_BYTES, "model.embedding_dtype",
+                 f"{self.embedding_dtype!r} is unknown", f"Use one of {tuple(EMBEDDING_DTYPE_BYTES)}.")
+        _require(self.embedding_dtype == "fp32" or self.sequence_tower == "none", "model.embedding_dtype",
+                 f"{self.embedding_dtype} tables are pooled tables only, and model.sequence_tower is "
+                 f"{self.sequence_tower!r}", "Use model.embedding_dtype: fp32 with a sequence tower, or "
+                 "model.sequence_tower: none.")
         if self.factory is None and self.name == "dlrm":
             self._check_dlrm()
+
+    @property
+    def embedding_bytes_per_element(self) -> int:
+        return EMBEDDING_DTYPE_BYTES[self.embedding_dtype]
 
     def _check_dlrm(self) -> None:
         _require(len(self.bottom_mlp) >= 1 and all(s >= 1 for s in self.bottom_mlp), "model.bottom_mlp",
@@ -315,7 +331,11 @@ class JobConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
+        from rayemb.embedding.compression_math import refuse_low_precision
+
         _require(bool(self.name), "name", "it is empty", "Give the job a name.")
+        refuse_low_precision({t: self.model.embedding_dtype for t, pin in self.planner.tables.items()
+                              if pin.get("compression", "none") != "none"})
 
     def to_dict(self) -> Dict[str, Any]:
         return _to_plain(dataclasses.asdict(self))

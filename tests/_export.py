@@ -17,7 +17,8 @@ import numpy as np
 
 def train_save_score(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: Any, checkpoint: str,
                      steps: int, batch: int) -> Tuple[Any, Dict[str, Any]]:
-    """(model, {"lo": first validation row scored, "logits": this rank's logits}) after ``steps`` steps."""
+    """(model, {"lo": first validation row scored, "logits": this rank's logits, "losses": each step's training
+    loss on this rank}) after ``steps`` steps."""
     import pyarrow.parquet as pq
     import torch
 
@@ -37,12 +38,14 @@ def train_save_score(rank: int, world_size: int, cfg: Any, schema: Any, job_plan
 
     train = pq.read_table(parquet_files(cfg.data.path, "train"))
     loss_fn = torch.nn.BCEWithLogitsLoss()
+    losses = []
     for step in range(steps):
         b = convert(train.slice((step * world_size + rank) * batch, batch))
         loss = loss_fn(forward(b), b.labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        losses.append(float(loss))
     tables = {t.name: (t.num_embeddings, t.embedding_dim) for t in table_configs(schema, cfg.model.embedding_dim)}
     tables.update({f.name: (f.num_embeddings, f.embedding_dim) for f in sequence_features(cfg.model, schema)})
     save_logical(checkpoint, model, optimizer, remapper, tables, {"epoch": 0, "step": steps, "epoch_complete": True})
@@ -53,7 +56,7 @@ def train_save_score(rank: int, world_size: int, cfg: Any, schema: Any, job_plan
     with torch.no_grad():
         for start in range(rank * half, (rank + 1) * half, batch):
             logits.append(forward(convert(valid.slice(start, min(batch, (rank + 1) * half - start)))).numpy())
-    return model, {"lo": rank * half, "logits": np.concatenate(logits)}
+    return model, {"lo": rank * half, "logits": np.concatenate(logits), "losses": losses}
 
 
 def small_dataset(path: str, **changes: Any) -> str:

@@ -14,8 +14,9 @@ the same files (a schema naming only ``label``, then only ``like``). Verdicts: e
 the two-task model, and within 0.005 of the single-task model of that label, on every seed; the labels'
 correlation <= 0.5.
 
-``--suite precision``: the default synthetic job with ``train.precision: fp32`` and ``bf16`` (the dense layers
-under autocast). Verdict: bf16's AUC within 0.003 of fp32's on every seed.
+``--suite precision``: the default synthetic job with ``train.precision: fp32``, ``bf16`` (the dense layers
+under autocast) and ``fp32`` with ``model.embedding_dtype: fp16`` (fp16 tables). Verdicts: bf16's AUC and the
+fp16 tables' AUC each within 0.003 of fp32's on every seed.
 
 Runs go seed by seed, the sides' order rotating per seed, on one local Ray cluster; every result is
 written after each run (a later failure keeps the runs done). A verdict with a missing or failed run FAILs.
@@ -46,9 +47,10 @@ SUITES: Dict[str, Dict[str, Tuple[List[str], str]]] = {
                "dcn_v2": (["model.name=dcn_v2"], "data"),
                "deepfm": (["model.factory=examples.deepfm:deepfm"], "data")},
     "multitask": {"two_tasks": ([], "data"), "label_only": ([], "label"), "like_only": ([], "like")},
-    "precision": {"fp32": (["train.precision=fp32"], "data"), "bf16": (["train.precision=bf16"], "data")},
+    "precision": {"fp32": (["train.precision=fp32"], "data"), "bf16": (["train.precision=bf16"], "data"),
+                  "fp16_tables": (["train.precision=fp32", "model.embedding_dtype=fp16"], "data")},
 }
-#: bf16's AUC within this of fp32's
+#: bf16's AUC, and the fp16 tables', within this of fp32's
 PRECISION_MARGIN = 0.003
 MARGIN = 0.005
 MIN_MULTITASK_AUC = 0.85
@@ -98,11 +100,12 @@ def verdicts(suite: str, results: Sequence[Dict[str, Any]], seeds: Sequence[int]
                                  "verdict": "PASS" if ok else "FAIL"}
         return out
     if suite == "precision":
-        diffs = [None if auc(s, "bf16", "label") is None or auc(s, "fp32", "label") is None
-                 else auc(s, "bf16", "label") - auc(s, "fp32", "label") for s in seeds]
-        out["bf16_vs_fp32"] = {"diff_per_seed": diffs, "rule": f"|bf16 - fp32| <= {PRECISION_MARGIN}",
-                               "verdict": "PASS" if all(d is not None and abs(d) <= PRECISION_MARGIN for d in diffs)
-                               else "FAIL"}
+        for side in ("bf16", "fp16_tables"):
+            diffs = [None if auc(s, side, "label") is None or auc(s, "fp32", "label") is None
+                     else auc(s, side, "label") - auc(s, "fp32", "label") for s in seeds]
+            out[f"{side}_vs_fp32"] = {"diff_per_seed": diffs, "rule": f"|{side} - fp32| <= {PRECISION_MARGIN}",
+                                      "verdict": "PASS" if all(d is not None and abs(d) <= PRECISION_MARGIN
+                                                               for d in diffs) else "FAIL"}
         return out
     for task, single in (("label", "label_only"), ("like", "like_only")):
         multi = [auc(s, "two_tasks", task) for s in seeds]

@@ -111,6 +111,19 @@ def stored_tables(tables: Mapping[str, Tuple[int, int]], model_state: Mapping[st
     return out
 
 
+#: a table's stored dtype as meta.json names it
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def table_dtypes(model_state: Mapping[str, Any]) -> Dict[str, torch.dtype]:
+    """Table (a compressed one's parts by their own names) -> the dtype of its weight in the live model.
+
+    Every rank's state dict has every table (a ShardedTensor without local shards has its dtype too), so the
+    ranks agree; a hybrid table's halves share their logical table's dtype.
+    """
+    return {parsed[1]: value.dtype for key, value in model_state.items() if (parsed := embedding_key(key))}
+
+
 def _row_map(part: str, table: str, remapper: Any) -> Optional[np.ndarray]:
     """Logical id of each row of the half (None: the identity, a plain table)."""
     if part == "hot":
@@ -199,5 +212,5 @@ def set_step_counters(optimizer_state: Mapping[str, Mapping[str, Any]], step: in
                 value.fill_(float(step))
 
 
-__all__ = ["MOMENTUM", "Slot", "WEIGHT", "dense_entries", "embedding_key", "model_slots", "set_step_counters",
-           "stored_tables"]
+__all__ = ["DTYPE_NAMES", "MOMENTUM", "Slot", "WEIGHT", "dense_entries", "embedding_key", "model_slots",
+           "set_step_counters", "stored_tables", "table_dtypes"]

@@ -3,19 +3,22 @@
 A checkpoint directory holds
 
 * DCP files (``.metadata`` + ``__<rank>_0.distcp``): ``tables.<t>.weight``
-  ``[V, D]``, ``tables.<t>.momentum1`` (``[V]`` row-wise / ``[V, D]``) as
+  ``[V, D]`` in the table's stored dtype (fp16 for ``model.embedding_dtype:
+  fp16``), ``tables.<t>.momentum1`` (fp32, ``[V]`` row-wise / ``[V, D]``) as
   row-sharded tensors in the canonical layout of the writing world
   (:mod:`rayemb.checkpoint.exchange`), ``dense.<param>`` and
   ``dense_optim.<param>.<state>`` (replicated; DCP keeps one copy);
 * ``meta.json``, written last by rank 0: format, world size, plan fingerprint
-  and placements, tables (rows, dim), epoch / step / position in the epoch,
-  every rank's RNG state, and the size and SHA-256 of every file. A
+  and placements, tables (rows, dim, stored ``dtype``: fp32 / fp16), epoch /
+  step / position in the epoch, every rank's RNG state, and the size and SHA-256 of every file. A
   directory without a ``meta.json`` whose files match it is not a checkpoint
   (a crash mid-write leaves nothing that looks complete).
 
 Loading (:func:`load_logical`) reads the canonical rows of the *loading*
 world (DCP reshards: any world size) and scatters them into the live model's
-slots (:mod:`rayemb.checkpoint.layout`: any plan, hybrid or not). DCP's
+slots (:mod:`rayemb.checkpoint.layout`: any plan, hybrid or not), each row
+cast to the live table's dtype (fp32 rows into fp16 tables round to nearest,
+fp16 rows into fp32 tables widen exactly). DCP's
 ``.metadata`` is a pickle: it is read by :mod:`rayemb.checkpoint.safe_reader`,
 which resolves only the classes DCP metadata holds; tensors are read with
 ``torch.load(weights_only=True)``, ``meta.json`` is JSON.
@@ -45,7 +48,8 @@ import torch.distributed as dist
 
 from rayemb import storage
 from rayemb.checkpoint.exchange import gather_canonical, row_range, scatter_canonical
-from rayemb.checkpoint.layout import MOMENTUM, WEIGHT, dense_entries, model_slots, set_step_counters, stored_tables
+from rayemb.checkpoint.layout import (DTYPE_NAMES, MOMENTUM, WEIGHT, dense_entries, model_slots, set_step_counters,
+                                      stored_tables, table_dtypes)
 from rayemb.checkpoint.safe_reader import DCP_METADATA, SafeFileSystemReader
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
@@ -123,11 +127,14 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     model_state = model.state_dict()
     optim_state = optimizer.state_dict()["state"]
     tables = stored_tables(tables, model_state)
+    dtypes = table_dtypes(model_state)
     slots = model_slots(model_state, optim_state, remapper)
     state: Dict[str, Any] = {}
     states = [WEIGHT] + ([MOMENTUM] if _has_state(slots, MOMENTUM) else [])
     for name in states:
         for table, chunk in gather_canonical(slots, tables, name).items():
+            if name == WEIGHT:  # gathered in fp32, which holds fp16 rows exactly: stored as the table is
+                chunk = chunk.to(dtypes[table])
             state[table_key(table, name)] = _row_sharded(chunk, tables[table][0], rank, world)
     for key, value in dense_entries(model_state, optim_state).items():
         state[key] = value.detach().cpu()
@@ -142,7 +149,8 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
         return {}
     doc = {
         **dict(meta), "format": FORMAT, "world_size": world,
-        "tables": {t: {"num_embeddings": int(v), "dim": int(d)} for t, (v, d) in sorted(tables.items())},
+        "tables": {t: {"num_embeddings": int(v), "dim": int(d), "dtype": DTYPE_NAMES[dtypes[t]]}
+                   for t, (v, d) in sorted(tables.items())},
         "states": states, "rng": [g["rng"] for g in gathered],
         **({"compression": compression} if compression else {}),
         "files": {n: info for g in gathered for n, info in g["files"].items()},
@@ -284,7 +292,8 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
 
     meta = dict(meta) if meta is not None else verify(directory, hashes=False)
     reader = SafeFileSystemReader(directory)
-    shapes = _shapes(reader.metadata())  # a refused .metadata fails here, not wrapped by DCP
+    metadata = reader.metadata()  # a refused .metadata fails here, not wrapped by DCP
+    saved, shapes = metadata.state_dict_metadata, _shapes(metadata)
     rank, world = dist.get_rank(), dist.get_world_size()
     saved_tables = meta["tables"]
     model_state = model.state_dict()
@@ -296,6 +305,11 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
                 f"Checkpoint {directory!r} has table {name!r} as {got} ; this job has {rows} rows x {dim} dims. "
                 "Resume with the same schema, model.embedding_dim and table compression, or start fresh.",
                 category="bad_checkpoint")
+    live_dtypes = table_dtypes(model_state)
+    cast = sorted(t for t in tables if saved_tables[t].get("dtype", "fp32") != DTYPE_NAMES[live_dtypes[t]])
+    if cast:
+        logger.info("checkpoint %s: tables %s stored as %s load into %s tables (rows cast)", directory, cast[:5],
+                    saved_tables[cast[0]].get("dtype", "fp32"), DTYPE_NAMES[live_dtypes[cast[0]]])
     optim_state = optimizer.state_dict()
     slots = model_slots(model_state, optim_state["state"], remapper)
     states = [s for s in meta.get("states", [WEIGHT]) if s in (WEIGHT, MOMENTUM)]
@@ -308,7 +322,9 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
         for table, (rows, dim) in tables.items():
             lo, hi = row_range(rows, rank, world)
             tail = [] if name == MOMENTUM and _saved_rowwise(shapes, table, rowwise.get(table)) else [dim]
-            request[table_key(table, name)] = _row_sharded(torch.zeros([hi - lo] + tail), rows, rank, world)
+            key = table_key(table, name)  # read in the stored dtype; the slots cast (exchange.scatter_canonical)
+            request[key] = _row_sharded(torch.zeros([hi - lo] + tail, dtype=saved[key].properties.dtype), rows,
+                                        rank, world)
     dense = {k: v.detach().cpu().clone() for k, v in dense_entries(model_state, optim_state["state"]).items()}
     request.update(dense)
     dcp.load(request, storage_reader=reader)

@@ -52,5 +52,6 @@ def checkpoint_main(args: argparse.Namespace) -> int:
     keys = ("format", "world_size", "epoch", "step", "epoch_complete", "epoch_samples", "plan_fingerprint",
             "best_valid_auc", "best_valid_hit_rate_at_50", "states")
     print(json.dumps({**{k: meta.get(k) for k in keys}, "tables": len(meta["tables"]),
+                      "table_dtypes": sorted({t.get("dtype", "fp32") for t in meta["tables"].values()}),
                       "bytes": sum(f["bytes"] for f in meta["files"].values())}, indent=1))
     return 0

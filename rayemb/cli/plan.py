@@ -69,7 +69,8 @@ def plan_main(args: argparse.Namespace) -> int:
     if args.pins:
         with open(args.pins) as f:
             pins = yaml.safe_load(f) or {}
-    tables = tables_from_schema(schema, cfg.model.embedding_dim, topo, global_batch, stats)
+    tables = tables_from_schema(schema, cfg.model.embedding_dim, topo, global_batch, stats,
+                                bytes_per_element=cfg.model.embedding_bytes_per_element)
     result = plan(tables, topo, global_batch, pins=pins, engine=args.engine)
     save_plan_json(result, args.out)
     png = plot_plan(result, os.path.splitext(args.out)[0] + ".png")

@@ -175,6 +175,18 @@ def spec_storage(spec: CompressionSpec, rows: int) -> Dict[str, Any]:
         return {"compression": "block", "block_dim": int(spec.block_dim)}
     return {"compression": "none"}
 
+
+def refuse_low_precision(compressed: Mapping[str, str]) -> None:
+    """:class:`ConfigError` naming ``model.embedding_dtype`` when a compressed table (name -> its dtype, ``fp32``,
+    ``fp16``) is not fp32: its projection, replicated QR rows and the combining of its parts are fp32."""
+    half = sorted(n for n, d in compressed.items() if d.lower() != "fp32")
+    if half:
+        raise ConfigError(f"Invalid config value model.embedding_dtype: {compressed[half[0]].lower()} tables cannot be "
+                          f"compressed, and tables {half} are. Use model.embedding_dtype: fp32 with compressed tables, "
+                          "or drop their compression pins (planner.tables.<T>); the planner compresses a table on "
+                          "its own only when the plan does not fit plainly.", category="invalid_option")
+
+
 def compressed_bytes(rows: int, dim: int, spec: CompressionSpec, elem_bytes: int = DEFAULT_ELEMENT_BYTES) -> int:
     """Bytes of the embedding tables storing a V × D table under ``spec`` (projection excluded)."""
     return sum(t.rows * t.dim for t in physical_tables(rows, dim, spec)) * int(elem_bytes)
@@ -196,6 +208,6 @@ def compression_ratio(rows: int, dim: int, spec: CompressionSpec) -> float:
 __all__ = [
     "BLOCK_SUFFIX", "COMPRESSION_KINDS", "CompressionSpec", "DEFAULT_ELEMENT_BYTES", "PhysicalTable",
     "QR_COMBINES", "QR_QUOTIENT_SUFFIX", "QR_REMAINDER_SUFFIX", "compressed_bytes", "compression_ratio",
-    "physical_tables", "projection_bytes", "projection_shape", "qr_buckets", "qr_dims", "qr_rows", "spec_storage",
-    "storage_spec",
+    "physical_tables", "projection_bytes", "projection_shape", "qr_buckets", "qr_dims", "qr_rows",
+    "refuse_low_precision", "spec_storage", "storage_spec",
 ]

@@ -54,7 +54,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from rayemb.embedding.compressed import CompressedEmbeddingBagCollection
-from rayemb.embedding.compression_math import CompressionSpec, storage_spec
+from rayemb.embedding.compression_math import CompressionSpec, refuse_low_precision, storage_spec
 from rayemb.embedding.prefetch import InputDistPrefetch
 from rayemb.embedding.remap import COLD_SUFFIX, HOT_SUFFIX, HybridRemapper
 from rayemb.errors import ConfigError, DataError
@@ -148,6 +148,7 @@ class HybridEmbeddingBagCollection(nn.Module):
             raise ConfigError(
                 f"Tables {both} are both hybrid and compressed; a compressed table has no hot/cold split. Drop "
                 "the hybrid pin or the compression pin (planner.tables.<T>).", category="invalid_option")
+        refuse_low_precision({t.name: t.data_type.value for t in tables if t.name in self._compression})
         plain_cfgs = [t for t in tables if t.name not in hybrid]
         hot_cfgs: List[EmbeddingBagConfig] = []
         cold_cfgs: Dict[int, List[EmbeddingConfig]] = {}

@@ -1,7 +1,8 @@
 """The job's tables as TorchRec configs: one pooled table per sparse feature, one per sequence feature.
 
 Tables share their feature's name, so statistics, splits, plans and checkpoints
-key them alike; every table has the model's ``embedding_dim``.
+key them alike; every table has the model's ``embedding_dim``, and the pooled
+ones its ``embedding_dtype``.
 """
 
 from __future__ import annotations
@@ -10,16 +11,21 @@ from typing import List, Optional
 
 import torch
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 
 from rayemb.embedding.sequence import SequenceFeature, sequence_collection
 from rayemb.errors import ConfigError
 
 
-def table_configs(schema, embedding_dim: int) -> List[EmbeddingBagConfig]:
+#: model.embedding_dtype -> the TorchRec data type its tables are built with (FBGEMM's weights_precision)
+DATA_TYPES = {"fp32": DataType.FP32, "fp16": DataType.FP16}
+
+
+def table_configs(schema, embedding_dim: int, dtype: str = "fp32") -> List[EmbeddingBagConfig]:
     """One ``EmbeddingBagConfig`` per sparse feature of a :class:`DatasetSchema`, named after its feature.
 
-    Tables share the feature's name so stats, splits and plans key them alike.
+    Tables share the feature's name so stats, splits and plans key them alike. ``dtype``
+    (``model.embedding_dtype``) is the weights' storage: every half of a hybrid table inherits it.
     """
     return [
         EmbeddingBagConfig(
@@ -27,6 +33,7 @@ def table_configs(schema, embedding_dim: int) -> List[EmbeddingBagConfig]:
             embedding_dim=embedding_dim,
             num_embeddings=f.num_embeddings,
             feature_names=[f.name],
+            data_type=DATA_TYPES[dtype],
         )
         for f in schema.sparse
     ]

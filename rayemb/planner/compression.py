@@ -171,6 +171,8 @@ class StorageOption:
 def auto_options(table: TableSpec, topology: ClusterTopology) -> List[StorageOption]:
     """What the planner tries for a table that fits no plain placement, in order: cache, block, QR."""
     out = [StorageOption(kernel="cached", cache_load_factor=f) for f in AUTO_LOAD_FACTORS] if has_host_tier(topology) else []
+    if table.bytes_per_element != 4:  # compressed tables are fp32 only (compression_math.refuse_low_precision)
+        return out
     out += [StorageOption(compression="block", block_dim=table.dim // k) for k in AUTO_BLOCK_DIVISORS if table.dim // k >= 1]
     return out + [StorageOption(compression="qr")]
 

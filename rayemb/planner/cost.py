@@ -1,6 +1,6 @@
 """Estimator and chooser: each placement's bytes per step and memory per rank, and the per-table choice.
 
-Notation: global batch B, dim D, element bytes s, world size W,
+Notation: global batch B, dim D, stored element bytes s (4 fp32, 2 fp16 tables), world size W,
 devices per node L, pooling factor P, hot rows |F|, hot share h, rows V.
 Traffic per placement is :func:`rayemb.planner.traffic.predict_table_bytes`
 (one formula for every placement, checked against measured collective bytes
@@ -93,7 +93,7 @@ def table_bytes(
         return 0.0
     by_collective = predict_table_bytes(
         placement, batch_size=global_batch, dim=table.dim, world_size=world_size, pooling=table.pooling_factor,
-        num_rows=table.rows, hot_share=table.hot_share, num_hot=table.hot_rows, elem_bytes=table.bytes_per_element,
+        num_rows=table.rows, hot_share=table.hot_share, num_hot=table.hot_rows, grad_elem_bytes=table.bytes_per_element,
         column_shards=column_shards(table.dim, world_size), devices_per_node=devices_per_node,
     )
     return float(sum(by_collective.values()))

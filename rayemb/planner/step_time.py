@@ -208,7 +208,7 @@ def _group_of(placement: Placement) -> List[str]:
 def _bytes(t: TableSpec, p: Placement, global_batch: int, w: int, l: int) -> Dict[str, float]:
     return predict_table_bytes(
         p, batch_size=global_batch, dim=t.dim, world_size=w, pooling=t.pooling_factor, num_rows=t.rows,
-        hot_share=t.hot_share, num_hot=t.hot_rows, elem_bytes=t.bytes_per_element,
+        hot_share=t.hot_share, num_hot=t.hot_rows, grad_elem_bytes=t.bytes_per_element,
         column_shards=column_shards(t.dim, w), devices_per_node=l,
     )
 

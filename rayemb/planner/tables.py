@@ -27,7 +27,8 @@ def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: int,
     equal bandwidths (4 on 2 nodes), while by the bytes rayemb's hybrid really moves a hot row costs about
     what one cold occurrence does; and gloo's all-to-all moves half the all-reduce's bytes/s on a shaped
     link, which halves the break-even again (docs/planner.md). On one node HugeCTR's duplication rule stays:
-    there the exchange is nearly free and the model's compute terms decide.
+    there the exchange is nearly free and the model's compute terms decide. ``bytes_per_element``: the tables'
+    stored element size (``model.embedding_dtype``), which sizes the hot rows against the replicated-row budget.
     """
     bw = topology.inter_node_bw if topology.num_nodes > 1 else topology.intra_node_bw
     calibrated = (calibration is not None and getattr(calibration, "source", None) == "measured"
@@ -38,8 +39,8 @@ def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: int,
         memory_budget_bytes=int(DEFAULT_REPLICATED_FRACTION * topology.capacity_bytes),
         embedding_dim=embedding_dim, bytes_per_element=bytes_per_element,
         optimizer_bytes_per_row=embedding_dim * OPTIMIZER_STATE_BYTES,
-        threshold=hot_threshold(calibration, topology.world_size, embedding_dim, bytes_per_element)
-        if calibrated else None,
+        # the break-even prices bytes on the wire, fp32 lookup outputs whatever the tables' dtype
+        threshold=hot_threshold(calibration, topology.world_size, embedding_dim) if calibrated else None,
     )
 
 

@@ -23,7 +23,7 @@ from torchrec.distributed import sharding_plan as sp
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import HardwareConfig, KernelConfig, PlannerError, TopologyFactory, TrainerConfig
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 
 from rayemb.embedding.compression_math import (BLOCK_SUFFIX, QR_QUOTIENT_SUFFIX, QR_REMAINDER_SUFFIX,
                                                 CompressionSpec, physical_tables)
@@ -87,6 +87,17 @@ def compression_of(choices: Mapping[str, Cost]) -> Dict[str, CompressionSpec]:
     return out
 
 
+#: TableSpec.bytes_per_element -> the TorchRec data type of a table stored that wide
+_DATA_TYPES = {4: DataType.FP32, 2: DataType.FP16}
+
+
+def _data_type(t: TableSpec) -> DataType:
+    if t.bytes_per_element not in _DATA_TYPES:
+        raise PlanError(f"Table {t.name!r} has bytes_per_element={t.bytes_per_element}; the torchrec engine plans "
+                        "fp32 (4) or fp16 (2) tables.", INVALID_PIN)
+    return _DATA_TYPES[t.bytes_per_element]
+
+
 def _planning_module(tables: Sequence[TableSpec], choices: Mapping[str, Cost],
                      compressed: Mapping[str, CompressionSpec]) -> HybridEmbeddingBagCollection:
     """A meta-device module with the shape the job's will have.
@@ -95,8 +106,10 @@ def _planning_module(tables: Sequence[TableSpec], choices: Mapping[str, Cost],
     (``T__q``/``T__r`` or ``T__block``; data-parallel QR-mult rows are dense,
     outside TorchRec's plan), as :func:`rayemb.embedding.hybrid.hybrid_from_placements` builds them.
     """
+    # the tables' stored dtype: TorchRec's storage estimates read the planned parameters' element size
     configs = [
-        EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name])
+        EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name],
+                           data_type=_data_type(t))
         for t in tables
     ]
     hot_ids = {

@@ -26,7 +26,10 @@ hybrid             all-reduce 2·(W-1)·|F|·D·s, cold ids q·(1-h)·B·P·id +
 Lengths are int32 (``len`` = 4 bytes), as :mod:`rayemb.data.batching` and the
 hybrid remapper make them; ids are int64. Metadata all-to-alls (per-rank split sizes, W·(W-1)·features·8 bytes) are
 included except for table_row_wise; weighted features add 4 bytes per
-exchanged id. DP/TW/RW/CW and hybrid are checked against measured collective
+exchanged id. The all-reduced replicated rows' gradients have the weights'
+element size (``grad_elem_bytes``: 2 for fp16 tables); exchanged rows are
+TorchRec's lookup outputs, fp32 whatever the tables' dtype (:data:`OUTPUT_ELEM_BYTES`).
+DP/TW/RW/CW and hybrid are checked against measured collective
 bytes by ``jobs/bench/hybrid_comm.py`` (docs/benchmarks.md); table_row_wise is an
 estimate with no measured counterpart yet. The hybrid rule follows HugeCTR's
 hybrid embedding cost model (frequent rows all-reduced, infrequent rows
@@ -40,10 +43,14 @@ Example::
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Sequence, Union
+from typing import Dict, Mapping, Optional, Sequence, Union
 
 from rayemb.errors import ConfigError
 from rayemb.planner.types import HYBRID_COLD_PLACEMENTS, Placement
+
+#: bytes per element of the rows the all-to-alls and reduce-scatters move: FBGEMM's lookups output fp32 for
+#: fp16 tables too (TorchRec's ``output_dtype`` fused param defaults to FP32)
+OUTPUT_ELEM_BYTES = 4
 
 
 def _placement(value: Union[str, Placement], what: str, allowed: Sequence[Placement]) -> Placement:
@@ -67,7 +74,8 @@ def predict_table_bytes(
     hot_share: float = 0.0,
     num_hot: int = 0,
     num_features: int = 1,
-    elem_bytes: int = 4,
+    elem_bytes: int = OUTPUT_ELEM_BYTES,
+    grad_elem_bytes: Optional[int] = None,
     id_bytes: int = 8,
     length_bytes: int = 4,
     weighted: bool = False,
@@ -78,19 +86,21 @@ def predict_table_bytes(
     """Predicted bytes per training step (forward + backward) of one table, by collective (module docstring).
 
     ``column_shards`` is k for column-wise placements (and column-wise hybrid
-    cold halves); ``devices_per_node`` is L for table_row_wise;
+    cold halves); ``devices_per_node`` is L for table_row_wise; ``grad_elem_bytes``
+    the element size of the all-reduced replicated rows (None: ``elem_bytes``);
     ``cold_sharding`` is the sharding of a hybrid table's cold half. Raises
     :class:`ConfigError` for an unknown placement.
     """
     p = _placement(placement, "placement", tuple(Placement))
     w, b, d, s = world_size, float(batch_size), dim, elem_bytes
+    g = s if grad_elem_bytes is None else grad_elem_bytes
     q = (w - 1) / w
     idb = id_bytes + (4 if weighted else 0)
     meta = w * (w - 1) * num_features * 8.0
     n_ids = b * pooling * num_features
     bags = b * num_features
     if p == Placement.DATA_PARALLEL:
-        return {"all_reduce": 2.0 * (w - 1) * num_rows * d * s}
+        return {"all_reduce": 2.0 * (w - 1) * num_rows * d * g}
     if p == Placement.TABLE_WISE:
         return {"all_to_all": q * n_ids * idb + q * bags * length_bytes + meta + 2.0 * q * bags * d * s}
     if p in (Placement.COLUMN_WISE, Placement.TABLE_COLUMN_WISE):
@@ -109,7 +119,7 @@ def predict_table_bytes(
                 "reduce_scatter": intra, "all_gather": intra}
     cold = _placement(cold_sharding, "cold sharding of a hybrid table", HYBRID_COLD_PLACEMENTS)
     cold_ids = (1.0 - hot_share) * n_ids
-    out = {"all_reduce": 2.0 * (w - 1) * num_hot * d * s} if num_hot else {}
+    out = {"all_reduce": 2.0 * (w - 1) * num_hot * d * g} if num_hot else {}
     if num_hot >= num_rows:
         return out
     if cold == Placement.ROW_WISE:
@@ -133,4 +143,4 @@ def predict_bytes_per_step(tables: Sequence[Mapping[str, object]]) -> Dict[str, 
     return total
 
 
-__all__ = ["predict_table_bytes", "predict_bytes_per_step"]
+__all__ = ["OUTPUT_ELEM_BYTES", "predict_table_bytes", "predict_bytes_per_step"]

@@ -67,7 +67,7 @@ def pooled_module(schema: Any, model_cfg: Mapping[str, Any], device: Any) -> Any
 
     from rayemb.model.tables import table_configs
 
-    tables = table_configs(schema, int(model_cfg["embedding_dim"]))
+    tables = table_configs(schema, int(model_cfg["embedding_dim"]))  # fp32: fp16-trained rows widen exactly
     if model_cfg.get("compression"):
         from rayemb.embedding.compressed import CompressedEmbeddingBagCollection
         from rayemb.embedding.compression_math import storage_spec

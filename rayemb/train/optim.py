@@ -8,6 +8,10 @@ cost per table that grows with the replicated tables and that no calibration pro
 embedding width (small tables; large ones in place), then ``torch._foreach_*`` ops. Same state (``sum``
 ``[rows, 1]``, ``step``), same ``state_dict``, the same values bit for bit (``tests/unit/test_optim.py``).
 
+fp16 rows (``model.embedding_dtype: fp16``) keep fp32 optimizer state and take their step in fp32, rounded to
+the nearest fp16 on write, as FBGEMM's CPU kernels update fp16 tables: in fp16, Adagrad's ``eps`` (1e-10)
+rounds to 0 and a row without gradient becomes 0/0 = NaN, and small gradients' squares underflow.
+
 Example::
 
     >>> import torch
@@ -32,12 +36,25 @@ from torchrec.optim import RowWiseAdagrad
 BATCHED_MAX_ROWS = 4096
 
 
+def fp32_state(optimizer: torch.optim.Optimizer) -> None:
+    """Casts the floating state of the optimizer's low-precision parameters to fp32 (module docstring)."""
+    for p, state in optimizer.state.items():
+        if p.dtype != torch.float32:
+            for k, v in state.items():
+                if k != "step" and torch.is_tensor(v) and v.is_floating_point():
+                    state[k] = v.float()
+
+
 class MultiTensorRowWiseAdagrad(RowWiseAdagrad):
     """``torchrec.optim.RowWiseAdagrad`` with its step taken for every parameter at once (module docstring).
 
     Falls back to TorchRec's per-parameter step where the group asks for what the fast path does not do
     (weight decay, lr decay, maximize, complex or sparse gradients).
     """
+
+    def __init__(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(params, *args, **kwargs)
+        fp32_state(self)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
@@ -49,7 +66,7 @@ class MultiTensorRowWiseAdagrad(RowWiseAdagrad):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            grads = [p.grad for p in params]
+            grads = [p.grad.float() for p in params]  # fp32 rows: the gradient itself, no copy
             if (group["weight_decay"] or group["lr_decay"] or group["maximize"]
                     or any(g.is_sparse or g.is_complex() or g.dim() != 2 for g in grads)):
                 self._step_group_per_param(group)
@@ -71,7 +88,11 @@ class MultiTensorRowWiseAdagrad(RowWiseAdagrad):
                                     list(square.split([grads[i].shape[0] for i in idx])))
             std = torch._foreach_sqrt(sums)
             torch._foreach_add_(std, group["eps"])
-            torch._foreach_addcdiv_(params, grads, std, value=-group["lr"])
+            weights = [p.float() for p in params]  # fp16 rows: stepped in fp32, written back rounded
+            torch._foreach_addcdiv_(weights, grads, std, value=-group["lr"])
+            half = [i for i, p in enumerate(params) if p.dtype != torch.float32]
+            if half:
+                torch._foreach_copy_([params[i] for i in half], [weights[i] for i in half])
         return loss
 
     def _step_group_per_param(self, group: Dict[str, Any]) -> None:
@@ -84,12 +105,24 @@ class MultiTensorRowWiseAdagrad(RowWiseAdagrad):
             self.param_groups = saved
 
 
+class Fp32StateAdagrad(torch.optim.Adagrad):
+    """``torch.optim.Adagrad`` whose state is fp32 for fp16 rows; its per-tensor step promotes each update to
+    fp32 and rounds it into the fp16 row (module docstring)."""
+
+    def __init__(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(params, *args, **kwargs)
+        fp32_state(self)
+        if any(p.dtype != torch.float32 for g in self.param_groups for p in g["params"]):
+            for g in self.param_groups:  # the multi-tensor step (CUDA's default) wants one dtype per param and state
+                g["foreach"] = False
+
+
 def embedding_optimizer(name: str, replicated: bool = False) -> Any:
     """The optimizer class of ``train.embedding_optimizer``: for sharded tables (TorchRec maps the class onto
     FBGEMM's fused optimizer) or, ``replicated``, for replicated embedding rows."""
     if name == "rowwise_adagrad":
         return MultiTensorRowWiseAdagrad if replicated else RowWiseAdagrad
-    return {"adagrad": torch.optim.Adagrad, "sgd": torch.optim.SGD}[name]
+    return {"adagrad": Fp32StateAdagrad if replicated else torch.optim.Adagrad, "sgd": torch.optim.SGD}[name]
 
 
-__all__ = ["MultiTensorRowWiseAdagrad", "embedding_optimizer"]
+__all__ = ["Fp32StateAdagrad", "MultiTensorRowWiseAdagrad", "embedding_optimizer", "fp32_state"]

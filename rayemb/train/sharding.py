@@ -50,8 +50,8 @@ def build_embeddings(cfg: JobConfig, schema: DatasetSchema, placements: Mapping[
     from rayemb.model.contract import Embeddings
     from rayemb.model.tables import sequence_features, sequence_module, table_configs
 
-    pooled, _ = hybrid_from_placements(table_configs(schema, cfg.model.embedding_dim), placements, hot_ids,
-                                       device=embedding_device)
+    tables = table_configs(schema, cfg.model.embedding_dim, cfg.model.embedding_dtype)
+    pooled, _ = hybrid_from_placements(tables, placements, hot_ids, device=embedding_device)
     return Embeddings(pooled=pooled, features=tuple(schema.sparse_names), dim=cfg.model.embedding_dim,
                       sequence=sequence_module(cfg.model, schema, device=embedding_device),
                       sequence_features=tuple(sequence_features(cfg.model, schema)), device=dense_device)
@@ -201,7 +201,8 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
     from rayemb.planner.step_time import DEFAULT_CALIBRATION, predict_step_time
 
     global_batch = cfg.data.batch_size * topology.world_size
-    specs = tables_from_schema(schema, cfg.model.embedding_dim, topology, global_batch, stats, split=split)
+    specs = tables_from_schema(schema, cfg.model.embedding_dim, topology, global_batch, stats,
+                               bytes_per_element=cfg.model.embedding_bytes_per_element, split=split)
     calibration = calibration or DEFAULT_CALIBRATION
     # ties to one module group on one node only: measured there (docs/planner.md, "Ties")
     tie_margin = cfg.planner.tie_margin if topology.num_nodes == 1 else 0.0

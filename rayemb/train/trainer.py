@@ -146,7 +146,8 @@ def compute_statistics(inputs: JobInputs, topology: Any) -> Tuple[Any, Any]:
     valid_values = compute_stats(data_dir, split=VALID_SPLIT, tables=False).values
     check_values(valid_values, schema.labels, f"{data_dir}/{VALID_SPLIT}")
     global_batch = cfg.data.batch_size * topology.world_size
-    split = split_rule(topology, global_batch, cfg.model.embedding_dim).split(stats)
+    split = split_rule(topology, global_batch, cfg.model.embedding_dim,
+                       cfg.model.embedding_bytes_per_element).split(stats)
     # the split's table is printed by plan_job, once: across nodes the calibrated break-even replaces this split
     print(f"rayemb: statistics of {stats.rows:,} rows in {time.monotonic() - t0:.1f}s", flush=True)
     return stats, split
@@ -164,7 +165,7 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
     resources = worker_resources(cfg, inputs.schema, stats, inputs.train_rows, inputs.valid_rows)
     calibration, key_fields = calibrate(inputs, topology, resources)
     rule = split_rule(topology, cfg.data.batch_size * topology.world_size, cfg.model.embedding_dim,
-                      calibration=calibration)
+                      cfg.model.embedding_bytes_per_element, calibration=calibration)
     if rule.given_threshold is not None:  # across nodes: hot from the calibrated break-even (split_rule)
         split = rule.split(stats)
     print(f"rayemb: frequent-category split ({split.rule} threshold, W={split.world_size}, "
@@ -200,7 +201,7 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> Planne
     for world in elastic_worlds(cfg):  # an elastic job restarts on fewer ranks: a plan (and hot set) for each
         topo = resize_topology(topology, world)
         world_split = split_rule(topo, cfg.data.batch_size * world, cfg.model.embedding_dim,
-                                 calibration=calibration).split(stats)
+                                 cfg.model.embedding_bytes_per_element, calibration=calibration).split(stats)
         plans[world] = plan_for(cfg, world_split, topo)
         print(f"rayemb: elastic plan for {world} ranks: " + ", ".join(
             f"{p} x{n}" for p, n in _placement_counts(plans[world].summary).items()), flush=True)

@@ -42,4 +42,4 @@ def test_sequence_auc_benchmark_trains_the_history_tower(ray_2_cpus, tmp_path):
     h1 = next(t for t in yaml.safe_load((data / "schema.yaml").read_text())["sparse"] if t["name"] == "H1")
     assert h1["sequence"] is True
     assert json.loads((Path(best) / "meta.json").read_text())["tables"]["H1"] == {
-        "num_embeddings": h1["num_embeddings"], "dim": 16}
+        "num_embeddings": h1["num_embeddings"], "dim": 16, "dtype": "fp32"}

@@ -31,6 +31,21 @@ def test_bf16_passes_within_its_margin_of_fp32_and_fails_beyond_it_or_without_a_
     assert ma.verdicts("precision", ok[:1], [0], None)["bf16_vs_fp32"]["verdict"] == "FAIL"
 
 
+def test_fp16_tables_pass_within_0_003_of_fp32_and_fail_beyond_it_or_without_their_run():
+    fp32, bf16 = _r(0, "fp32", "label", 0.910), _r(0, "bf16", "label", 0.909)
+    ok = [fp32, bf16, _r(0, "fp16_tables", "label", 0.9075)]
+    v = ma.verdicts("precision", ok, [0], None)
+    assert v["fp16_tables_vs_fp32"]["verdict"] == "PASS" and v["bf16_vs_fp32"]["verdict"] == "PASS"
+    assert v["fp16_tables_vs_fp32"]["rule"] == "|fp16_tables - fp32| <= 0.003"
+    far = [fp32, bf16, _r(0, "fp16_tables", "label", 0.9135)]
+    assert ma.verdicts("precision", far, [0], None)["fp16_tables_vs_fp32"]["verdict"] == "FAIL"
+    missing = ma.verdicts("precision", [fp32, bf16], [0], None)
+    assert missing["fp16_tables_vs_fp32"]["verdict"] == "FAIL" and missing["bf16_vs_fp32"]["verdict"] == "PASS"
+    failed = [fp32, bf16, {"seed": 0, "side": "fp16_tables", "task": "data", "error": "RuntimeError: x"}]
+    assert ma.verdicts("precision", failed, [0], None)["fp16_tables_vs_fp32"]["verdict"] == "FAIL"
+    assert "model.embedding_dtype=fp16" in ma.SUITES["precision"]["fp16_tables"][0]
+
+
 def test_multitask_needs_every_task_learnt_close_to_its_single_task_model():
     runs = [_r(0, "two_tasks", "label", 0.90), _r(0, "two_tasks", "like", 0.88), _r(0, "label_only", "label", 0.902),
             _r(0, "like_only", "like", 0.884)]

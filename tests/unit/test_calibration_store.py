@@ -30,6 +30,17 @@ def test_the_key_changes_with_the_shape_the_ranks_the_cluster_and_holds_the_vers
     assert cache_key(key_fields(dict(SHAPE), dict(RANKS), list(NODES))) == cache_key(base)
 
 
+def test_the_jobs_step_precision_and_table_dtype_are_in_the_key():
+    from rayemb.config import load_config
+    from rayemb.data.schema import DatasetSchema, SparseFeature
+    from rayemb.train.calibrate import job_shape
+
+    schema = DatasetSchema(label="label", dense=["I1"], sparse=[SparseFeature("C1", 10)])
+    keys = {cache_key(key_fields(job_shape(load_config("jobs/configs/synth_small.yaml", o), schema), RANKS, NODES))
+            for o in ([], ["train.precision=bf16"], ["model.embedding_dtype=fp16"])}
+    assert len(keys) == 3
+
+
 def test_a_kept_calibration_is_used_while_young_and_only_for_its_own_key(tmp_path):
     out = str(tmp_path / "runs")
     fields = key_fields(SHAPE, RANKS, NODES)

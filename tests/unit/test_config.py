@@ -29,6 +29,7 @@ def test_round_trip_through_dict():
         ("model.bottom_mlp=[64,8]", "model.bottom_mlp"),
         ("model.top_mlp=[64,2]", "model.top_mlp"),
         ("train.embedding_optimizer=adam", "train.embedding_optimizer"),
+        ("model.embedding_dtype=bf16", "model.embedding_dtype"),
         ("train.bogus=1", "bogus"),
         ("scaling.num_workers=0", "scaling.num_workers"),
         ("scaling.use_gpu=yes please", "scaling.use_gpu"),
@@ -38,6 +39,22 @@ def test_invalid_values_name_the_key(override, needle):
     with pytest.raises(ConfigError) as e:
         config_from_dict(BASE, [override])
     assert needle in str(e.value)
+
+
+def test_embedding_dtype_fp16_and_what_it_refuses():
+    assert config_from_dict(BASE).model.embedding_bytes_per_element == 4
+    cfg = config_from_dict(BASE, ["model.embedding_dtype=fp16", "planner.tables={C1: {compression: none}}"])
+    assert cfg.model.embedding_dtype == "fp16" and cfg.model.embedding_bytes_per_element == 2
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(BASE, ["model.embedding_dtype=float16"])
+    assert str(e.value).startswith("Invalid config value model.embedding_dtype: 'float16' is unknown")
+    assert "('fp32', 'fp16')" in str(e.value)
+    with pytest.raises(ConfigError, match="model.embedding_dtype: fp16 tables are pooled tables only"):
+        config_from_dict(BASE, ["model.embedding_dtype=fp16", "model.sequence_tower=mean"])
+    with pytest.raises(ConfigError, match=r"model.embedding_dtype: fp16 tables cannot be compressed.*\['C2'\]"):
+        config_from_dict(BASE, ["model.embedding_dtype=fp16", "planner.tables={C1: {sharding: row_wise}, "
+                                                                "C2: {compression: qr}}"])
+    assert config_from_dict(BASE, ["planner.tables={C2: {compression: qr}}"]).model.embedding_dtype == "fp32"
 
 
 def test_missing_required_key():

@@ -53,3 +53,28 @@ def test_embedding_optimizer_classes():
     assert embedding_optimizer("sgd", replicated=True) is torch.optim.SGD
     with pytest.raises(KeyError):
         embedding_optimizer("lamb")
+
+
+@pytest.mark.parametrize("name", ["rowwise_adagrad", "adagrad", "sgd"])
+def test_fp16_rows_step_in_fp32_and_round_to_nearest(name):
+    """fp16 replicated rows take the fp32 step of their values, rounded once; untouched rows stay finite (stock
+    Adagrad in fp16 turns them to NaN: eps rounds to 0)."""
+    cls = embedding_optimizer(name, replicated=True)
+    half = [torch.nn.Parameter(t.detach().half()) for t in _tables(0, [(6, 8), (5000, 8)])]
+    ref = [torch.nn.Parameter(p.detach().float()) for p in half]
+    half_opt, ref_opt = cls(half, lr=0.05), cls(ref, lr=0.05)
+    gen = torch.Generator().manual_seed(1)
+    grads = [torch.randn(p.shape, generator=gen) * 1e-3 for p in half]
+    grads[0][2:] = 0  # rows no id hit
+    for p, r, g in zip(half, ref, grads):
+        p.grad, r.grad = g.half(), g.half().float()
+    half_opt.step()
+    ref_opt.step()
+    for p, r in zip(half, ref):
+        assert p.dtype == torch.float16 and torch.isfinite(p).all()
+        if name == "sgd":  # torch's fp16 add_ computes in fp32 with a fused multiply-add: within one fp16 ulp
+            torch.testing.assert_close(p.detach(), r.detach().half(), rtol=2 ** -10, atol=0)
+        else:
+            assert torch.equal(p, r.detach().half())  # one rounding of the fp32 result
+        for key, value in half_opt.state[p].items():
+            assert key == "step" or value.dtype == torch.float32, key
