@@ -14,9 +14,17 @@ A dataset directory looks like::
     sparse:                        # int64 (one-hot) or list<int64> (multi-hot) columns
       - {name: C1, num_embeddings: 45834, multi_hot: false}
       - {name: H1, num_embeddings: 45834, sequence: true, max_length: 20, target: C1}
+      - {name: U1, num_embeddings: 1000000, multi_hot: false, ids: raw, eviction: lfu, ttl_hours: 72}
 
 Each sparse feature is looked up in its own embedding table of ``num_embeddings``
-rows; ids must lie in ``[0, num_embeddings)``. A ``sequence: true`` feature is a
+rows; ids must lie in ``[0, num_embeddings)``. An ``ids: raw`` feature instead
+holds ids of any int64 value or strings (string, or list<string> when
+multi-hot): ``num_embeddings`` is then the table's capacity, the ids it keeps
+are chosen by ``eviction`` (``lru``, the default, or ``lfu``) and, with
+``ttl_hours``, an id unseen that long leaves the table (docs/raw_ids.md,
+:mod:`rayemb.embedding.raw_tables`); a raw feature is pooled, never a
+sequence. ``ids: encoded`` (the default) is never written, so schema files
+without raw features read and write as they always did. A ``sequence: true`` feature is a
 list<int64> column of ids in time order (oldest first, e.g. a user's recent
 items); it keeps one embedding per id (never pooled, never hybrid, never in the
 stats or the pooled plan), cut to its ``max_length`` most recent ids, and
@@ -40,6 +48,19 @@ from rayemb.errors import DataError
 from rayemb.logs import redact_uri
 
 SCHEMA_VERSION = 1
+#: the ``ids`` kinds of a sparse feature: ids already in [0, num_embeddings), or raw int64 / string ids
+ENCODED, RAW = "encoded", "raw"
+ID_KINDS = (ENCODED, RAW)
+#: a raw-id table's eviction policies (rayemb.embedding.raw_tables.POLICIES implements them)
+EVICTION_POLICIES = ("lru", "lfu")
+#: every key a sparse feature's schema.yaml entry may have
+FEATURE_KEYS = ("name", "num_embeddings", "multi_hot", "sequence", "max_length", "target", "ids", "eviction",
+                "ttl_hours")
+
+
+def _raw_only(name: Any, keys: List[str]) -> DataError:
+    return DataError(f"Sparse feature {name!r} sets {keys} but not ids: raw; those keys belong to raw-id features "
+                     "only. Add `ids: raw` or drop them.", category="invalid_schema")
 
 
 @dataclass(frozen=True)
@@ -53,6 +74,12 @@ class SparseFeature:
     max_length: Optional[int] = None
     #: sequence only: the pooled feature the history tower compares the history with
     target: Optional[str] = None
+    #: ``encoded`` (ids in [0, num_embeddings)) or ``raw`` (any int64 or string id; num_embeddings is the capacity)
+    ids: str = ENCODED
+    #: raw only: which ids keep their rows when more arrive than fit, ``lru`` or ``lfu``
+    eviction: str = "lru"
+    #: raw only: an id unseen for this many hours leaves the table (None: never for its age alone)
+    ttl_hours: Optional[float] = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -62,6 +89,7 @@ class SparseFeature:
                 f"Sparse feature {self.name!r} declares num_embeddings={self.num_embeddings}; "
                 "it must be a positive row count (the number of distinct ids, ids in [0, num_embeddings))."
             )
+        self._check_raw()
         if not self.sequence:
             extra = [k for k in ("max_length", "target") if getattr(self, k) is not None]
             if extra:
@@ -82,6 +110,32 @@ class SparseFeature:
             raise DataError(f"Sequence feature {self.name!r} names itself as target; name the pooled feature its "
                             "history is compared with (e.g. the candidate item column).", category="invalid_schema")
 
+    def _check_raw(self) -> None:
+        def bad(key: str, value: Any, allowed: str) -> DataError:
+            return DataError(f"Sparse feature {self.name!r} has {key}: {value!r}; allowed: {allowed}.",
+                             category="invalid_schema")
+
+        if self.ids not in ID_KINDS:
+            raise bad("ids", self.ids, " or ".join(ID_KINDS) + " (the default: encoded)")
+        if self.eviction not in EVICTION_POLICIES:
+            raise bad("eviction", self.eviction, " or ".join(EVICTION_POLICIES) + " (the default: lru)")
+        ttl = self.ttl_hours
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0):
+            raise bad("ttl_hours", ttl, "a positive number of hours, or no ttl_hours key (ids never expire)")
+        if self.ids == ENCODED:
+            extra = [k for k, v in (("eviction", self.eviction != "lru"), ("ttl_hours", ttl is not None)) if v]
+            if extra:
+                raise _raw_only(self.name, extra)
+        elif int(self.num_embeddings) < 2:
+            raise DataError(f"Raw-id feature {self.name!r} declares num_embeddings={self.num_embeddings}; a raw-id "
+                            "table keeps one row for ids it does not hold, so it needs at least 2 (its capacity).",
+                            category="invalid_schema")
+        elif self.sequence:
+            raise DataError(f"Sparse feature {self.name!r} is both ids: raw and sequence: true; raw ids are "
+                            "supported for pooled features only. Encode the sequence's ids into [0, "
+                            "num_embeddings) or drop `sequence: true`.",
+                            category="invalid_schema")
+
     def to_dict(self) -> Dict[str, Any]:
         """The schema.yaml entry; pooled features keep their three keys (older readers and files stay alike)."""
         d: Dict[str, Any] = {"name": self.name, "num_embeddings": self.num_embeddings, "multi_hot": self.multi_hot}
@@ -90,18 +144,26 @@ class SparseFeature:
                  "max_length": self.max_length}
             if self.target is not None:
                 d["target"] = self.target
+        if self.ids == RAW:
+            d.update(ids=RAW, eviction=self.eviction)
+            if self.ttl_hours is not None:
+                d["ttl_hours"] = self.ttl_hours
         return d
 
     @classmethod
     def from_dict(cls, s: Dict[str, Any]) -> "SparseFeature":
-        unknown = sorted(set(s) - {"name", "num_embeddings", "multi_hot", "sequence", "max_length", "target"})
+        unknown = sorted(set(s) - set(FEATURE_KEYS))
         if unknown:
             raise DataError(f"Sparse feature {s.get('name')!r} in schema.yaml has unknown key(s) {unknown}; allowed: "
-                            "name, num_embeddings, multi_hot, sequence, max_length, target.",
-                            category="invalid_schema")
+                            f"{', '.join(FEATURE_KEYS)}.", category="invalid_schema")
+        # an explicit `eviction: lru` is the default's value, but still a raw-only key
+        raw_only = [k for k in ("eviction", "ttl_hours") if s.get(k) is not None]
+        if raw_only and s.get("ids", ENCODED) != RAW:
+            raise _raw_only(s.get("name"), raw_only)
         return cls(str(s["name"]), int(s["num_embeddings"]), bool(s.get("multi_hot", False)),
                    bool(s.get("sequence", False)), s.get("max_length"),
-                   None if s.get("target") is None else str(s["target"]))
+                   None if s.get("target") is None else str(s["target"]),
+                   s.get("ids", ENCODED), s.get("eviction", "lru"), s.get("ttl_hours"))
 
 
 @dataclass(frozen=True)
@@ -321,13 +383,18 @@ def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
         t = actual.field(col).type
         if not (pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)):
             raise bad(col, "a numeric type", t)
+
+    def raw_id_type(t: Any) -> bool:
+        return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+
     for feat in schema.sparse:
         t = actual.field(feat.name).type
+        scalar, kind = (raw_id_type, "int64 or string") if feat.ids == RAW else (pa.types.is_integer, "int64")
         if feat.multi_hot:
-            if not ((pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type)):
-                raise bad(feat.name, "list<int64> (multi_hot: true)", t)
-        elif not pa.types.is_integer(t):
-            raise bad(feat.name, "int64 (multi_hot: false)", t)
+            if not ((pa.types.is_list(t) or pa.types.is_large_list(t)) and scalar(t.value_type)):
+                raise bad(feat.name, f"list<{kind}> (multi_hot: true)", t)
+        elif not scalar(t):
+            raise bad(feat.name, f"{kind} (multi_hot: false)", t)
     for feat in schema.sequence:
         t = actual.field(feat.name).type
         if not ((pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type)):
