@@ -3,6 +3,8 @@
 Example::
 
     rayemb convert criteo --input day_0 day_1 day_23 --out data/criteo --hash-buckets 10000000 --valid-days 23
+    rayemb convert criteo --input s3://bucket/raw/day_{0..23}.gz --out s3://bucket/criteo --ids raw \
+        --capacity 40000000 --valid-days 23 --engine ray --address head:6379
     rayemb train --config jobs/configs/synth_small.yaml --set data.path=data/criteo
 """
 
@@ -11,8 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict
 
-from rayemb.convert.common import (DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BAD_FRACTION, DEFAULT_PROGRESS_EVERY_S,
-                                   DEFAULT_ROWS_PER_FILE, DEFAULT_VALID_FRACTION)
+from rayemb.convert.common import (AUTO_RAY_MIN_BYTES, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_BAD_FRACTION,
+                                   DEFAULT_PROGRESS_EVERY_S, DEFAULT_ROWS_PER_FILE, DEFAULT_VALID_FRACTION, ENGINES)
 
 
 def add_convert_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,6 +33,13 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
     ids.add_argument("--vocab-from-train", action="store_true",
                      help="criteo/avazu: one extra pass counts the train rows' values; ids by descending "
                           "frequency (0 = most frequent), one out-of-vocabulary id last")
+    ids.add_argument("--ids", choices=["raw"],
+                     help="criteo: --ids raw keeps each category's value as its id (int(hex, 16) as int64; one "
+                          "above 2**63-1 keeps its low 63 bits; empty -> null), no vocabulary pass; schema.yaml marks "
+                          "the tables ids: raw with num_embeddings = --capacity")
+    p.add_argument("--capacity", type=int, metavar="N",
+                   help="--ids raw: num_embeddings (capacity) of every raw table; default: the table's distinct train "
+                        "ids + 1, counted while writing (8 bytes per distinct id: give N for large inputs)")
     p.add_argument("--min-count", type=int, default=1, metavar="K",
                    help="vocabulary keeps values seen at least K times in train rows (default: %(default)s)")
     split = p.add_mutually_exclusive_group()
@@ -55,6 +64,17 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--history-as-sequence", action="store_true",
                    help="movielens: declare history a sequence feature (max_length = --history-length, target item) "
                         "for model.sequence_tower: mean|attention, instead of a pooled multi-hot bag")
+    p.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="local: one process on one core; ray: criteo on a Ray cluster's CPUs (Ray Data), the same "
+                        "dataset (avazu and movielens always run locally); auto (default): ray for criteo when "
+                        f"--address is given or the inputs hold >= {AUTO_RAY_MIN_BYTES >> 30} GiB (below that Ray's "
+                        "start-up seconds outweigh the gain), else local")
+    p.add_argument("--address", metavar="HOST:PORT",
+                   help="--engine ray: the cluster to use (default: the Ray this process joined, $RAY_ADDRESS, or a "
+                        "local Ray started and stopped for the conversion)")
+    p.add_argument("--chunk-size-mib", type=float, metavar="MIB",
+                   help="--engine ray: bytes of an uncompressed input per task (default: 4 chunks per CPU, at most "
+                        "256; a .gz/.bz2 input is one chunk)")
     p.add_argument("--progress-every", type=float, default=DEFAULT_PROGRESS_EVERY_S, metavar="SECONDS",
                    help="seconds between progress lines on stderr (default: %(default)s)")
 
@@ -70,6 +90,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
         block_size=int(args.block_size_mib * 2**20), rating_threshold=args.rating_threshold,
         history_length=args.history_length,
         history_as_sequence=args.history_as_sequence, progress_every_s=args.progress_every,
+        raw_ids=args.ids == "raw", capacity=args.capacity, engine=args.engine, address=args.address,
+        chunk_bytes=None if args.chunk_size_mib is None else int(args.chunk_size_mib * 2**20),
     )
 
 
@@ -94,7 +116,9 @@ def format_summary(s: Dict[str, Any]) -> str:
             extra = f" used {t['distinct_ids_used']:,}"
         tables.append(f"{name} {t['num_embeddings']:,}{extra}")
     out.append("  tables (num_embeddings): " + "; ".join(tables))
-    out.append(f"  wrote {s['out']} in {s['wall_time_s']:.1f}s ({s['lines_per_s']:,.0f} lines/s); details in "
+    engine = s.get("engine") or {}
+    on = f", {engine['name']} engine on {engine['cpus']} CPUs" if engine.get("name") == "ray" else ""
+    out.append(f"  wrote {s['out']} in {s['wall_time_s']:.1f}s ({s['lines_per_s']:,.0f} lines/s{on}); details in "
                f"convert_summary.json")
     out.append(f"  train it: rayemb train --config jobs/configs/synth_small.yaml --set data.path={s['out']}")
     return redact_text("\n".join(out))  # the summary holds redacted URIs; a caller's own dict may not

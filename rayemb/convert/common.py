@@ -39,6 +39,12 @@ DEFAULT_VALID_FRACTION = 0.1
 DEFAULT_PROGRESS_EVERY_S = 10.0
 #: examples of bad lines kept per kind (for the error message and convert_summary.json)
 BAD_EXAMPLES_PER_KIND = 3
+#: ``auto`` picks ``ray`` for Criteo when a cluster address is given or the inputs hold at least
+#: AUTO_RAY_MIN_BYTES (there a cluster's CPUs repay the seconds Ray takes to start), else ``local``
+ENGINES = ("auto", "local", "ray")
+AUTO_RAY_MIN_BYTES = 2**30
+#: why a line holding the byte 0x01 is bad (the single-process reader cannot split it into a line)
+UNREADABLE_WHY = "holds the byte 0x01"
 _LINE_DELIMITER = "\x01"  # no field of these formats holds it; a line that does is counted as bad
 
 
@@ -64,6 +70,16 @@ class ConvertOptions:
     #: movielens: declare ``history`` a sequence feature (target ``item``) instead of a pooled multi-hot bag
     history_as_sequence: bool = False
     progress_every_s: float = DEFAULT_PROGRESS_EVERY_S
+    #: criteo: the categorical values themselves as int64 ids (``--ids raw``), no vocabulary, no hashing
+    raw_ids: bool = False
+    #: --ids raw: num_embeddings of every raw table (None: its distinct train ids + 1)
+    capacity: Optional[int] = None
+    #: ``local`` (one process), ``ray`` (Ray Data on the cluster's CPUs, criteo) or ``auto`` (see ENGINES)
+    engine: str = "auto"
+    #: the Ray cluster of the ray engine (None: the running one, $RAY_ADDRESS, or a private local one)
+    address: Optional[str] = None
+    #: ray engine: bytes of an uncompressed input per task (None: enough chunks for every CPU)
+    chunk_bytes: Optional[int] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -72,8 +88,14 @@ class ConvertOptions:
         checks = [
             (bool(self.inputs), "--input: give at least one input file"),
             (bool(self.out), "--out: give an output directory"),
-            (self.hash_buckets is None or not self.vocab_from_train,
-             "--hash-buckets and --vocab-from-train exclude each other: pick one way to make ids"),
+            (sum([self.hash_buckets is not None, self.vocab_from_train, self.raw_ids]) <= 1,
+             "--hash-buckets, --vocab-from-train and --ids raw exclude each other: pick one way to make ids"),
+            (self.capacity is None or (self.raw_ids and self.capacity >= 2),
+             f"--capacity {self.capacity}: give it with --ids raw, at least 2 (a raw table keeps a row for ids it "
+             "does not hold)"),
+            (self.engine in ENGINES, f"--engine {self.engine!r}: use one of {list(ENGINES)}"),
+            (self.chunk_bytes is None or self.chunk_bytes >= 4096,
+             f"chunk size {self.chunk_bytes} bytes: use at least 4 KiB"),
             (self.hash_buckets is None or self.hash_buckets >= 1, f"--hash-buckets {self.hash_buckets}: must be >= 1"),
             (self.min_count >= 1, f"--min-count {self.min_count}: must be >= 1"),
             (sum([self.valid_fraction is not None, bool(self.valid_days), bool(self.valid_inputs)]) <= 1,
@@ -161,18 +183,27 @@ class LineReader:
                 for batch in reader:
                     lines = batch.column(0)
                     n = len(lines)
-                    ordinals = np.arange(good + 1, good + n + 1, dtype=np.int64)
+                    numbers = physical_numbers(good, n, [s[0] for s in self.skipped])
                     good += n
-                    # a good line's number = its ordinal among good lines + the skipped lines before it
-                    skipped = np.sort(np.asarray([s[0] for s in self.skipped], dtype=np.int64))
-                    shift = skipped - np.arange(len(skipped), dtype=np.int64)
-                    numbers = ordinals + np.searchsorted(shift, ordinals, side="right")
                     nbytes = int(pc.sum(pc.binary_length(lines)).as_py() or 0) + n
                     yield lines, numbers, nbytes
         except (pa.ArrowInvalid, OSError) as e:
-            raise DataError(f"Input {redact_uri(self.path)!r} cannot be read as text ({type(e).__name__}: "
-                            f"{str(e).strip()[:200]}). Check that it is an uncompressed or .gz/.bz2 text file of the "
-                            "right format.", category="unreadable_input") from None
+            raise not_text(self.path, e) from None
+
+
+def not_text(path: str, e: BaseException) -> DataError:
+    """The error for an input the CSV reader cannot take as text (bad UTF-8, a broken .gz, ...)."""
+    return DataError(f"Input {redact_uri(path)!r} cannot be read as text ({type(e).__name__}: {str(e).strip()[:200]}). "
+                     "Check that it is an uncompressed or .gz/.bz2 text file of the right format.",
+                     category="unreadable_input")
+
+
+def physical_numbers(good_before: int, n: int, skipped: Sequence[int]) -> np.ndarray:
+    """1-based line numbers of the next ``n`` lines a reader kept, after ``good_before`` kept ones, when the lines
+    numbered ``skipped`` were taken out: a kept line's number is its ordinal plus the skipped lines before it."""
+    ordinals = np.arange(good_before + 1, good_before + n + 1, dtype=np.int64)
+    shift = np.sort(np.asarray(skipped, dtype=np.int64)) - np.arange(len(skipped), dtype=np.int64)
+    return ordinals + np.searchsorted(shift, ordinals, side="right")
 
 
 def head_lines(path: str, max_bytes: int = 65536) -> List[str]:
@@ -296,11 +327,19 @@ class BadLines:
     def add_skipped(self, path: str, skipped: List[Tuple[int, str]]) -> None:
         """Lines the reader could not take at all (:attr:`LineReader.skipped`), counted as ``unreadable``."""
         if skipped:
-            self.counts["unreadable"] = self.counts.get("unreadable", 0) + len(skipped)
             self.lines_read += len(skipped)
-            for number, text in skipped[:BAD_EXAMPLES_PER_KIND]:
-                self.examples.append({"kind": "unreadable", "file": redact_uri(path), "line": number,
-                                      "why": "holds the byte 0x01", "text": text})
+            texts = pa.array([t for _, t in skipped], pa.string())
+            self.add("unreadable", path, np.ones(len(skipped), dtype=bool), texts,
+                     np.asarray([n for n, _ in skipped], dtype=np.int64), UNREADABLE_WHY)
+
+    def merge(self, other: "BadLines") -> None:
+        """Adds the counts of ``other``, the bad lines of later input, and its examples while a kind has room."""
+        self.lines_read += other.lines_read
+        for kind, n in other.counts.items():
+            self.counts[kind] = self.counts.get(kind, 0) + n
+        for e in other.examples:
+            if sum(1 for x in self.examples if x["kind"] == e["kind"]) < BAD_EXAMPLES_PER_KIND:
+                self.examples.append(e)
 
     def fraction(self) -> float:
         return self.total / self.lines_read if self.lines_read else 0.0

@@ -18,6 +18,11 @@ Validation rows: ``--valid-input`` files, or ``--valid-days`` (a format picks
 whole files by name or rows by date), or else a seeded ``--valid-fraction`` of
 rows chosen by a hash of (seed, file, line number), independent of block sizes.
 
+The Ray engine (:mod:`rayemb.convert.ray_engine`) runs the same checks
+(:func:`prepare`), encoders (:func:`encoders_for`), split (:func:`valid_mask`),
+tables (:func:`output_table`) and writing (:class:`WriteState`), so that its
+dataset is this one's.
+
 Example::
 
     >>> summary = convert_stream(CriteoFormat(), ConvertOptions(inputs=("train.txt",), out="data/kaggle",
@@ -33,17 +38,19 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rayemb.constants import LABEL_COLUMN, TRAIN_SPLIT, VALID_SPLIT
 from rayemb.convert.common import (BadLines, ConvertOptions, LineReader, Progress, check_inputs_exist, head_lines,
                                    row_uniform)
 from rayemb.convert.output import PartWriter, StagedOutput, arrow_schema, finish
-from rayemb.convert.vocab import FrequencyCounter, HashEncoder, Vocabulary, tallies
+from rayemb.convert.vocab import (RAW_CAPACITY_RULE, RAW_OVERFLOW_RULE, FrequencyCounter, HashEncoder, RawEncoder,
+                                  Vocabulary, tallies)
 from rayemb.data.schema import DatasetSchema, SparseFeature
 from rayemb.errors import ConfigError, DataError
 from rayemb.logs import redact_uri
 
-Encoder = Union[HashEncoder, Vocabulary]
+Encoder = Union[HashEncoder, Vocabulary, RawEncoder]
 
 
 @dataclass
@@ -113,7 +120,8 @@ def _split_description(fmt: StreamFormat, opts: ConvertOptions) -> str:
             "line number) falls below the fraction")
 
 
-def _valid_mask(rec: Records, role: str, file_index: int, opts: ConvertOptions) -> np.ndarray:
+def valid_mask(rec: Records, role: str, file_index: int, opts: ConvertOptions) -> np.ndarray:
+    """Which of the block's rows are validation rows (the same whatever the engine or the block size)."""
     n = len(rec.label)
     if role != "rows":
         return np.full(n, role == "valid")
@@ -145,7 +153,7 @@ def _count_pass(fmt: StreamFormat, roles: List[Tuple[str, str]], opts: ConvertOp
         if role == "valid":
             continue
         for rec in _blocks(fmt, path, opts, scratch, progress, "pass 1/2 (counting values of train rows)"):
-            train = ~_valid_mask(rec, role, index, opts)
+            train = ~valid_mask(rec, role, index, opts)
             for t in fmt.key_tables:
                 keys, empty = rec.keys[t]
                 counters[t].add(keys[train & ~empty])
@@ -160,78 +168,144 @@ def _check_heads(fmt: StreamFormat, roles: List[Tuple[str, str]]) -> None:
         fmt.inspect(path, head)
 
 
-def convert_stream(fmt: StreamFormat, opts: ConvertOptions) -> Dict[str, Any]:
-    """Converts ``opts.inputs`` of ``fmt`` into a dataset at ``opts.out``; returns the summary it also writes."""
-    if opts.hash_buckets is None and not opts.vocab_from_train:
+def prepare(fmt: StreamFormat, opts: ConvertOptions) -> List[Tuple[str, str]]:
+    """The checks before any work (ids option, split, inputs, their first lines); returns ``(path, role)``."""
+    if opts.hash_buckets is None and not opts.vocab_from_train and not opts.raw_ids:
         raise ConfigError(f"rayemb convert {fmt.name} needs a way to make categorical ids: --hash-buckets N "
-                          "(id = value mod N) or --vocab-from-train [--min-count K] (ids by frequency).",
-                          category="invalid_option")
+                          "(id = value mod N), --vocab-from-train [--min-count K] (ids by frequency) or --ids raw "
+                          "(the values themselves).", category="invalid_option")
     roles = _roles(fmt, opts)
     check_inputs_exist([p for p, _ in roles])
     _check_heads(fmt, roles)
+    return roles
+
+
+def encoders_for(fmt: StreamFormat, opts: ConvertOptions,
+                 vocabularies: Optional[Dict[str, Vocabulary]] = None) -> Dict[str, Encoder]:
+    """The encoder of every key table: the counted vocabularies, ``--ids raw`` or hashing."""
+    if vocabularies is not None:
+        return {t: vocabularies.get(t, Vocabulary.empty()) for t in fmt.key_tables}
+    if opts.raw_ids:
+        return {t: RawEncoder(opts.capacity) for t in fmt.key_tables}
+    return {t: HashEncoder(opts.hash_buckets) for t in fmt.key_tables}
+
+
+class WriteState:
+    """What a write pass adds up while the parts are written, whichever engine parsed the rows: rows, positives
+    and per-table tallies per split, bad lines, and (``--ids raw`` without ``--capacity``) the distinct ids."""
+
+    def __init__(self, fmt: StreamFormat, opts: ConvertOptions, encoders: Dict[str, Encoder], stage_dir: Any) -> None:
+        self.fmt, self.opts, self.encoders = fmt, opts, encoders
+        raw = [t for t, e in encoders.items() if isinstance(e, RawEncoder)]
+        self.distinct: Dict[str, FrequencyCounter] = {t: FrequencyCounter() for t in raw if opts.capacity is None}
+        sizes: Dict[str, int] = {t: encoders[t].num_embeddings or 2 for t in fmt.key_tables}  # raw: set at close
+        sizes.update(fmt.direct_tables)
+        self.tally = tallies(sizes, {t: encoders[t].oov_id for t in fmt.key_tables}, untracked=raw)
+        self.pa_schema = arrow_schema(self.schema())
+        self.writers = {s: PartWriter(stage_dir.split_dir(s), self.pa_schema, opts.rows_per_file)
+                        for s in (TRAIN_SPLIT, VALID_SPLIT)}
+        self.positives = {TRAIN_SPLIT: 0.0, VALID_SPLIT: 0.0}
+        self.bad = BadLines()
+
+    def schema(self) -> DatasetSchema:
+        """The dataset's schema; raw tables' capacity is final once every row is written."""
+        raw = {t for t, e in self.encoders.items() if isinstance(e, RawEncoder)}
+        # a raw table's num_embeddings is its capacity (rayemb.data.schema)
+        sparse = [SparseFeature(t, self.tally[t].num_embeddings, ids="raw") if t in raw else
+                  SparseFeature(t, self.tally[t].num_embeddings) for t in self.fmt.key_tables]
+        sparse += [SparseFeature(t, v) for t, v in self.fmt.direct_tables.items()]
+        return DatasetSchema(label=LABEL_COLUMN, dense=tuple(self.fmt.dense), sparse=tuple(sparse))
+
+    def write(self, split: str, table: pa.Table) -> None:
+        """Appends one block's rows of ``split`` (in input order) and adds them up."""
+        self.positives[split] += float(pc.sum(table.column(LABEL_COLUMN)).as_py() or 0.0)
+        for t in self.tally:
+            col = table.column(t)
+            self.tally[t].add(split, col.drop_null().to_numpy(), col.null_count)
+        self.writers[split].write(table)
+
+    def add_distinct(self, table: str, ids: np.ndarray) -> None:
+        self.distinct[table].add(ids)
+
+    def close(self) -> Dict[str, int]:
+        """Closes the parts and checks both splits have rows; sets raw tables' capacity; returns rows per split."""
+        rows = {s: w.close() for s, w in self.writers.items()}
+        self.bad.check(self.fmt.name, self.opts.max_bad_fraction, self.fmt.hint)
+        for s, n in rows.items():
+            if n == 0:
+                raise DataError(f"The conversion left no {s} rows ({_split_description(self.fmt, self.opts)}). Choose "
+                                "a split that leaves rows on both sides (e.g. a larger --valid-fraction, other "
+                                "--valid-days).", category="empty_split")
+        for t, counter in self.distinct.items():
+            self.tally[t].num_embeddings = int(counter.result()[0].size) + 1
+        return rows
+
+    def summary(self, rows: Dict[str, int], elapsed: float, engine: Dict[str, Any]) -> Dict[str, Any]:
+        fmt, opts, encoders = self.fmt, self.opts, self.encoders
+        if opts.vocab_from_train:
+            ids: Dict[str, Any] = {"mode": "vocab", "min_count": opts.min_count, "oov_id": "the last id of each table",
+                                   "rare_values": {t: encoders[t].rare for t in fmt.key_tables}}
+        elif opts.raw_ids:
+            ids = {"mode": "raw", "capacity": opts.capacity, "capacity_rule": RAW_CAPACITY_RULE,
+                   "overflow": RAW_OVERFLOW_RULE}
+            if self.distinct:
+                ids["distinct_train_ids"] = {t: self.tally[t].num_embeddings - 1 for t in self.distinct}
+        else:
+            ids = {"mode": "hash", "hash_buckets": opts.hash_buckets}
+        return {
+            "format": fmt.name, "engine": engine, "inputs": [redact_uri(p) for p in opts.inputs],
+            "valid_inputs": [redact_uri(p) for p in opts.valid_inputs], "out": redact_uri(opts.out),
+            "split": _split_description(fmt, opts), "ids": ids,
+            "rows": rows, "label_mean": {s: self.positives[s] / rows[s] for s in rows},
+            "lines_read": self.bad.lines_read, "bad_lines": self.bad.to_dict(), "dense": list(fmt.dense),
+            "tables": {t: self.tally[t].to_dict() for t in self.tally}, "notes": fmt.notes(),
+            "wall_time_s": round(elapsed, 3), "lines_per_s": round(self.bad.lines_read / max(elapsed, 1e-9), 1),
+        }
+
+    def finish(self, stage_path: str, rows: Dict[str, int], elapsed: float, engine: Dict[str, Any]) -> Dict[str, Any]:
+        """Writes schema.yaml and the summary into the staging folder and checks the dataset; returns the summary."""
+        summary = self.summary(rows, elapsed, engine)
+        finish(stage_path, self.schema(), summary)
+        return summary
+
+
+def convert_stream(fmt: StreamFormat, opts: ConvertOptions) -> Dict[str, Any]:
+    """Converts ``opts.inputs`` of ``fmt`` into a dataset at ``opts.out``; returns the summary it also writes."""
+    roles = prepare(fmt, opts)
     t0 = time.monotonic()
     progress = Progress(fmt.name, opts.progress_every_s)
     with StagedOutput(opts.out, opts.overwrite) as stage:
-        if opts.vocab_from_train:
-            encoders: Dict[str, Encoder] = dict(_count_pass(fmt, roles, opts, progress))
+        vocabularies = _count_pass(fmt, roles, opts, progress) if opts.vocab_from_train else None
+        if vocabularies is not None:
             progress = Progress(fmt.name, opts.progress_every_s)
-        else:
-            encoders = {t: HashEncoder(opts.hash_buckets) for t in fmt.key_tables}
-        sizes = {t: encoders[t].num_embeddings for t in fmt.key_tables}
-        sizes.update(fmt.direct_tables)
-        schema = DatasetSchema(label=LABEL_COLUMN, dense=tuple(fmt.dense),
-                               sparse=tuple(SparseFeature(t, v) for t, v in sizes.items()))
-        tally = tallies(sizes, {t: encoders[t].oov_id for t in fmt.key_tables})
-        pa_schema = arrow_schema(schema)
-        writers = {s: PartWriter(stage.split_dir(s), pa_schema, opts.rows_per_file) for s in (TRAIN_SPLIT, VALID_SPLIT)}
-        positives = {TRAIN_SPLIT: 0.0, VALID_SPLIT: 0.0}
-        bad = BadLines()
+        encoders = encoders_for(fmt, opts, vocabularies)
+        state = WriteState(fmt, opts, encoders, stage)
         stage_name = "pass 2/2 (writing)" if opts.vocab_from_train else "writing"
         for index, (path, role) in enumerate(roles):
-            for rec in _blocks(fmt, path, opts, bad, progress, stage_name):
+            for rec in _blocks(fmt, path, opts, state.bad, progress, stage_name):
                 ids = {t: encoders[t].encode(rec.keys[t][0]) for t in fmt.key_tables}
-                valid = _valid_mask(rec, role, index, opts)
+                valid = valid_mask(rec, role, index, opts)
                 for split, m in ((TRAIN_SPLIT, ~valid), (VALID_SPLIT, valid)):
                     if m.any():
-                        positives[split] += float(rec.label[m].sum())
-                        writers[split].write(_table(rec, ids, m, schema, tally, split))
-        rows = {s: w.close() for s, w in writers.items()}
-        bad.check(fmt.name, opts.max_bad_fraction, fmt.hint)
-        for s, n in rows.items():
-            if n == 0:
-                raise DataError(f"The conversion left no {s} rows ({_split_description(fmt, opts)}). Choose a split "
-                                "that leaves rows on both sides (e.g. a larger --valid-fraction, other --valid-days).",
-                                category="empty_split")
-        elapsed = time.monotonic() - t0
-        summary = {
-            "format": fmt.name, "inputs": [redact_uri(p) for p in opts.inputs],
-            "valid_inputs": [redact_uri(p) for p in opts.valid_inputs], "out": redact_uri(opts.out),
-            "split": _split_description(fmt, opts),
-            "ids": ({"mode": "hash", "hash_buckets": opts.hash_buckets} if not opts.vocab_from_train else
-                    {"mode": "vocab", "min_count": opts.min_count, "oov_id": "the last id of each table",
-                     "rare_values": {t: encoders[t].rare for t in fmt.key_tables}}),
-            "rows": rows, "label_mean": {s: positives[s] / rows[s] for s in rows},
-            "lines_read": bad.lines_read, "bad_lines": bad.to_dict(), "dense": list(fmt.dense),
-            "tables": {t: tally[t].to_dict() for t in sizes}, "notes": fmt.notes(),
-            "wall_time_s": round(elapsed, 3), "lines_per_s": round(bad.lines_read / max(elapsed, 1e-9), 1),
-        }
-        finish(stage.path, schema, summary)
+                        table = output_table(rec, ids, m, state.pa_schema)
+                        if split == TRAIN_SPLIT:
+                            for t in state.distinct:
+                                state.add_distinct(t, table.column(t).drop_null().to_numpy())
+                        state.write(split, table)
+        rows = state.close()
+        summary = state.finish(stage.path, rows, time.monotonic() - t0, {"name": "local", "cpus": 1})
         stage.commit()
     return summary
 
 
-def _table(rec: Records, ids: Dict[str, np.ndarray], m: np.ndarray, schema: DatasetSchema, tally: Dict[str, Any],
-           split: str) -> pa.Table:
+def output_table(rec: Records, ids: Dict[str, np.ndarray], m: np.ndarray, schema: pa.Schema) -> pa.Table:
+    """The rows ``m`` of a block as the dataset's columns (empty categories as nulls)."""
     mask = pa.array(m)
-    cols: Dict[str, Any] = {schema.label: pa.array(rec.label[m], pa.float32())}
-    for c in schema.dense:
-        cols[c] = rec.dense[c].filter(mask)
+    cols: Dict[str, Any] = {LABEL_COLUMN: pa.array(rec.label[m], pa.float32())}
+    for c, col in rec.dense.items():
+        cols[c] = col.filter(mask)
     for t, table_ids in ids.items():
-        empty = rec.keys[t][1][m]
-        kept = table_ids[m]
-        tally[t].add(split, kept[~empty], int(empty.sum()))
-        cols[t] = pa.array(kept, pa.int64(), mask=empty)
+        cols[t] = pa.array(table_ids[m], pa.int64(), mask=rec.keys[t][1][m])
     for t, direct in rec.direct.items():
-        tally[t].add(split, direct[m], 0)
         cols[t] = pa.array(direct[m], pa.int64())
-    return pa.table(cols)
+    return pa.table(cols).select(schema.names)

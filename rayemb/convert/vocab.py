@@ -1,8 +1,8 @@
-"""Categorical values -> embedding row ids: hashing mod N, or a frequency-ordered vocabulary.
+"""Categorical values -> embedding row ids: hashing mod N, a frequency-ordered vocabulary, or the values as they are.
 
 Values arrive as uint64 *keys* (a Criteo category's ``int(hex, 16)``, a string's
-64-bit FNV-1a hash, a MovieLens id). Two encoders, as in DLRM and the MLPerf
-reference:
+64-bit FNV-1a hash, a MovieLens id). Two encoders as in DLRM and the MLPerf
+reference, and one for tables that map ids to rows themselves:
 
 - :class:`HashEncoder`: ``id = key % N`` for every table (``num_embeddings = N``);
 - :class:`Vocabulary`: one counting pass over the training rows
@@ -10,7 +10,10 @@ reference:
   the most frequent value, ties broken by the smaller key), keeping values seen at
   least ``min_count`` times; every other value, and every value the counting pass
   never saw, maps to one out-of-vocabulary id ``= len(vocabulary)``
-  (``num_embeddings = len + 1``).
+  (``num_embeddings = len + 1``);
+- :class:`RawEncoder` (``--ids raw``): ``id = key`` as int64, no counting pass;
+  ``num_embeddings`` is a capacity (``--capacity N``, else the distinct ids of
+  the train rows + 1, counted while writing).
 
 The counter holds one ``(key, count)`` pair per distinct value (16 bytes), merged
 in a log-structured way so its cost stays O(n log n) over the whole pass.
@@ -25,7 +28,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -48,8 +51,14 @@ class FrequencyCounter:
         if keys.size == 0:
             return
         u, c = np.unique(keys, return_counts=True)
-        self._pending.append((u, c.astype(np.int64)))
-        self._pending_n += u.size
+        self.add_counts(u, c)
+
+    def add_counts(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        """Adds ``counts[i]`` sightings of ``keys[i]`` (another counter's result, say; a key may repeat)."""
+        if keys.size == 0:
+            return
+        self._pending.append((keys.astype(np.uint64, copy=False), counts.astype(np.int64, copy=False)))
+        self._pending_n += keys.size
         if self._pending_n > max(self._keys.size, _MERGE_MIN):
             self._merge()
 
@@ -90,6 +99,11 @@ class Vocabulary:
         rank = np.lexsort((keys, -counts_kept))  # by count descending, then key ascending
         return cls(keys[rank], counts_kept[rank], rare=int((~keep).sum()))
 
+    @classmethod
+    def empty(cls) -> "Vocabulary":
+        """The vocabulary of a table whose train rows hold no value: every value is out of vocabulary."""
+        return cls(np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64))
+
     @property
     def size(self) -> int:
         return int(self.ranked_keys.size)
@@ -121,6 +135,26 @@ class HashEncoder:
         return (keys % np.uint64(self.num_embeddings)).astype(np.int64)
 
 
+#: what the summary and docs say of ``--ids raw``
+RAW_CAPACITY_RULE = ("num_embeddings = --capacity N, or without it the distinct ids of the table's train rows + 1 "
+                     "(the row a raw table keeps for ids it does not hold)")
+RAW_OVERFLOW_RULE = "id = int(hex, 16) as int64; a value above 2**63 - 1 keeps its low 63 bits; empty -> null"
+_LOW_63_BITS = np.uint64(2**63 - 1)
+
+
+class RawEncoder:
+    """``id = key`` as int64 (``--ids raw``): the value itself, for tables that map ids to rows on their own."""
+
+    def __init__(self, capacity: Optional[int]) -> None:
+        #: None until the write pass has counted the distinct ids (no --capacity)
+        self.num_embeddings = capacity
+        self.oov_id: Optional[int] = None
+
+    def encode(self, keys: np.ndarray) -> np.ndarray:
+        # Criteo's 8 hex digits always fit; only 16-digit values with the top bit set lose it (a non-negative id)
+        return (keys & _LOW_63_BITS).astype(np.int64)
+
+
 class TableTally:
     """What the summary says of one table: rows with no value, out-of-vocabulary rows, distinct ids used."""
 
@@ -147,7 +181,9 @@ class TableTally:
         return d
 
 
-def tallies(sizes: Dict[str, int], oov_ids: Dict[str, Optional[int]]) -> Dict[str, TableTally]:
-    """One :class:`TableTally` per table; distinct ids are tracked while all tables fit the bitmap budget."""
-    track = sum(sizes.values()) <= _DISTINCT_BITMAP_MAX_BYTES
-    return {name: TableTally(v, oov_ids.get(name), track) for name, v in sizes.items()}
+def tallies(sizes: Dict[str, int], oov_ids: Dict[str, Optional[int]],
+            untracked: Sequence[str] = ()) -> Dict[str, TableTally]:
+    """One :class:`TableTally` per table; distinct ids are tracked while all tables fit the bitmap budget (never
+    for ``untracked`` ones, whose ids are not bounded by their size)."""
+    track = sum(v for k, v in sizes.items() if k not in untracked) <= _DISTINCT_BITMAP_MAX_BYTES
+    return {name: TableTally(v, oov_ids.get(name), track and name not in untracked) for name, v in sizes.items()}
