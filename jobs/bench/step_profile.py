@@ -139,8 +139,13 @@ def launches_per_step(events: Sequence[Any], steps: int) -> Dict[str, float]:
     top = [e for e in aten if not any(p.name.startswith("aten::") for p in _parents(e))]
     kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA") and not e.name.startswith(
         ("aten::", "cuda"))]
+    names: Dict[str, int] = {}
+    for e in top:
+        names[e.name] = names.get(e.name, 0) + 1
+    most = sorted(names.items(), key=lambda kv: (-kv[1], kv[0]))[:15]
     return {"aten_ops": len(aten) / steps, "top_level_aten_ops": len(top) / steps,
-            "device_kernels": len(kernels) / steps}
+            "device_kernels": len(kernels) / steps,
+            "top_level_by_name": {n: c / steps for n, c in most}}
 
 
 def _parents(event: Any) -> List[Any]:
@@ -218,7 +223,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(res[0]["top_ops"])
             nonlocal launches
             launches = res[0]["launches_per_step"]
-            print("operators per step (rank 0): " + ", ".join(f"{k} {v:.1f}" for k, v in launches.items()))
+            print("operators per step (rank 0): " + ", ".join(f"{k} {v:.1f}" for k, v in launches.items()
+                                                               if not isinstance(v, dict)))
+            print("  most frequent top-level: " + ", ".join(f"{k} {v:.1f}"
+                                                          for k, v in launches["top_level_by_name"].items()))
         if on and args.ab == "counter":
             nonlocal comm
             comm = _comm_summary([r["comm"] for r in res])

@@ -23,6 +23,8 @@ def dense_model_step(device: Any, local_batch: int, num_dense: int, num_sparse: 
     MLPs (TorchRec's arches: what the built-in constants were measured on)."""
     import torch
 
+    from rayemb.train.optim import dense_optimizer
+
     if model is not None and schema is not None:
         return _dense_part(device, local_batch, dim, model, schema)
     from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
@@ -31,7 +33,7 @@ def dense_model_step(device: Any, local_batch: int, num_dense: int, num_sparse: 
     inter = InteractionArch(num_sparse_features=num_sparse)
     over = OverArch(bottom_mlp[-1] + (num_sparse + 1) * num_sparse // 2, list(top_mlp), device=device)
     params = list(dense_arch.parameters()) + list(over.parameters())
-    opt = torch.optim.Adagrad(params, lr=0.01)
+    opt = dense_optimizer(params, 0.01)  # the job's own
     x = torch.randn(local_batch, num_dense, device=device)
     emb = torch.randn(local_batch, num_sparse, dim, device=device, requires_grad=True)
     y = torch.rand(local_batch, device=device).round()
@@ -53,6 +55,7 @@ def _dense_part(device: Any, local_batch: int, dim: int, spec: Any,
 
     from rayemb.model.contract import Embeddings
     from rayemb.train.losses import job_loss
+    from rayemb.train.optim import dense_optimizer
     from rayemb.train.retrieval import item_feature_of
 
     features = list(schema.sparse_names)
@@ -69,7 +72,7 @@ def _dense_part(device: Any, local_batch: int, dim: int, spec: Any,
     model, _ = spec.build(Embeddings(vectors, tuple(features), dim, device=device), schema)
     model = model.to(device)
     params = [p for p in model.parameters() if p is not vectors.values]
-    opt = torch.optim.Adagrad(params, lr=0.01)
+    opt = dense_optimizer(params, 0.01)  # the job's own
     x = torch.randn(local_batch, len(schema.dense), device=device)
     kjt = KeyedJaggedTensor.from_lengths_sync(keys=features, values=torch.zeros(0, dtype=torch.int64, device=device),
                                               lengths=torch.zeros(local_batch * len(features), dtype=torch.int32,

@@ -116,7 +116,7 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     from rayemb.embedding.data_parallel import OneDataParallelWrapper
     from rayemb.embedding.hybrid import replicated_embedding_parameters
     from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.train.optim import embedding_optimizer
+    from rayemb.train.optim import dense_optimizer, embedding_optimizer
     from rayemb.train.sharding import build_model, plan_for_model
 
     model, embeddings, paths = build_model(cfg, schema, job_plan.placements, job_plan.hot_ids,
@@ -137,7 +137,7 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     replicated = replicated_embedding_parameters(model)
     dense = {n: p for n, p in in_backward_optimizer_filter(model.named_parameters()) if n not in replicated}
     optimizers = [model.fused_optimizer,
-                  KeyedOptimizerWrapper(dense, lambda params: torch.optim.Adagrad(params, lr=cfg.train.dense_lr))]
+                  KeyedOptimizerWrapper(dense, lambda params: dense_optimizer(params, cfg.train.dense_lr))]
     if replicated:
         optimizers.append(KeyedOptimizerWrapper(replicated, lambda params: rep_opt_cls(params, lr=cfg.train.embedding_lr)))
     return model, CombinedOptimizer(optimizers), remapper
