@@ -64,7 +64,10 @@ class PairwiseDotInteraction(nn.Module):
         self.register_buffer("pair_index", rows * n + cols, persistent=False)
 
     def forward(self, dense: torch.Tensor, vectors: List[torch.Tensor]) -> torch.Tensor:
-        combined = torch.stack([dense] + vectors, dim=1)  # (B, 1 + F, D)
+        return self.stacked(dense, torch.stack([dense] + vectors, dim=1))
+
+    def stacked(self, dense: torch.Tensor, combined: torch.Tensor) -> torch.Tensor:
+        """The interaction of ``combined``, ``(B, 1 + F, D)``: ``dense`` then the vectors."""
         gram = torch.bmm(combined, combined.transpose(1, 2))
         return torch.cat((dense, gram.flatten(1).index_select(1, self.pair_index)), dim=1)
 
@@ -106,7 +109,16 @@ class DLRM(nn.Module):
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor,
                 sequence: Optional[KeyedJaggedTensor] = None) -> torch.Tensor:
         dense_out = self.dense_arch(dense)
-        pooled = self.embedding(sparse).to_dict()
+        embedded = self.embedding(sparse)
+        values = embedded.values()
+        batch, dim = dense_out.shape[0], dense_out.shape[1]
+        if not self.has_sequence and embedded.keys() == self.feature_names and \
+                values.shape[1] == len(self.feature_names) * dim:
+            # the pooled vectors already lie side by side in feature order: one copy stacks them with the dense
+            # one, where splitting them per feature and stacking the pieces costs two operators per table
+            combined = torch.cat([dense_out, values], dim=1).view(batch, 1 + len(self.feature_names), dim)
+            return self.over_arch(self.inter_arch.stacked(dense_out, combined)).squeeze(-1)
+        pooled = embedded.to_dict()
         vectors = [pooled[f] for f in self.feature_names]
         if not torch.jit.is_scripting():  # TorchScript skips this block: plain DLRMs stay scriptable (export)
             if self.has_sequence:
