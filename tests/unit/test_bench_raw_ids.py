@@ -1,0 +1,56 @@
+"""jobs/bench/raw_ids_auc.py: its four datasets hold the same rows (raw ids a one-to-one map of the encoded ones,
+capacities by the rule), and its verdicts FAIL on a missing run, a lost margin or no logged eviction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import yaml
+
+from rayemb.data.synthetic import SyntheticSpec, generate
+from tests._bench import load_bench
+
+rb = load_bench("raw_ids_auc")
+
+
+def test_the_views_map_every_id_one_to_one_and_size_the_tables(tmp_path):
+    data = str(tmp_path / "data")
+    generate(SyntheticSpec(rows=3_000, num_tables=3, scale=2_000), data)
+    views = rb.make_views(data, str(tmp_path / "views"))
+    enc = yaml.safe_load(open(f"{data}/schema.yaml"))
+    sizes = {s["name"]: s["num_embeddings"] for s in enc["sparse"]}
+    for view, capacity in (("raw_full", lambda v: v + rb.CAPACITY_SLACK), ("raw_quarter", lambda v: max(2, v // 4)),
+                           ("hash_quarter", lambda v: max(2, v // 4))):
+        got = yaml.safe_load(open(f"{views[view]}/schema.yaml"))
+        assert {s["name"]: s["num_embeddings"] for s in got["sparse"]} == {n: capacity(v) for n, v in sizes.items()}
+        assert all((s.get("ids") == "raw") == view.startswith("raw") for s in got["sparse"])
+        assert got["dense"] == enc["dense"] and got["label"] == enc["label"]
+    for split in ("train", "valid"):
+        a, b = pq.read_table(f"{data}/{split}"), pq.read_table(f"{views['raw_full']}/{split}")
+        assert a.num_rows == b.num_rows and a["label"].equals(b["label"])
+        for name in sizes:
+            x, y = a[name].to_numpy(), b[name].to_numpy()
+            assert y.dtype == np.int64 and (np.abs(y) > 2**40).mean() > 0.99  # 64-bit values, not small ids
+            pairs = set(zip(x.tolist(), y.tolist()))
+            assert len({p[0] for p in pairs}) == len({p[1] for p in pairs}) == len(pairs)  # one-to-one
+
+
+def _r(seed, side, auc, evictions=None):
+    return {"seed": seed, "side": side, "best_valid_auc": auc, "evictions": evictions}
+
+
+def test_verdicts_pass_and_fail_by_margin_order_evictions_and_missing_runs():
+    ok = [_r(0, "encoded", 0.910), _r(0, "raw_full", 0.907), _r(0, "raw_quarter", 0.90, 12.0),
+          _r(0, "hash_quarter", 0.89)]
+    assert {v["verdict"] for v in rb.verdicts(ok, [0]).values()} == {"PASS"}
+    far = [_r(0, "encoded", 0.910), _r(0, "raw_full", 0.904)] + ok[2:]
+    assert rb.verdicts(far, [0])["raw_full_vs_encoded"]["verdict"] == "FAIL"
+    worse = ok[:2] + [_r(0, "raw_quarter", 0.88, 12.0), _r(0, "hash_quarter", 0.89)]
+    assert rb.verdicts(worse, [0])["raw_quarter_vs_hash_quarter"]["verdict"] == "FAIL"
+    quiet = ok[:2] + [_r(0, "raw_quarter", 0.90, None), ok[3]]
+    assert rb.verdicts(quiet, [0])["raw_quarter_evictions_logged"]["verdict"] == "FAIL"
+    assert {v["verdict"] for v in rb.verdicts(ok, [0, 1]).values()} == {"FAIL"}  # seed 1 missing
+    failed = ok[:1] + [{"seed": 0, "side": "raw_full", "error": "boom"}] + ok[2:]
+    assert rb.verdicts(failed, [0])["raw_full_vs_encoded"]["verdict"] == "FAIL"
+    assert rb.evictions({"evictions.C1": 3, "evictions.C2": 4.0, "valid_auc": 0.9}) == 7.0
+    assert rb.evictions({"valid_auc": 0.9}) is None
