@@ -2,8 +2,8 @@
 
 Each command is a thin layer over library functions, in a module of its own:
 ``gen-data`` and ``train`` (:mod:`rayemb.cli.train`, also ``jobs/train.py``),
-``stats`` (:mod:`rayemb.cli.stats`), ``plan`` (:mod:`rayemb.cli.plan`) and
-``compare`` (:mod:`rayemb.cli.compare`), ``convert`` (:mod:`rayemb.cli.convert`),
+``stats`` (:mod:`rayemb.cli.stats`), ``schema infer`` (:mod:`rayemb.cli.schema`),
+``plan`` (:mod:`rayemb.cli.plan`) and ``compare`` (:mod:`rayemb.cli.compare`), ``convert`` (:mod:`rayemb.cli.convert`),
 ``export`` (:mod:`rayemb.cli.export`), ``predict`` (:mod:`rayemb.cli.predict`) and ``checkpoint``
 (:mod:`rayemb.cli.checkpoint`). Every command has ``--help`` with an example. User errors exit with code 2 and
 one paragraph naming the input and the fix (no traceback; ``RAYEMB_DEBUG=1`` shows it), credentials in URIs redacted.
@@ -28,6 +28,9 @@ COMMANDS = {
     "stats": ("rayemb.cli.stats", "add_stats_arguments", "stats_main",
               "Per-table statistics of a dataset (stats.json).",
               "rayemb stats --data data/synth_small --out stats.json"),
+    "schema": ("rayemb.cli.schema", "add_schema_arguments", "schema_main",
+               "Infer schema.yaml for a dataset of your own parquet files (train/, valid/).",
+               "rayemb schema infer data/clicks --label click --exclude request_id"),
     "plan": ("rayemb.cli.plan", "add_plan_arguments", "plan_main",
              "Sharding plan for the live or a described cluster.",
              "rayemb plan --config jobs/configs/synth_small.yaml --world-size 64 --gpus-per-node 8 --hbm-gib 80 "
