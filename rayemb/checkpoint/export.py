@@ -4,8 +4,12 @@
 (loadable with ``torch.load(path, weights_only=True)``)::
 
     {"tables": {name: {"weight": [V, D], "momentum1": [V] or [V, D]}},
+     "raw_tables": {name: {"ids": [n] int64, "weight": [n, D], "momentum1": ..., "meta.counts": ..., "iter": []}},
      "dense": {param: tensor}, "dense_optim": {param: {state: tensor}},
      "meta": {format, epoch, step, world_size, ...}}
+
+(``raw_tables``: the raw-id tables, the ids each holds ascending with their
+rows, :mod:`rayemb.checkpoint.raw_state`; empty without raw-id features.)
 
 — the form a user takes to inference. :func:`reshard_checkpoint` rewrites a
 checkpoint in the canonical layout of ``world_size`` ranks (real gloo ranks
@@ -51,8 +55,12 @@ def unsharded_state(directory: str, shown: Optional[str] = None) -> Dict[str, An
             return unsharded_state(local, shown=directory)
     meta = verify(directory, shown=shown)
     flat = read_unsharded(directory, shown=shown)
+    from rayemb.checkpoint.raw_files import RAW, raw_tables_of
+
     out: Dict[str, Any] = {"tables": {}, "dense": {}, "dense_optim": {},
-                           "meta": {k: meta[k] for k in _EXPORT_META if k in meta}}
+                           "meta": {k: meta[k] for k in _EXPORT_META if k in meta},
+                           "raw_tables": {t: {k: torch.from_numpy(v) for k, v in fields.items()}
+                                          for t, fields in raw_tables_of(directory, meta).items()}}
     for key, value in sorted(flat.items()):
         kind, rest = key.split(".", 1)
         if kind == "tables":
@@ -63,7 +71,7 @@ def unsharded_state(directory: str, shown: Optional[str] = None) -> Dict[str, An
         elif kind == "dense_optim":
             param, state = rest.rsplit(".", 1)
             out["dense_optim"].setdefault(param, {})[state] = value
-    missing = sorted(set(meta["tables"]) - set(out["tables"]))
+    missing = sorted({t for t, e in meta["tables"].items() if e.get("ids") != RAW} - set(out["tables"]))
     if missing:
         raise DataError(f"Checkpoint {redact_uri(directory)!r} lists tables {missing[:5]} that its files do not hold.",
                         category="bad_checkpoint")
@@ -77,13 +85,15 @@ def export_checkpoint(directory: str, out_file: str) -> Dict[str, Any]:
         with storage.local_output(out_file) as local:
             torch.save(state, local)
             size = os.path.getsize(local)
-        return {"out": redact_uri(out_file), "tables": len(state["tables"]), "dense_tensors": len(state["dense"]),
+        return {"out": redact_uri(out_file), "tables": len(state["tables"]) + len(state["raw_tables"]),
+                "dense_tensors": len(state["dense"]),
                 "bytes": size, "step": state["meta"].get("step")}
     os.makedirs(os.path.dirname(os.path.abspath(out_file)) or ".", exist_ok=True)
     tmp = out_file + ".tmp"
     torch.save(state, tmp)
     os.replace(tmp, out_file)
-    return {"out": out_file, "tables": len(state["tables"]), "dense_tensors": len(state["dense"]),
+    return {"out": out_file, "tables": len(state["tables"]) + len(state["raw_tables"]),
+            "dense_tensors": len(state["dense"]),
             "bytes": os.path.getsize(out_file), "step": state["meta"].get("step")}
 
 
@@ -92,6 +102,7 @@ def _reshard_rank(rank: int, world_size: int, src: str, out: str, extra_meta: Di
     import torch.distributed.checkpoint as dcp
 
     from rayemb.checkpoint.exchange import row_range
+    from rayemb.checkpoint.raw_files import reshard_raw_files
     from rayemb.checkpoint.store import _file_digests, _row_sharded
 
     meta = verify(src, hashes=rank == 0)
@@ -106,7 +117,9 @@ def _reshard_rank(rank: int, world_size: int, src: str, out: str, extra_meta: Di
             request[key] = torch.zeros(shape, dtype=dtype)
     dcp.load(request, storage_reader=reader)
     dcp.save(request, storage_writer=dcp.FileSystemWriter(out, sync_files=True))
-    mine = [n for n in os.listdir(out) if n.startswith(f"__{rank}_") and n.endswith(".distcp")]
+    # the raw-id tables: part r holds the ids rank r owns in the new world
+    mine = reshard_raw_files(src, out, meta, rank, world_size)
+    mine += [n for n in os.listdir(out) if n.startswith(f"__{rank}_") and n.endswith(".distcp")]
     if rank == 0:
         mine.append(".metadata")
     gathered: list = [None] * world_size

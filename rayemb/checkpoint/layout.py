@@ -47,6 +47,14 @@ _COLD = re.compile(r"(?:^|\.)cold\.d\d+\.embeddings\.([^.]+)\.weight$")
 _ROWS = re.compile(r"(?:^|\.)(?:plain\.rows\.d\d+|plain\.replicated|sequence)\.embeddings\.([^.]+)\.weight$")
 #: optimizer state names that mean the Adagrad accumulator (FBGEMM fused / torch and TorchRec optimizers)
 _MOMENTUM_NAMES = ("momentum1", "sum")
+#: the state of raw-id tables: TorchRec's managed-collision EBC holds its tables and id->slot modules under
+#: these children; checkpoints keep it in the world-size-free form of rayemb.checkpoint.raw_state instead
+_RAW = re.compile(r"(?:^|\.)(?:_embedding_module|_managed_collision_collection)\.")
+
+
+def raw_table_key(key: str) -> bool:
+    """Whether a state-dict (or optimizer-state) key belongs to a raw-id table (neither slots nor dense)."""
+    return _RAW.search(key) is not None
 
 
 @dataclass
@@ -185,16 +193,17 @@ def model_slots(model_state: Mapping[str, Any], optimizer_state: Mapping[str, Ma
 
 def dense_entries(model_state: Mapping[str, Any], optimizer_state: Mapping[str, Mapping[str, Any]]
                   ) -> Dict[str, torch.Tensor]:
-    """The model's non-embedding tensors and their optimizer state, replicated on every rank.
+    """The model's non-embedding tensors and their optimizer state, replicated on every rank (raw-id tables
+    excluded: :mod:`rayemb.checkpoint.raw_state`).
 
     Keys ``dense.<param>`` and ``dense_optim.<param>.<state>``; tensors are the live ones.
     """
     out: Dict[str, torch.Tensor] = {}
     for key, value in model_state.items():
-        if embedding_key(key) is None and isinstance(value, torch.Tensor):
+        if embedding_key(key) is None and not raw_table_key(key) and isinstance(value, torch.Tensor):
             out[f"dense.{key}"] = value
     for key, states in optimizer_state.items():
-        if embedding_key(key) is not None:
+        if embedding_key(key) is not None or raw_table_key(key):
             continue
         for name, value in states.items():
             if isinstance(value, torch.Tensor):
@@ -213,4 +222,4 @@ def set_step_counters(optimizer_state: Mapping[str, Mapping[str, Any]], step: in
 
 
 __all__ = ["DTYPE_NAMES", "MOMENTUM", "Slot", "WEIGHT", "dense_entries", "embedding_key", "model_slots",
-           "set_step_counters", "stored_tables", "table_dtypes"]
+           "raw_table_key", "set_step_counters", "stored_tables", "table_dtypes"]

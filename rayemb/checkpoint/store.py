@@ -12,7 +12,10 @@ A checkpoint directory holds
   and placements, tables (rows, dim, stored ``dtype``: fp32 / fp16), epoch /
   step / position in the epoch, every rank's RNG state, and the size and SHA-256 of every file. A
   directory without a ``meta.json`` whose files match it is not a checkpoint
-  (a crash mid-write leaves nothing that looks complete).
+  (a crash mid-write leaves nothing that looks complete);
+* ``raw_ids.<rank>.npz``: each rank's part of the raw-id tables (the ids each
+  holds with their rows, :mod:`rayemb.checkpoint.raw_files`), loadable into
+  any world size; ``meta.json`` names those tables with ``"ids": "raw"``.
 
 Loading (:func:`load_logical`) reads the canonical rows of the *loading*
 world (DCP reshards: any world size) and scatters them into the live model's
@@ -116,17 +119,21 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     """Writes this rank's part of a logical checkpoint into ``directory`` (a collective; every rank calls it).
 
     ``directory`` may be local to each rank (Ray Train merges the ranks' directories)
-    or shared. ``tables``: name -> (num_embeddings, dim). ``meta``: epoch, step,
+    or shared. ``tables``: name -> (num_embeddings, dim) of every table (a raw-id
+    table's: its capacity; its ids and rows go to ``raw_ids.<rank>.npz``). ``meta``: epoch, step,
     position and bookkeeping to record. Rank 0 writes ``meta.json`` last and
     returns it (other ranks return ``{}``).
     """
     import torch.distributed.checkpoint as dcp
 
+    from rayemb.checkpoint.raw_files import raw_table_meta, save_raw_files
+
     rank, world = dist.get_rank(), dist.get_world_size()
     os.makedirs(directory, exist_ok=True)
     model_state = model.state_dict()
     optim_state = optimizer.state_dict()["state"]
-    tables = stored_tables(tables, model_state)
+    raw = save_raw_files(directory, model, rank)  # the raw-id tables: ids and their rows, not rows of [V, D]
+    given, tables = tables, stored_tables(_encoded(tables, model), model_state)
     dtypes = table_dtypes(model_state)
     slots = model_slots(model_state, optim_state, remapper)
     state: Dict[str, Any] = {}
@@ -144,13 +151,15 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     if rank == 0:
         mine.append(DCP_METADATA)
     gathered: List[Any] = [None] * world
-    dist.all_gather_object(gathered, {"files": _file_digests(directory, mine), "rng": _rng_state()})
+    dist.all_gather_object(gathered, {"files": _file_digests(directory, mine + raw.get("files", [])),
+                                      "rng": _rng_state(), "held": raw.get("held", {})})
     if rank != 0:
         return {}
     doc = {
         **dict(meta), "format": FORMAT, "world_size": world,
-        "tables": {t: {"num_embeddings": int(v), "dim": int(d), "dtype": DTYPE_NAMES[dtypes[t]]}
-                   for t, (v, d) in sorted(tables.items())},
+        "tables": {**{t: {"num_embeddings": int(v), "dim": int(d), "dtype": DTYPE_NAMES[dtypes[t]]}
+                      for t, (v, d) in sorted(tables.items())},
+                   **(raw_table_meta(given, model, [g["held"] for g in gathered]) if raw else {})},
         "states": states, "rng": [g["rng"] for g in gathered],
         **({"compression": compression} if compression else {}),
         "files": {n: info for g in gathered for n, info in g["files"].items()},
@@ -162,6 +171,14 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(directory, META_FILE))
     return doc
+
+
+def _encoded(tables: Mapping[str, Tuple[int, int]], model: Any) -> Dict[str, Tuple[int, int]]:
+    """``tables`` less the model's raw-id tables (those are saved by :mod:`rayemb.checkpoint.raw_files`)."""
+    from rayemb.embedding.raw_tables import raw_id_modules
+
+    raw = raw_id_modules(model)
+    return {t: v for t, v in tables.items() if t not in raw}
 
 
 def model_compression(model: Any) -> Dict[str, Dict[str, Any]]:
@@ -290,21 +307,23 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     """
     import torch.distributed.checkpoint as dcp
 
+    from rayemb.checkpoint.raw_files import check_id_kinds, load_raw_files
+    from rayemb.embedding.raw_tables import raw_id_modules
+
     meta = dict(meta) if meta is not None else verify(directory, hashes=False)
+    raw = raw_id_modules(model)
+    check_id_kinds({t: e for t, e in meta["tables"].items() if t in tables}, list(raw), directory)
     reader = SafeFileSystemReader(directory)
     metadata = reader.metadata()  # a refused .metadata fails here, not wrapped by DCP
     saved, shapes = metadata.state_dict_metadata, _shapes(metadata)
     rank, world = dist.get_rank(), dist.get_world_size()
     saved_tables = meta["tables"]
     model_state = model.state_dict()
-    tables = stored_tables(tables, model_state)
+    for name in raw:  # a raw-id table's capacity and dim, as an encoded table's rows and dim
+        _same_shape(directory, name, saved_tables.get(name), tables[name])
+    tables = stored_tables({t: v for t, v in tables.items() if t not in raw}, model_state)
     for name, (rows, dim) in sorted(tables.items()):
-        got = saved_tables.get(name)
-        if got is None or (int(got["num_embeddings"]), int(got["dim"])) != (int(rows), int(dim)):
-            raise DataError(
-                f"Checkpoint {directory!r} has table {name!r} as {got} ; this job has {rows} rows x {dim} dims. "
-                "Resume with the same schema, model.embedding_dim and table compression, or start fresh.",
-                category="bad_checkpoint")
+        _same_shape(directory, name, saved_tables.get(name), (rows, dim))
     live_dtypes = table_dtypes(model_state)
     cast = sorted(t for t in tables if saved_tables[t].get("dtype", "fp32") != DTYPE_NAMES[live_dtypes[t]])
     if cast:
@@ -347,9 +366,20 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     set_step_counters(optim_state["state"], int(meta.get("step", 0)))
     model.load_state_dict(model_state)
     optimizer.load_state_dict(optim_state)
+    if raw:  # after the state dicts: the raw tables' slots and rows are written in place
+        load_raw_files(directory, meta, model)
     if int(meta.get("world_size", -1)) == world and meta.get("rng"):
         torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(meta["rng"][rank])), dtype=torch.uint8))
     return dict(meta)
+
+
+def _same_shape(directory: str, name: str, got: Optional[Mapping[str, Any]], shape: Tuple[int, int]) -> None:
+    rows, dim = shape
+    if got is None or (int(got["num_embeddings"]), int(got["dim"])) != (int(rows), int(dim)):
+        raise DataError(
+            f"Checkpoint {directory!r} has table {name!r} as {got} ; this job has {rows} rows x {dim} dims. "
+            "Resume with the same schema, model.embedding_dim and table compression, or start fresh.",
+            category="bad_checkpoint")
 
 
 def _saved_rowwise(shapes: Mapping[str, List[int]], table: str, live_rowwise: Optional[bool]) -> bool:

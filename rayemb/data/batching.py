@@ -15,6 +15,12 @@ Example::
 Dense counts are transformed with ``log1p(max(x, 0))`` and nulls read as 0, the
 usual Criteo preprocessing.
 
+Raw-id features (``ids: raw``, docs/raw_ids.md) keep their ids: int64 values
+pass unchanged and strings become int64 by
+:func:`rayemb.embedding.raw_ids.raw_ids_to_int64`; ``id_policy`` does not touch
+them (any int64 is a valid raw id). The remap (``remap``) hands them to the
+raw-id tables.
+
 Sequence features (``schema.sequence``; with ``BatchConverter(...,
 sequence=True)``) go to a second, separate KJT ``Batch.sequence``: jagged, each
 row cut to its ``max_length`` most recent ids
@@ -38,7 +44,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rayemb.data.schema import DatasetSchema
+from rayemb.data.schema import RAW, DatasetSchema
+from rayemb.embedding.raw_ids import raw_ids_to_int64
 
 if TYPE_CHECKING:
     import torch
@@ -72,8 +79,16 @@ def _column(batch: pa.Table, name: str) -> pa.Array:
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
-def sparse_arrays(batch: pa.Table, name: str, multi_hot: bool) -> Tuple[np.ndarray, np.ndarray]:
-    """(values int64, lengths int32) of one sparse column, vectorized (no per-row Python)."""
+def _int64_ids(values: Any, raw: bool, name: str) -> np.ndarray:
+    if raw:  # strings hashed; the function refuses any other non-integer type by name
+        return raw_ids_to_int64(values, name)
+    return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def sparse_arrays(batch: pa.Table, name: str, multi_hot: bool, raw: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+    """(values int64, lengths int32) of one sparse column, vectorized (no per-row Python).
+
+    ``raw``: a raw-id column, whose values may also be strings (hashed to int64)."""
     col = _column(batch, name)
     if multi_hot:
         lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False).astype(np.int32)
@@ -83,11 +98,10 @@ def sparse_arrays(batch: pa.Table, name: str, multi_hot: bool) -> Tuple[np.ndarr
                 f"Sparse column {name!r} holds {values.null_count} null id(s) inside its lists; "
                 "drop them or map them to a reserved id before training."
             )
-        return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False), lengths
+        return _int64_ids(values, raw, name), lengths
     valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
     # A null one-hot id is an empty bag (length 0), as Criteo's missing categories.
-    values = pc.drop_null(col).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    return values, valid.astype(np.int32)
+    return _int64_ids(pc.drop_null(col), raw, name), valid.astype(np.int32)
 
 
 def apply_id_policy(values: np.ndarray, num_embeddings: int, policy: str, name: str) -> np.ndarray:
@@ -128,6 +142,11 @@ class BatchConverter:
         if keep_ids is not None and keep_ids not in {f.name for f in schema.sparse if not f.multi_hot}:
             raise DataError(f"keep_ids={keep_ids!r} is not a one-id-per-row sparse feature of the schema.",
                             category="invalid_schema")
+        if keep_ids is not None and schema.feature(keep_ids).ids == RAW:
+            # a retrieval catalogue is every row of the item table; a raw-id table has no fixed rows to list
+            raise DataError(f"Feature {keep_ids!r} holds raw ids (ids: raw); a retrieval model's item feature "
+                            "needs encoded ids in [0, num_embeddings). Encode the item ids (e.g. `rayemb convert` "
+                            "builds a vocabulary) or drop `ids: raw` from it.", category="invalid_schema")
 
     def sequence_kjt(self, batch: pa.Table) -> "KeyedJaggedTensor":
         """The sequence features of ``batch`` as one KJT: latest ``max_length`` ids per row, key-major."""
@@ -177,8 +196,10 @@ class BatchConverter:
 
         sparse = []
         for feat in self.schema.sparse:
-            values, lengths = sparse_arrays(batch, feat.name, feat.multi_hot)
-            sparse.append((apply_id_policy(values, feat.num_embeddings, self.id_policy, feat.name), lengths))
+            values, lengths = sparse_arrays(batch, feat.name, feat.multi_hot, raw=feat.ids == RAW)
+            if feat.ids != RAW:  # any int64 is a raw id: the raw-id table finds its row or the zero default
+                values = apply_id_policy(values, feat.num_embeddings, self.id_policy, feat.name)
+            sparse.append((values, lengths))
         sequence = self._sequence_arrays(batch) if self.sequence else None
         ids = None if self.keep_ids is None else sparse[self.schema.sparse_names.index(self.keep_ids)][0]
         if ids is not None and len(ids) != n:

@@ -163,7 +163,7 @@ def check_ids(stats: "DatasetStats", schema: "DatasetSchema", policy: str = "err
                 f"stats.json has no entry for sparse column {feat.name!r}; it was computed for another dataset. "
                 "Recompute it with `rayemb stats --data DIR --out stats.json`."
             )
-        if t.invalid:
+        if t.invalid and feat.ids != "raw":  # any int64 is a raw id (statistics of raw tables count none invalid)
             bad.append(
                 f"column {feat.name!r}: {t.invalid:,} of {t.values:,} ids outside [0, {feat.num_embeddings}) "
                 f"(e.g. {list(t.invalid_examples)}, observed range [{t.min_id}, {t.max_id}])"

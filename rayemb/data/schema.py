@@ -210,6 +210,11 @@ class DatasetSchema:
     def sequence_names(self) -> List[str]:
         return [f.name for f in self.sequence]
 
+    @property
+    def raw_names(self) -> List[str]:
+        """The pooled features with raw ids (``ids: raw``), in schema order."""
+        return [f.name for f in self.sparse if f.ids == RAW]
+
     def feature(self, name: str) -> SparseFeature:
         for f in self.sparse:
             if f.name == name:

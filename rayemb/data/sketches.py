@@ -15,6 +15,12 @@ per block, combined in any order, with bounded memory. Per table
   for the maths and the error bound), or exact counts of every id with
   ``capacity=None`` (small data, and the test oracle).
 
+A raw-id table (``ids: raw``) has no id range: every int64 value is an id
+(strings arrive hashed), none is invalid, ``num_embeddings`` is its capacity
+and says nothing about the ids, so its distinct ids are counted by the
+histogram while no counter was dropped and by HyperLogLog after, never by a
+bitmap of ``num_embeddings`` bits.
+
 Example::
 
     >>> a = TableSummary.from_values("C1", 1000, np.array([3, 3, 7]), rows=3, capacity=2)
@@ -172,15 +178,16 @@ def _mg_reduce(ids: np.ndarray, counts: np.ndarray, k: int) -> Tuple[np.ndarray,
     return ids[keep], counts[keep] - c, c
 
 
-def _count_ids(ids: np.ndarray, num_embeddings: int) -> Tuple[np.ndarray, np.ndarray]:
+def _count_ids(ids: np.ndarray, num_embeddings: Optional[int]) -> Tuple[np.ndarray, np.ndarray]:
     """Exact (distinct ids sorted ascending, counts) of valid ids ``0 <= id < num_embeddings``.
 
     Uses ``np.bincount`` (O(n + V), faster than sorting) when the table is
-    not much larger than the block, else ``np.unique``.
+    not much larger than the block, else ``np.unique``; ``num_embeddings``
+    None (raw ids, any int64): always ``np.unique``.
     """
     if ids.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    if num_embeddings <= _DENSE_COUNT_FACTOR * ids.size + (1 << 16):
+    if num_embeddings is not None and num_embeddings <= _DENSE_COUNT_FACTOR * ids.size + (1 << 16):
         dense = np.bincount(ids, minlength=num_embeddings)
         present = np.flatnonzero(dense)
         return present.astype(np.int64), dense[present].astype(np.int64)
@@ -228,7 +235,9 @@ class TableSummary:
     counts: np.ndarray = None  # type: ignore[assignment]
     error_bound: int = 0
     bitmap: Optional[np.ndarray] = None  # packed bits of seen valid ids, when num_embeddings is small
-    hll: Optional[HyperLogLog] = None  # when num_embeddings is large and not exact
+    hll: Optional[HyperLogLog] = None  # when num_embeddings is large (or the ids raw) and not exact
+    #: a raw-id table: any int64 is an id (module docstring)
+    raw: bool = False
 
     def __post_init__(self) -> None:
         if self.ids is None:
@@ -250,22 +259,24 @@ class TableSummary:
         nulls: int = 0,
         max_bag: int = 1,
         capacity: Optional[int] = DEFAULT_NUM_HEAVY_HITTERS,
+        raw: bool = False,
     ) -> "TableSummary":
         """Summarises one block: ``values`` are the block's non-null ids (int64, flattened bags)."""
         v = values.astype(np.int64, copy=False)
-        s = cls(name, num_embeddings, capacity, rows=rows, values=int(v.size), nulls=nulls, max_bag=int(max_bag))
+        s = cls(name, num_embeddings, capacity, rows=rows, values=int(v.size), nulls=nulls, max_bag=int(max_bag),
+                raw=raw)
         if v.size:
             s.min_id, s.max_id = int(v.min()), int(v.max())
-            if s.min_id < 0 or s.max_id >= num_embeddings:
+            if not raw and (s.min_id < 0 or s.max_id >= num_embeddings):
                 bad = (v < 0) | (v >= num_embeddings)
                 s.invalid = int(np.count_nonzero(bad))
                 s.invalid_examples = tuple(int(x) for x in np.unique(v[bad])[:NUM_INVALID_EXAMPLES])
                 v = v[~bad]
-        ids, counts = _count_ids(v, num_embeddings)
+        ids, counts = _count_ids(v, None if raw else num_embeddings)
         if capacity is None:
             s.ids, s.counts = ids, counts
             return s
-        if num_embeddings <= DISTINCT_EXACT_MAX_ROWS:
+        if not raw and num_embeddings <= DISTINCT_EXACT_MAX_ROWS:
             bits = np.zeros(num_embeddings, dtype=bool)
             bits[ids] = True
             s.bitmap = np.packbits(bits)
@@ -277,7 +288,8 @@ class TableSummary:
 
     def merge(self, other: "TableSummary") -> "TableSummary":
         """Combines the summaries of two disjoint sets of rows (the inputs are not modified)."""
-        if (self.name, self.num_embeddings, self.capacity) != (other.name, other.num_embeddings, other.capacity):
+        if (self.name, self.num_embeddings, self.capacity, self.raw) != (other.name, other.num_embeddings,
+                                                                         other.capacity, other.raw):
             raise ValueError(f"cannot merge summaries of {self.name!r} and {other.name!r} with different settings")
         mins = [x for x in (self.min_id, other.min_id) if x is not None]
         maxs = [x for x in (self.max_id, other.max_id) if x is not None]
@@ -295,6 +307,7 @@ class TableSummary:
             min_id=min(mins) if mins else None,
             max_id=max(maxs) if maxs else None,
             max_bag=max(self.max_bag, other.max_bag),
+            raw=self.raw,
         )
         ids, counts = _add_counts(self.ids, self.counts, other.ids, other.counts)
         sub = 0
@@ -343,6 +356,7 @@ class TableSummary:
             pooling_max=int(self.max_bag),
             heavy_hitters=np.stack([hh_ids, hh_counts], axis=1),
             error_bound=int(self.error_bound),
+            ids="raw" if self.raw else "encoded",
         )
 
 

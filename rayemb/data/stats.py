@@ -43,9 +43,10 @@ from rayemb._ray import init_ray
 from rayemb.constants import SMALL_SPLIT_MAX_ROWS, TRAIN_SPLIT
 from rayemb.data.checks import ValueSummary
 from rayemb.data.fingerprint import dataset_fingerprint
-from rayemb.data.schema import DatasetSchema, check_parquet_columns, count_rows, parquet_files
+from rayemb.data.schema import RAW, DatasetSchema, check_parquet_columns, count_rows, parquet_files
 from rayemb.data.sketches import DEFAULT_NUM_HEAVY_HITTERS, TableSummary, merge_summaries
 from rayemb.data.stats_types import DatasetStats
+from rayemb.embedding.raw_ids import raw_ids_to_int64
 from rayemb.errors import DataError, find_user_error
 from rayemb.logs import redact_uri
 
@@ -58,19 +59,27 @@ DEFAULT_ROWS_PER_READ = 1 << 19
 # ---- PER-BLOCK PASS ---- #
 
 
-def _column_values(col: pa.ChunkedArray, multi_hot: bool) -> Tuple[np.ndarray, int, int]:
+def _ids(values: Any, raw: bool) -> np.ndarray:
+    """int64 ids of a null-free array: a raw-id column's strings hashed as the batches hash them."""
+    if raw:
+        return raw_ids_to_int64(values)
+    return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _column_values(col: pa.ChunkedArray, multi_hot: bool, raw: bool = False) -> Tuple[np.ndarray, int, int]:
     """(non-null ids as int64, nulls, max bag length) of one sparse column of a block, vectorized.
 
     One-hot: nulls are null rows. Multi-hot: nulls are null bags plus null ids
     inside bags; a null bag counts as an empty bag. ``flatten`` honours slice
-    offsets, so no per-row Python work happens.
+    offsets, so no per-row Python work happens. ``raw``: a raw-id column (int64
+    or string ids; strings become the int64 ids training uses).
     """
     if not multi_hot:
         nulls = col.null_count
         if nulls:
             col = pc.drop_null(col)
-        arr = col.to_numpy() if col.num_chunks else np.zeros(0, np.int64)
-        return arr.astype(np.int64, copy=False), int(nulls), 1
+        arr = _ids(col, raw) if col.num_chunks else np.zeros(0, np.int64)
+        return arr, int(nulls), 1
     parts: List[np.ndarray] = []
     nulls, max_bag = 0, 0
     for chunk in col.chunks:
@@ -82,26 +91,35 @@ def _column_values(col: pa.ChunkedArray, multi_hot: bool) -> Tuple[np.ndarray, i
         if flat.null_count:
             nulls += flat.null_count
             flat = pc.drop_null(flat)
-        parts.append(flat.to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+        parts.append(_ids(flat, raw))
     values = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     return values, int(nulls), max_bag
 
 
-def _summarize_table(
-    table: pa.Table, features: Sequence[Tuple[str, int, bool]], capacity: Optional[int]
-) -> Dict[str, TableSummary]:
+#: one sparse column to summarise: (name, num_embeddings, multi_hot[, raw ids]; without it: encoded)
+Feature = Tuple[Any, ...]
+
+
+def _is_raw(feature: Feature) -> bool:
+    return len(feature) > 3 and bool(feature[3])
+
+
+def _summarize_table(table: pa.Table, features: Sequence[Feature], capacity: Optional[int]
+                     ) -> Dict[str, TableSummary]:
     """Summaries of every sparse column of one in-memory table."""
     out: Dict[str, TableSummary] = {}
-    for name, num_embeddings, multi_hot in features:
-        values, nulls, max_bag = _column_values(table.column(name), multi_hot)
+    for f in features:
+        name, num_embeddings, multi_hot = f[:3]
+        values, nulls, max_bag = _column_values(table.column(name), multi_hot, _is_raw(f))
         out[name] = TableSummary.from_values(
-            name, num_embeddings, values, rows=table.num_rows, nulls=nulls, max_bag=max_bag, capacity=capacity
+            name, num_embeddings, values, rows=table.num_rows, nulls=nulls, max_bag=max_bag, capacity=capacity,
+            raw=_is_raw(f),
         )
     return out
 
 
 def _summarize_files(
-    batch: pa.Table, *, features: Sequence[Tuple[str, int, bool]], capacity: Optional[int], rows_per_read: int,
+    batch: pa.Table, *, features: Sequence[Feature], capacity: Optional[int], rows_per_read: int,
     label: Union[None, str, Sequence[str]] = None, dense: Sequence[str] = (),
 ) -> pa.Table:
     """Ray Data UDF: parquet paths in, one row per file out, holding its pickled summaries.
@@ -138,7 +156,7 @@ def _summarize_files(
             continue
         part = merger.result()
         if part is None:  # a file without rows, or no sparse tables asked for
-            part = {n: TableSummary(n, v, capacity) for n, v, _ in features}
+            part = {f[0]: TableSummary(f[0], f[1], capacity, raw=_is_raw(f)) for f in features}
         blobs.append(pickle.dumps((part, values), protocol=pickle.HIGHEST_PROTOCOL))
     return pa.table({"summary": pa.array(blobs, type=pa.large_binary())})
 
@@ -213,7 +231,8 @@ def compute_stats(
     check_parquet_columns(schema, data_dir, split)
     files = parquet_files(data_dir, split)
     fingerprint = dataset_fingerprint(data_dir, split)
-    features = [(f.name, int(f.num_embeddings), bool(f.multi_hot)) for f in schema.sparse] if tables else []
+    features = [(f.name, int(f.num_embeddings), bool(f.multi_hot), f.ids == RAW) for f in schema.sparse] \
+        if tables else []
     total_rows = count_rows(data_dir, split)  # footers only (concurrently for remote files)
     if in_process is None:
         in_process = total_rows <= SMALL_SPLIT_MAX_ROWS
@@ -250,7 +269,7 @@ def compute_stats(
     elapsed = time.monotonic() - t0
     if merged is None:  # files with zero rows
         merged = {
-            name: TableSummary(name, v, None if exact else num_heavy_hitters) for name, v, _ in features
+            name: TableSummary(name, v, None if exact else num_heavy_hitters, raw=raw) for name, v, _, raw in features
         }
     if progress:
         _print_progress(rows, total_rows or rows, values, t0)
@@ -265,7 +284,7 @@ def compute_stats(
         num_heavy_hitters=None if exact else int(num_heavy_hitters),
         elapsed_s=round(elapsed, 3),
         values=value_summary,
-        tables={name: merged[name].to_stats() for name, _, _ in features},
+        tables={name: merged[name].to_stats() for name, _, _, _ in features},
     )
 
 

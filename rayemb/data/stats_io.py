@@ -20,6 +20,7 @@ from typing import Optional
 from rayemb import storage
 from rayemb.constants import TRAIN_SPLIT
 from rayemb.data.fingerprint import dataset_fingerprint
+from rayemb.data.schema import DatasetSchema
 from rayemb.data.sketches import DEFAULT_NUM_HEAVY_HITTERS
 from rayemb.data.stats import compute_stats
 from rayemb.data.stats_types import STATS_SCHEMA_VERSION, DatasetStats
@@ -79,12 +80,14 @@ def load_or_compute_stats(
 ) -> DatasetStats:
     """Reuses ``stats_path`` when its fingerprint and split match ``data_dir``, else computes stats.
 
-    A stale file (the data changed) is logged and recomputed, never silently used.
+    A stale file (the data changed) is logged and recomputed, never silently used; so is one that counted
+    a raw-id table's ids as an encoded table's (written before rayemb counted raw ids).
     """
     if stats_path and storage.isfile(stats_path):
         stats = load_stats_json(stats_path)
+        raw = set(DatasetSchema.load(data_dir).raw_names)
         if (stats.fingerprint == dataset_fingerprint(data_dir, split) and stats.split in (None, split)
-                and stats.values is not None):
+                and stats.values is not None and {n for n, t in stats.tables.items() if t.ids == "raw"} == raw):
             logger.info("reusing %s (fingerprint matches %s)", redact_uri(stats_path), redact_uri(data_dir))
             return stats
         logger.warning("%s was computed for other data than %s/%s (or by an older rayemb); recomputing",

@@ -60,6 +60,8 @@ class TableStats:
     pooling_max: int = 1
     heavy_hitters: np.ndarray = field(default_factory=lambda: _pairs([]))
     error_bound: int = 0
+    #: ``raw`` for a raw-id table (its ids any int64, heavy hitters raw ids, no hot set), else ``encoded``
+    ids: str = "encoded"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "heavy_hitters", _pairs(self.heavy_hitters))
@@ -80,6 +82,8 @@ class TableStats:
             "pooling_factor": {"mean": float(self.pooling_mean), "max": int(self.pooling_max)},
             "heavy_hitters": self.heavy_hitters.tolist(),
             "error_bound": int(self.error_bound),
+            # written for raw-id tables only: stats.json of encoded tables reads as it always did
+            **({"ids": self.ids} if self.ids != "encoded" else {}),
         }
 
     @classmethod
@@ -102,6 +106,7 @@ class TableStats:
             pooling_max=int(pf.get("max", 1)),
             heavy_hitters=_pairs(d.get("heavy_hitters", [])),
             error_bound=int(d.get("error_bound", 0)),
+            ids=str(d.get("ids", "encoded")),
         )
 
 

@@ -91,7 +91,7 @@ class ReplicatedRows(nn.Module):
     Holds a data-parallel QR-mult table: TorchRec 1.8's data-parallel
     ``EmbeddingCollection`` returns one row per bag instead of one per id on
     CPU. Kept under ``replicated.embeddings.{name}``, an ``EmbeddingCollection``'s
-    key pattern, so :func:`rayemb.embedding.hybrid.replicated_embedding_parameters`
+    key pattern, so :func:`rayemb.embedding.data_parallel.replicated_embedding_parameters`
     finds it; ``reset_parameters`` applies the config's init (DMP calls it on meta modules).
     """
 

@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Iterator, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -133,4 +133,20 @@ class OneDataParallelWrapper(DefaultDataParallelWrapper):
         logger.debug("one DDP for the dense arch and %d data-parallel lookups", len(replicated))
 
 
-__all__ = ["OneDataParallelWrapper"]
+def replicated_embedding_parameters(model: nn.Module) -> Dict[str, nn.Parameter]:
+    """Embedding parameters DMP left dense and data-parallel (hybrid hot halves, data-parallel tables).
+
+    TorchRec fuses the optimizer of sharded tables into their backward, but
+    data-parallel tables use the ``dense`` kernel: their DDP-averaged gradients
+    need a regular optimizer, normally of the same kind as the fused one
+    (e.g. ``torchrec.optim.RowWiseAdagrad``). Call after ``DistributedModelParallel``.
+    """
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    return {
+        n: p for n, p in in_backward_optimizer_filter(model.named_parameters())
+        if ".embedding_bags." in f".{n}" or ".embeddings." in f".{n}"
+    }
+
+
+__all__ = ["OneDataParallelWrapper", "replicated_embedding_parameters"]

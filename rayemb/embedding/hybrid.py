@@ -20,7 +20,9 @@ v1.0) generalised to multi-hot bags, per-id weights, mean pooling and any
 TorchRec optimizer, built from stock TorchRec modules so
 ``DistributedModelParallel`` shards them with stock sharders and fused
 FBGEMM optimizers. Tables without a hot set stay in an ordinary
-``EmbeddingBagCollection`` in the same module, sharded by the plan.
+``EmbeddingBagCollection`` in the same module, sharded by the plan; raw-id
+tables (``ids: raw``) live in a managed-collision EBC, sharded row-wise
+(:mod:`rayemb.embedding.raw_tables`), never hybrid.
 
 Ids are remapped hot/cold in the data path by
 :class:`~rayemb.embedding.remap.HybridRemapper` (vectorised numpy, picklable),
@@ -44,7 +46,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -56,6 +58,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from rayemb.embedding.compressed import CompressedEmbeddingBagCollection
 from rayemb.embedding.compression_math import CompressionSpec, refuse_low_precision, storage_spec
 from rayemb.embedding.prefetch import InputDistPrefetch
+from rayemb.embedding.raw_tables import raw_id_collection
 from rayemb.embedding.remap import COLD_SUFFIX, HOT_SUFFIX, HybridRemapper
 from rayemb.errors import ConfigError, DataError
 from rayemb.planner.types import HYBRID_COLD_PLACEMENTS
@@ -111,7 +114,9 @@ class HybridEmbeddingBagCollection(nn.Module):
     * ``hot``: ``EmbeddingBagCollection`` of hot rows, SUM pooling (mean is
       applied after merging with the cold half); shard it ``data_parallel``;
     * ``cold``: ``ModuleDict`` ``d{dim}`` -> ``EmbeddingCollection`` of cold rows;
-      shard it ``row_wise`` / ``table_wise`` / ``column_wise``.
+      shard it ``row_wise`` / ``table_wise`` / ``column_wise``;
+    * ``raw``: the raw-id tables (``raw``: their schema features), a managed-collision
+      EBC looked up by raw int64 ids; shard it ``row_wise`` (its sharder's only type).
 
     A table whose hot set is empty has no hot half and one covering all ids
     has no cold half. ``forward`` takes the KJT made by :attr:`remapper` and
@@ -135,11 +140,13 @@ class HybridEmbeddingBagCollection(nn.Module):
         device: Optional[torch.device] = None,
         compression: Optional[Mapping[str, CompressionSpec]] = None,
         data_parallel: Sequence[str] = (),
+        raw: Sequence[Any] = (),
     ) -> None:
         super().__init__()
         self._tables = list(tables)
         self._is_weighted = is_weighted
-        self.remapper = HybridRemapper(tables, hot_ids)
+        self._raw_tables = {f.name for f in raw}
+        self.remapper = HybridRemapper(tables, hot_ids, raw=sorted(self._raw_tables))
         r = self.remapper
         hybrid = set(r.hybrid_tables())
         self._compression = {n: s for n, s in (compression or {}).items() if s.compressed}
@@ -149,7 +156,7 @@ class HybridEmbeddingBagCollection(nn.Module):
                 f"Tables {both} are both hybrid and compressed; a compressed table has no hot/cold split. Drop "
                 "the hybrid pin or the compression pin (planner.tables.<T>).", category="invalid_option")
         refuse_low_precision({t.name: t.data_type.value for t in tables if t.name in self._compression})
-        plain_cfgs = [t for t in tables if t.name not in hybrid]
+        plain_cfgs = [t for t in tables if t.name not in hybrid and t.name not in self._raw_tables]
         hot_cfgs: List[EmbeddingBagConfig] = []
         cold_cfgs: Dict[int, List[EmbeddingConfig]] = {}
         for t in tables:
@@ -166,6 +173,7 @@ class HybridEmbeddingBagCollection(nn.Module):
         self.cold = nn.ModuleDict(
             {f"d{d}": EmbeddingCollection(cold_cfgs[d], device=device) for d in r.cold_dims}
         )
+        self.raw = raw_id_collection(tables, raw, self._compression, device) if raw else None
         self._mean_features = {
             f for t in tables if t.name in hybrid and t.pooling == PoolingType.MEAN for f in t.feature_names
         }
@@ -194,12 +202,12 @@ class HybridEmbeddingBagCollection(nn.Module):
 
         Everything else (block projections, data-parallel QR-mult rows) is a
         dense parameter: replicated, DDP-averaged and stepped by a regular
-        optimizer (:func:`replicated_embedding_parameters` finds the rows).
+        optimizer (``rayemb.embedding.data_parallel.replicated_embedding_parameters`` finds the rows).
         """
         plain = self.plain
         own = plain.table_parameters() if isinstance(plain, CompressedEmbeddingBagCollection) else (
             list(plain.parameters()) if plain is not None else [])
-        return own + [p for m in (self.hot, self.cold) if m is not None for p in m.parameters()]
+        return own + [p for m in (self.hot, self.cold, self.raw) if m is not None for p in m.parameters()]
 
     # -- what the planner and checkpoints need to know about the halves --
 
@@ -221,6 +229,8 @@ class HybridEmbeddingBagCollection(nn.Module):
                     and not k.startswith("projections.")}
             out.update({f"{prefix}plain.{keys[n]}": w for n, w in weights.items() if n in keys})
         for t in self._tables:
+            if t.name in self._raw_tables:  # its state is the ids it holds (rayemb.checkpoint.raw_state)
+                continue
             if t.name not in r.hybrid_tables():
                 if not isinstance(self.plain, CompressedEmbeddingBagCollection):
                     out[f"{prefix}plain.embedding_bags.{t.name}.weight"] = weights[t.name]
@@ -364,6 +374,8 @@ class HybridEmbeddingBagCollection(nn.Module):
                 f = key[: -len(COLD_SUFFIX)]
                 pooled[f] = pooled[f] + sums[i] if f in pooled else sums[i]
                 counts[f] = counts[f] + lengths[i] if f in counts else lengths[i]
+        if self.raw is not None:  # the last segment: raw ids, mapped to slots inside the managed-collision EBC
+            pooled.update(self.raw(parts[-1])[0].to_dict())
         for f in self._mean_features:
             pooled[f] = pooled[f] / counts[f].clamp(min=1).unsqueeze(1).to(pooled[f].dtype)
         keys = r.input_features
@@ -384,6 +396,7 @@ def hybrid_from_placements(
     hot_ids: Mapping[str, np.ndarray],
     is_weighted: bool = False,
     device: Optional[torch.device] = None,
+    raw: Sequence[Any] = (),
 ) -> Tuple[HybridEmbeddingBagCollection, Dict[str, "ParameterConstraints"]]:
     """Module + planner constraints from per-table placements (e.g. ``PlanResult.tables``).
 
@@ -393,16 +406,17 @@ def hybrid_from_placements(
     Hybrid tables take their hot ids from ``hot_ids`` (e.g.
     ``FrequentSplit.hot_ids(name)``); the others stay plain, constrained to
     their sharding type. Tables absent from ``placements`` are plain and
-    unconstrained.
+    unconstrained. ``raw``: the schema's raw-id features, whose tables go to the raw child (row-wise).
     """
     hybrid_hot: Dict[str, np.ndarray] = {}
     cold_types: Dict[str, str] = {}
     plain_types: Dict[str, List[str]] = {}
     compression: Dict[str, CompressionSpec] = {}
     data_parallel: List[str] = []
+    raw_tables = {f.name for f in raw}
     for t in tables:
         tp = placements.get(t.name)
-        if tp is None:
+        if tp is None or t.name in raw_tables:
             continue
         placement = str(getattr(getattr(tp, "placement"), "value", getattr(tp, "placement")))
         sharding_type = str(getattr(getattr(tp, "sharding_type"), "value", getattr(tp, "sharding_type")))
@@ -425,25 +439,9 @@ def hybrid_from_placements(
         else:
             plain_types[t.name] = [sharding_type]
     module = HybridEmbeddingBagCollection(tables, hybrid_hot, is_weighted=is_weighted, device=device,
-                                          compression=compression, data_parallel=data_parallel)
+                                          compression=compression, data_parallel=data_parallel, raw=raw)
     return module, module.parameter_constraints(cold_types, plain_types)
 
 
-def replicated_embedding_parameters(model: nn.Module) -> Dict[str, nn.Parameter]:
-    """Embedding parameters DMP left dense and data-parallel (hybrid hot halves, data-parallel tables).
-
-    TorchRec fuses the optimizer of sharded tables into their backward, but
-    data-parallel tables use the ``dense`` kernel: their DDP-averaged gradients
-    need a regular optimizer, normally of the same kind as the fused one
-    (e.g. ``torchrec.optim.RowWiseAdagrad``). Call after ``DistributedModelParallel``.
-    """
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-    return {
-        n: p for n, p in in_backward_optimizer_filter(model.named_parameters())
-        if ".embedding_bags." in f".{n}" or ".embeddings." in f".{n}"
-    }
-
-
 __all__ = ["COLD_SHARDING_TYPES", "COLD_SUFFIX", "HOT_SUFFIX", "HybridEmbeddingBagCollection", "HybridRemapper",
-           "hybrid_from_placements", "replicated_embedding_parameters"]
+           "hybrid_from_placements"]

@@ -54,7 +54,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 from torchrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
 from torchrec.modules.mc_modules import (
@@ -67,6 +67,7 @@ from torchrec.modules.mc_modules import (
 
 from rayemb.embedding.raw_ids import EMPTY_KEY, raw_id_keys
 from rayemb.embedding.sharders import CpuCapableEmbeddingBagCollectionSharder
+from rayemb.errors import ConfigError
 
 #: the key range TorchRec's MCH modules bucketize over (its default, the whole non-negative int64 range)
 INPUT_HASH_SIZE = (1 << 63) - 1
@@ -311,6 +312,21 @@ def build_raw_id_ebc(features: Sequence[Any], embedding_dim: Union[int, Mapping[
     return ManagedCollisionEmbeddingBagCollection(ebc, ManagedCollisionCollection(modules, configs))
 
 
+def raw_id_collection(tables: Sequence[EmbeddingBagConfig], features: Sequence[Any],
+                      compression: Optional[Mapping[str, Any]] = None, device: Optional[torch.device] = None
+                      ) -> ManagedCollisionEmbeddingBagCollection:
+    """The raw-id tables of a job's pooled module: :func:`build_raw_id_ebc` of ``features`` with the dims of
+    their ``tables`` (the job's ``EmbeddingBagConfig`` s, raw and encoded). Raises :class:`ConfigError` for a
+    raw table stored in fp16 or compressed: its slots are rows of fp32 FBGEMM tables, whole."""
+    configs, compressed = {t.name: t for t in tables}, compression or {}
+    odd = sorted(f.name for f in features if configs[f.name].data_type != DataType.FP32 or f.name in compressed)
+    if odd:
+        raise ConfigError(f"Raw-id tables {odd} are fp32 and uncompressed only: set model.embedding_dtype: fp32 "
+                          "and drop their compression pins, or encode their ids (drop `ids: raw`).",
+                          category="invalid_option")
+    return build_raw_id_ebc(features, {f.name: int(configs[f.name].embedding_dim) for f in features}, device=device)
+
+
 def bind_slot_rows(sharded: Any) -> List[str]:
     """Gives every :class:`RawIdMCH` of a sharded MC-EBC its shard's rows; returns the tables bound.
 
@@ -389,6 +405,8 @@ def eviction_counts(model: torch.nn.Module, across_ranks: bool = False) -> Dict[
     sum), e.g. for rank 0 to log one metric per table.
     """
     mods = raw_id_modules(model)
+    if not mods:  # every rank holds the same tables: none of them calls the collective
+        return {}
     names = sorted(mods)
     counts = torch.tensor([mods[n].evictions for n in names], dtype=torch.int64)
     if across_ranks:
@@ -413,5 +431,5 @@ def key_owner(keys: np.ndarray, world_size: int, input_hash_size: int = INPUT_HA
 
 
 __all__ = ["INPUT_HASH_SIZE", "LAST_ACCESS_S", "POLICIES", "RawIdEmbeddingBagCollectionSharder", "RawIdMCH",
-           "SlotRows", "bind_slot_rows", "build_raw_id_ebc", "eviction_counts", "key_owner", "raw_id_modules",
-           "row_wise_plan"]
+           "SlotRows", "bind_slot_rows", "build_raw_id_ebc", "eviction_counts", "key_owner", "raw_id_collection",
+           "raw_id_modules", "row_wise_plan"]

@@ -80,8 +80,10 @@ class HybridRemapper:
     preserved, lengths counted per bag), so both halves pool back into the
     same bag. Features of non-hybrid tables pass through unchanged.
 
-    Output key order: plain features, hot features, then cold features grouped
-    by embedding dim (the module splits by these segment sizes). Picklable
+    Output key order: plain features, hot features, cold features grouped
+    by embedding dim, then the ``raw`` features (raw-id tables: their ids pass
+    unchanged, any int64, for the module's managed-collision tables); the
+    module splits by these segment sizes. Picklable
     and torch-free in its state (numpy arrays), so it can run in a Ray Data
     ``map_batches`` or the worker's batch conversion.
     """
@@ -90,8 +92,13 @@ class HybridRemapper:
         self,
         tables: Sequence[EmbeddingBagConfig],
         hot_ids: Mapping[str, Optional[np.ndarray]],
+        raw: Sequence[str] = (),
     ) -> None:
         names = [t.name for t in tables]
+        both = sorted(set(raw) & {n for n, ids in hot_ids.items() if ids is not None})
+        if both:
+            raise ConfigError(f"Tables {both} hold raw ids (ids: raw) and were given hot ids; a raw-id table is "
+                              "never hybrid. Drop their hybrid pins.", category="invalid_option")
         unknown = sorted(set(hot_ids) - set(names))
         if unknown:
             raise ConfigError(
@@ -103,11 +110,16 @@ class HybridRemapper:
         self._hybrid: Dict[str, _HybridTable] = {}
         self.plain_features: List[str] = []
         self.hot_features: List[str] = []
+        #: features of the raw-id tables: passed unchanged, the last segment
+        self.raw_features: List[str] = []
         cold_by_dim: Dict[int, List[str]] = {}
         for t in tables:
             self._num_embeddings[t.name] = int(t.num_embeddings)
             for f in t.feature_names:
                 self._feature_table[f] = t.name
+            if t.name in raw:
+                self.raw_features += list(t.feature_names)
+                continue
             ids = hot_ids.get(t.name)
             if ids is None:
                 self.plain_features += list(t.feature_names)
@@ -131,14 +143,14 @@ class HybridRemapper:
     @property
     def output_keys(self) -> List[str]:
         """Keys of the remapped KJT, in order."""
-        return self.plain_features + self.hot_features + self.cold_features
+        return self.plain_features + self.hot_features + self.cold_features + self.raw_features
 
     @property
     def segments(self) -> List[int]:
-        """Key counts of the remapped KJT's consecutive segments: plain, hot, one per cold dim."""
+        """Key counts of the remapped KJT's consecutive segments: plain, hot, one per cold dim, raw (when any)."""
         return [len(self.plain_features), len(self.hot_features)] + [
             len(self.cold_features_by_dim[d]) for d in self.cold_dims
-        ]
+        ] + ([len(self.raw_features)] if self.raw_features else [])
 
     def hybrid_tables(self) -> List[str]:
         return list(self._hybrid)
@@ -193,6 +205,9 @@ class HybridRemapper:
             values = np.asarray(values, dtype=np.int64)
             lengths = np.asarray(lengths, dtype=LENGTH_DTYPE)
             table = self._feature_table[f]
+            if f in self.raw_features:  # any int64 is a raw id
+                out[f] = (values, lengths, weights)
+                continue
             if values.size and (values.min() < 0 or values.max() >= self._num_embeddings[table]):
                 raise DataError(
                     f"Feature {f!r} has ids in [{values.min()}, {values.max()}] but table "

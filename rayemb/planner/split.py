@@ -54,10 +54,11 @@ class TableSplit:
     ``hot_ids`` (int64) are ordered by count descending, ``hot_counts`` are the
     heavy-hitter counts (lower bounds when the stats were approximate).
     ``limited_by`` says what fixed |F|: ``"threshold"`` (the rule),
-    ``"memory"`` (the per-rank budget) or ``"candidates"`` (fewer known heavy
-    hitters than the rule asked for). ``complete`` is False when the stats'
-    error bound reaches the threshold count, i.e. ids the rule would make hot
-    may be missing: recompute stats with more heavy hitters.
+    ``"memory"`` (the per-rank budget), ``"candidates"`` (fewer known heavy
+    hitters than the rule asked for) or ``"raw_ids"`` (a raw-id table: never
+    hybrid). ``complete`` is False when the stats' error bound reaches the
+    threshold count, i.e. ids the rule would make hot may be missing:
+    recompute stats with more heavy hitters.
     """
 
     name: str
@@ -258,7 +259,10 @@ class HugeCTRSplitRule(SplitRule):
             n = int(np.count_nonzero(expected >= thr)) if math.isfinite(thr) else 0
             n_r = _round_up(n, w)
             limited[name] = "threshold"
-            if n_r > cand[name].size:
+            if getattr(t, "ids", "encoded") == "raw":
+                # a raw-id table's rows are slots its ids take and leave: no fixed hot rows to replicate
+                n_r, limited[name] = 0, "raw_ids"
+            elif n_r > cand[name].size:
                 n_r, limited[name] = (cand[name].size // w) * w, "candidates"
             n_hot[name] = n_r
         if self.memory_budget_bytes is not None:
@@ -276,7 +280,7 @@ class HugeCTRSplitRule(SplitRule):
                 hot_share=float(counts[name][:n].sum() / values) if values else 0.0,
                 threshold=thr,
                 limited_by=limited[name],
-                complete=int(t.error_bound) < thr_count,
+                complete=int(t.error_bound) < thr_count or limited[name] == "raw_ids",
             )
         out = FrequentSplit(tables, w, b, "hugectr" if self.given_threshold is None else "calibrated", self._params())
         for t in tables.values():

@@ -112,11 +112,18 @@ def as_arrow(data: Any) -> pa.Table:
 
 
 def id_column(table: pa.Table, feat: Any) -> Any:
-    """``feat``'s column as the type training reads (int64, or list<int64> for multi-hot and sequence features)."""
+    """``feat``'s column as the type training reads (int64, or list<int64> for multi-hot and sequence features;
+    a raw-id feature's string ids stay strings, hashed by the batch conversion as in training)."""
     col = table.column(feat.name)
     want = pa.list_(pa.int64()) if feat.multi_hot or feat.sequence else pa.int64()
-    if col.type.equals(want):
+    scalar = col.type.value_type if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) else col.type
+    strings = pa.types.is_string(scalar) or pa.types.is_large_string(scalar)
+    if col.type.equals(want) or (feat.ids == "raw" and strings):
         return col
+    if feat.ids == "raw" and pa.types.is_floating(scalar):  # a float64 holds integers exactly up to 2**53 only
+        raise DataError(f"Raw-id column {feat.name!r} is {col.type}: floats do not hold 64-bit ids exactly. Give "
+                        "its ids as int64 (in pandas with nulls: the 'Int64' dtype) or as strings.",
+                        category="invalid_input")
     try:
         return col.cast(want)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:

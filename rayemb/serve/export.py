@@ -105,7 +105,10 @@ def _check_tables(meta: Dict[str, Any], schema: DatasetSchema, cfg: JobConfig, c
 
     check_exportable(cfg.model.factory)
     model_spec(cfg.model)  # a factory of the user's is imported here (ConfigError bad_model_factory)
+    from rayemb.checkpoint.raw_files import check_id_kinds
+
     saved = meta.get("tables", {})
+    check_id_kinds({t: saved[t] for t in schema.sparse_names if t in saved}, schema.raw_names, redact_uri(checkpoint))
     compressed = meta.get("compression", {})
     for f in [*schema.sparse, *sequence_features(cfg.model, schema)]:
         if f.name in compressed:

@@ -91,6 +91,8 @@ def signature(schema: Any, sequence: bool = True, item_feature: Optional[str] = 
     holds as NaN in a float column, and MLflow's ``long`` refuses those while
     its ``double`` refuses plain int64 columns; rayemb casts them to int64
     itself (a null is an empty bag, as in training; a fractional id is an error).
+    Raw-id columns (``ids: raw``: int64 or string ids, or lists of either) are
+    ``Any`` too: the batch conversion hashes strings as training did.
     """
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, DataType, Schema
@@ -98,7 +100,8 @@ def signature(schema: Any, sequence: bool = True, item_feature: Optional[str] = 
 
     required = item_feature is None
     cols = [ColSpec(DataType.double, c, required) for c in schema.dense]
-    cols += [ColSpec(Array(DataType.long) if f.multi_hot else AnyType(), f.name, required) for f in schema.sparse]
+    cols += [ColSpec(Array(DataType.long) if f.multi_hot and f.ids != "raw" else AnyType(), f.name, required)
+             for f in schema.sparse]
     cols += [ColSpec(Array(DataType.long), name, required) for name in (schema.sequence_names if sequence else [])]
     if required:
         outputs = [ColSpec(DataType.double, name) for name in prediction_columns(schema)]

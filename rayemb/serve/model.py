@@ -32,6 +32,12 @@ rebuilt by its factory around the same plain tables
 (:func:`rayemb.serve.user_model.build_factory_model`); the checkpoint's tables
 go to wherever the model holds the embedding modules.
 
+A model with raw-id tables (``ids: raw``, docs/raw_ids.md) keeps each as a plain
+table of its capacity, the ids it held in rows ``0..n-1``, and maps raw ids (int64,
+or strings hashed as in training) to those rows in the data path
+(:mod:`rayemb.serve.raw_rows`; the ids travel in ``model.pt`` as ``raw_ids.<table>``):
+an id unseen in training reads the zero row. No TorchScript form is written for it.
+
 A model trained with sequence features (docs/sequence.md) is exported with its
 ``sequence`` EmbeddingCollection (one table per sequence feature, checkpoint
 table ``<name>``) and its tower; it scores the history columns (``list<int64>``,
@@ -169,14 +175,21 @@ def inference_state(unsharded: Mapping[str, Any], schema: DatasetSchema, model_c
     model config.
     """
     target_model, paths = build_inference_model(schema, model_cfg, device="meta")
+    from rayemb.serve.raw_rows import STATE_PREFIX, raw_table_rows
+
     target, projections = target_model.state_dict(), paths["pooled"] + ".projections."
     dense = {_strip_wrappers(k): v for k, v in unsharded["dense"].items()}
     fix = ("Export with the job config and dataset the checkpoint was trained with (the run's config.yaml and "
            "its data.path).")
     out: Dict[str, Any] = {}
+    raw = unsharded.get("raw_tables", {})
     for key, want in target.items():
         table = _table_of(key, paths)
-        if table is not None:
+        if table in schema.raw_names:  # the ids it held in rows 0..n-1, then zeros (rayemb.serve.raw_rows)
+            if table not in raw:
+                raise DataError(f"{source} holds no raw-id table {table!r}. {fix}", category="bad_checkpoint")
+            got, out[STATE_PREFIX + table] = raw_table_rows(raw[table], *want.shape)
+        elif table is not None:
             got = unsharded["tables"].get(table, {}).get("weight")
             what = f"table {table!r}"
         elif key.startswith(projections):  # a block table's projection: the trained model's plain child
@@ -208,7 +221,8 @@ class InferenceModel:
     """
 
     def __init__(self, model: Any, schema: DatasetSchema, id_policy: str = "error",
-                 info: Optional[Dict[str, Any]] = None, paths: Optional[Mapping[str, str]] = None) -> None:
+                 info: Optional[Dict[str, Any]] = None, paths: Optional[Mapping[str, str]] = None,
+                 raw_rows: Any = None) -> None:
         from rayemb.data.batching import BatchConverter
         from rayemb.train.retrieval import item_feature_of
 
@@ -220,13 +234,16 @@ class InferenceModel:
             "pooled": "embedding", **({"sequence": "sequence"} if getattr(model, "has_sequence", False) else {})}
         #: the model holds sequence embeddings (a user-history tower): it scores the schema's sequence columns too
         self.sequence = "sequence" in self.paths
-        # ids are logical (one table per feature): no hybrid remap
-        self.converter = BatchConverter(schema, id_policy, sequence=self.sequence)
+        #: raw id -> row of the raw-id tables (rayemb.serve.raw_rows.RawIdRows), None without them
+        self.raw_rows = raw_rows
+        remap = raw_rows.remap if raw_rows is not None else None
+        # ids are logical (one table per feature): no hybrid remap; raw ids become their rows
+        self.converter = BatchConverter(schema, id_policy, remap=remap, sequence=self.sequence)
         #: a retrieval model's item feature (rayemb.train.retrieval), None for a ranking model
         self.item_feature = item_feature_of(model)
         #: batches whose item column must hold an item on every row (pair scores, catalogue candidates)
         self.item_converter = None if self.item_feature is None else BatchConverter(
-            schema, id_policy, sequence=self.sequence, keep_ids=self.item_feature)
+            schema, id_policy, remap=remap, sequence=self.sequence, keep_ids=self.item_feature)
 
     @property
     def device(self) -> Any:
@@ -249,9 +266,11 @@ class InferenceModel:
 
         import torch
 
+        from rayemb.serve.raw_rows import RawIdRows
         from rayemb.serve.user_model import put_on_path
 
         put_on_path(code)
+        raw_rows, state = RawIdRows.split_state(state, schema)
         model, paths = build_inference_model(schema, model_cfg, device="meta")
         model.load_state_dict(dict(state), strict=True, assign=True)
         if any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
@@ -259,7 +278,7 @@ class InferenceModel:
             model, paths = build_inference_model(schema, model_cfg, device="cpu")
             model.load_state_dict(dict(state), strict=True)
         return cls(model.to(torch.device(device)), schema, id_policy, {**(info or {}), "model": dict(model_cfg)},
-                   paths)
+                   paths, raw_rows)
 
     def save(self, directory: str, torchscript: bool = True) -> None:
         """Writes ``model.pt``, ``model.json`` (and the TorchScript form; a retrieval model's ``items.parquet``)
@@ -272,6 +291,7 @@ class InferenceModel:
         model_cfg = self.info.get("model", {})
         code = copy_factory_code(model_cfg["factory"], directory) if model_cfg.get("factory") else None
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        state.update(self.raw_rows.state() if self.raw_rows is not None else {})
         torch.save(state, os.path.join(directory, STATE_FILE))
         scripted, skipped = None, None
         if not is_dlrm(model_cfg):
@@ -280,6 +300,9 @@ class InferenceModel:
         elif self.sequence:
             skipped = ("the DLRM skips its user-history branch under TorchScript (torch.jit.is_scripting), so a "
                        "scripted form would score without the history; use model.pt (InferenceModel.load)")
+        elif self.raw_rows is not None:
+            skipped = ("raw ids find their rows in the data path (rayemb.serve.raw_rows), which a scripted form "
+                       "would not hold; use model.pt (InferenceModel.load) or the pyfunc model")
         elif torchscript:
             try:
                 torch.jit.script(self.model).save(os.path.join(directory, TORCHSCRIPT_FILE))

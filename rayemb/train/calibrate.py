@@ -340,14 +340,12 @@ def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, sec
 
 def job_shape(cfg: Any, schema: Any, model: Any = None) -> Dict[str, Any]:
     """The shape calibration measures: the job's local batch, dense and sparse features, dim, MLPs, prefetch,
-    the step's precision and the tables' dtype (the plan probe times the job's own step), and the job's model
-    (``model``, a ModelSpec) whose dense part is timed; with sequence features the dense step is a DLRM's (the
-    stand-in vectors have no histories to feed a sequence module)."""
+    and the job's model (``model``, a ModelSpec) whose dense part is timed; with sequence features the dense
+    step is a DLRM's (the stand-in vectors have no histories to feed a sequence module)."""
     own = model is not None and cfg.model.sequence_tower == "none"
     return dict(local_batch=cfg.data.batch_size, num_dense=len(schema.dense), dim=cfg.model.embedding_dim,
                 num_sparse=len(schema.sparse), bottom_mlp=list(cfg.model.bottom_mlp), top_mlp=list(cfg.model.top_mlp),
-                prefetch_input_dist=cfg.train.prefetch_input_dist, precision=cfg.train.precision,
-                embedding_dtype=cfg.model.embedding_dtype, model=model if own else None,
+                prefetch_input_dist=cfg.train.prefetch_input_dist, model=model if own else None,
                 schema=schema if own else None)
 
 

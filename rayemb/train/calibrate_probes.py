@@ -111,8 +111,8 @@ def _probe_step(kind: str, n_tables: int, local_batch: int, dim: int, device: An
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from rayemb.embedding.data_parallel import OneDataParallelWrapper
-    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, replicated_embedding_parameters
+    from rayemb.embedding.data_parallel import OneDataParallelWrapper, replicated_embedding_parameters
+    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
     from rayemb.embedding.prefetch import StepPrefetch
     from rayemb.embedding.sharders import cpu_capable_sharders
     from rayemb.train.optim import MultiTensorRowWiseAdagrad

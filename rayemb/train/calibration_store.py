@@ -123,11 +123,16 @@ def store_calibration(out_dir: str, fields: Mapping[str, Any], cal: Any, now: Op
 
 def job_key_fields(inputs: Any, topology: Any, resources: Any, shape: Mapping[str, Any]) -> Dict[str, Any]:
     """The key fields of the job's measurements (its calibration of ``shape``; with ``"probe"`` added, its plan
-    probe)."""
+    probe, which times the job's own step: so the step's precision and the tables' dtype are in the key too)."""
     cfg = inputs.cfg
     ranks = {"world": inputs.world_size, "cpus_per_worker": resources.cpus_per_worker, "gpu": cfg.scaling.use_gpu,
              "nodes": topology.num_nodes, "strategy": cfg.scaling.placement_strategy}
-    return key_fields(shape, ranks, cluster_nodes())
+    return key_fields({**shape, **step_numerics(cfg)}, ranks, cluster_nodes())
+
+
+def step_numerics(cfg: Any) -> Dict[str, str]:
+    """What the plan probe's step times beyond the shape: its precision and the tables' dtype."""
+    return {"precision": cfg.train.precision, "embedding_dtype": cfg.model.embedding_dtype}
 
 
 def kept_max_age_s(cfg: Any) -> float:
@@ -145,7 +150,8 @@ def calibrate(inputs: Any, topology: Any, resources: Any) -> Tuple[Any, Optional
     cfg = inputs.cfg
     if cfg.planner.objective != "step_time" or not cfg.planner.calibrate:
         return None, None
-    if (no_choice := placement_choice(cfg, inputs.schema.sparse_names, inputs.world_size)) is not None:
+    if (no_choice := placement_choice(cfg, inputs.schema.sparse_names, inputs.world_size,
+                                             inputs.schema.raw_names)) is not None:
         print(f"rayemb: {no_choice}: no placement to choose, no calibration nor plan probe; the step time is "
               "predicted with the built-in constants", flush=True)
         return None, None

@@ -113,8 +113,8 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    from rayemb.embedding.data_parallel import OneDataParallelWrapper
-    from rayemb.embedding.hybrid import replicated_embedding_parameters
+    from rayemb.embedding.data_parallel import OneDataParallelWrapper, replicated_embedding_parameters
+    from rayemb.embedding.raw_tables import RawIdEmbeddingBagCollectionSharder
     from rayemb.embedding.sharders import cpu_capable_sharders
     from rayemb.train.optim import dense_optimizer, embedding_optimizer
     from rayemb.train.sharding import build_model, plan_for_model
@@ -132,7 +132,7 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
                       for p in m.parameters()]
             apply_optimizer_in_backward(emb_opt_cls, tables, {"lr": cfg.train.embedding_lr})
     model = DistributedModelParallel(module=model, device=device, plan=plan_for_model(job_plan.sharding_plan, paths),
-                                     sharders=cpu_capable_sharders(),
+                                     sharders=[*cpu_capable_sharders(), RawIdEmbeddingBagCollectionSharder()],
                                      data_parallel_wrapper=OneDataParallelWrapper() if one_ddp else None)
     replicated = replicated_embedding_parameters(model)
     dense = {n: p for n, p in in_backward_optimizer_filter(model.named_parameters()) if n not in replicated}
@@ -170,6 +170,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     from rayemb.data.batching import BatchConverter
     from rayemb.embedding.comm import COLLECTIVES, CommCounter, instrument_ddp
     from rayemb.embedding.prefetch import StepPrefetch
+    from rayemb.embedding.raw_tables import eviction_counts
     from rayemb.logs import quiet_third_party_logs
     from rayemb.model.tables import sequence_features, table_configs
     from rayemb.train.data_loader import RankBatches
@@ -308,6 +309,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                 dist.all_reduce(comm)
                 comm_metrics = {f"bytes_per_step.{c}": v for c, v in zip(COLLECTIVES, comm.tolist())}
                 comm_metrics["bytes_per_step.total"] = sum(comm_metrics.values())
+                # ids that lost their slot in each raw-id table since this group started (summed over ranks)
+                evicted = {f"evictions.{t}": float(n) for t, n in eviction_counts(model, across_ranks=True).items()}
                 counter.reset()
                 mem = torch.tensor([peak_memory_bytes(device)], dtype=torch.float64, device=device)
                 mems = [torch.zeros_like(mem) for _ in range(world)]
@@ -324,6 +327,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                     **{f"time_s.{p}": v for p, v in zip(StepTimer.PHASES, vals[1:])},
                     **{f"peak_memory_bytes.rank{r}": float(m.item()) for r, m in enumerate(mems)},
                     **comm_metrics,
+                    **evicted,
                 }
                 if metrics_queue is None:
                     ray.train.report(metrics)

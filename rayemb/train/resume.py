@@ -256,7 +256,11 @@ def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, Dict[str, An
                         category="storage" if e.category == "storage" else "bad_checkpoint") from None
     from rayemb.model.tables import table_configs  # TorchRec: imported once the files are known to be there
 
+    from rayemb.checkpoint.raw_files import check_id_kinds
+
     saved = meta.get("tables", {})
+    check_id_kinds({t: saved[t] for t in schema.sparse_names if t in saved}, schema.raw_names,
+                   f"{shown} (train.resume_from)")
     for t in table_configs(schema, cfg.model.embedding_dim):
         got = saved.get(t.name)
         if got is None or (int(got["num_embeddings"]), int(got["dim"])) != (int(t.num_embeddings), int(t.embedding_dim)):

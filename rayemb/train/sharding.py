@@ -6,6 +6,11 @@ rayemb's planner: the cost model picks data-parallel, pooled model-parallel or
 hybrid per table and TorchRec's planner places the shards. The result travels
 to every worker in the train loop config, so all ranks shard alike.
 
+Raw-id tables (``ids: raw``, docs/raw_ids.md) are pinned row-wise (:func:`pins_of`): the
+planner sizes them by their capacity like any row-wise table, and their module plan is
+:func:`rayemb.embedding.raw_tables.row_wise_plan` of the job's managed-collision EBC,
+under :data:`RAW_MODULE`.
+
 Sequence features (``model.sequence_tower`` other than none) live in the DLRM's
 ``sequence`` EmbeddingCollection, which rayemb's pooled planner does not model:
 :func:`sequence_plan` places it with TorchRec's ``EmbeddingShardingPlanner`` on
@@ -16,18 +21,23 @@ its module plan joins the job's ShardingPlan under the key ``sequence``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from rayemb.config import JobConfig
 from rayemb.data.schema import DatasetSchema
-from rayemb.planner.types import TablePin, parse_pins
+from rayemb.errors import PlanError
+from rayemb.planner.types import INVALID_PIN, TablePin, parse_pins
 
 #: where the embedding module sits in the DLRM (prefix of its sharding plan keys)
 EMBEDDING_MODULE = "embedding"
 #: where the sequence EmbeddingCollection sits in the DLRM (its sharding plan key)
 SEQUENCE_MODULE = "sequence"
+#: where the raw-id tables' managed-collision EBC sits in the pooled module (its sharding plan key)
+RAW_MODULE = f"{EMBEDDING_MODULE}.raw"
+#: the one placement of a raw-id table: TorchRec's managed-collision modules shard row-wise only
+RAW_PLACEMENT = "row_wise"
 #: the sharding types a sequence table may take (TorchRec's EmbeddingCollection sharder on CPU and GPU)
 SEQUENCE_SHARDING_TYPES = ("table_wise", "row_wise", "column_wise")
 
@@ -51,7 +61,8 @@ def build_embeddings(cfg: JobConfig, schema: DatasetSchema, placements: Mapping[
     from rayemb.model.tables import sequence_features, sequence_module, table_configs
 
     tables = table_configs(schema, cfg.model.embedding_dim, cfg.model.embedding_dtype)
-    pooled, _ = hybrid_from_placements(tables, placements, hot_ids, device=embedding_device)
+    raw = [f for f in schema.sparse if f.name in schema.raw_names]
+    pooled, _ = hybrid_from_placements(tables, placements, hot_ids, device=embedding_device, raw=raw)
     return Embeddings(pooled=pooled, features=tuple(schema.sparse_names), dim=cfg.model.embedding_dim,
                       sequence=sequence_module(cfg.model, schema, device=embedding_device),
                       sequence_features=tuple(sequence_features(cfg.model, schema)), device=dense_device)
@@ -137,6 +148,32 @@ def sequence_plan(cfg: JobConfig, schema: DatasetSchema, topology: Any, global_b
     return module_plan
 
 
+def raw_plan(cfg: JobConfig, schema: DatasetSchema, planned: Dict[str, Any], topology: Any) -> Dict[str, Any]:
+    """The module plan of the raw-id tables (:data:`RAW_MODULE`), taken out of the plain child's plan.
+
+    The planner placed them as row-wise tables of their capacity in its planning module's plain EBC; the job
+    holds them in the managed-collision EBC, which :func:`~rayemb.embedding.raw_tables.row_wise_plan` plans
+    row-wise over the same ranks. Mutates ``planned`` (the plain child's plan loses the raw tables).
+    """
+    from rayemb.embedding.raw_tables import raw_id_collection, row_wise_plan
+    from rayemb.model.tables import table_configs
+    from rayemb.planner.types import INSUFFICIENT_STORAGE
+
+    plain = f"{EMBEDDING_MODULE}.plain"
+    for name in schema.raw_names:
+        planned.get(plain, {}).pop(name, None)
+    if plain in planned and not planned[plain]:
+        del planned[plain]
+    raw = [f for f in schema.sparse if f.name in schema.raw_names]
+    module = raw_id_collection(table_configs(schema, cfg.model.embedding_dim, cfg.model.embedding_dtype), raw,
+                               device=_meta())
+    try:
+        return {RAW_MODULE: row_wise_plan(module, topology.world_size, topology.compute_device,
+                                          topology.devices_per_node)}
+    except ValueError as e:  # a shard too small to keep its default row and an id
+        raise PlanError(str(e), INSUFFICIENT_STORAGE) from None
+
+
 def _meta() -> Any:
     import torch
 
@@ -159,26 +196,48 @@ def sequence_summary(module_plan: Any) -> Dict[str, Any]:
     return out
 
 
-def pins_of(cfg: JobConfig, table_names: List[str]) -> Dict[str, TablePin]:
+def raw_pin(table: str, pin: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The pin of raw-id table ``table``: row-wise, never hybrid, the user's kernel (else ``fused``).
+
+    :class:`PlanError` (``invalid_pin``) naming what is allowed when the user's ``pin`` asks for another
+    placement, hybrid or a compressed storage: a raw table's rows are the slots of TorchRec's
+    managed-collision module, which shards row-wise only and keeps whole fp32 rows.
+    """
+    pin = dict(pin or {})
+    asked = {k: v for k, v in pin.items() if not (k == "sharding" and v == RAW_PLACEMENT or k == "hybrid" and v is False
+                                                 or k == "compute_kernel")}
+    if asked:
+        wanted = ", ".join(f"{k}: {v}" for k, v in sorted(asked.items(), key=lambda kv: kv[0]))
+        raise PlanError(f"Table {table!r} holds raw ids (ids: raw) and is pinned {{{wanted}}}; a raw-id table is "
+                        f"placed {RAW_PLACEMENT} only (TorchRec's managed-collision tables shard row-wise, whole "
+                        f"fp32 rows, no hot/cold split). Allowed pin: {{sharding: {RAW_PLACEMENT}, hybrid: false, "
+                        "compute_kernel: ...}, or no pin.", INVALID_PIN)
+    return {"sharding": RAW_PLACEMENT, "hybrid": False, "compute_kernel": pin.get("compute_kernel") or "fused"}
+
+
+def pins_of(cfg: JobConfig, table_names: List[str], raw: Sequence[str] = ()) -> Dict[str, TablePin]:
     """The config's per-table pins, parsed and checked (:class:`PlanError` ``invalid_pin``) — the one parse.
 
-    ``planner.hybrid: false`` forbids hybrid on every table not pinned otherwise.
-    :func:`rayemb.planner.plan` takes the result as it is.
+    ``planner.hybrid: false`` forbids hybrid on every table not pinned otherwise; the ``raw`` tables (raw
+    ids) are pinned by :func:`raw_pin`. :func:`rayemb.planner.plan` takes the result as it is.
     """
     pins = cfg.planner.pins()
+    for name in raw:
+        pins[name] = raw_pin(name, pins.get(name))
     if not cfg.planner.hybrid:
         for name in table_names:
             pins.setdefault(name, {}).setdefault("hybrid", False)
     return parse_pins(pins, table_names)
 
 
-def placement_choice(cfg: JobConfig, table_names: List[str], world_size: int) -> Optional[str]:
+def placement_choice(cfg: JobConfig, table_names: List[str], world_size: int, raw: Sequence[str] = ()
+                     ) -> Optional[str]:
     """Why the job has no placement to choose (None: it has one): one rank, where every placement keeps every row
     on that rank; or every table pinned to a placement other than hybrid (a hybrid pin's hot set still depends
     on the calibration across nodes). The calibration and the plan probe measure only to choose."""
     if world_size == 1:
         return "one rank"
-    pins = pins_of(cfg, table_names)
+    pins = pins_of(cfg, table_names, raw)
     if all(pins.get(t) is not None and pins[t].sharding is not None and pins[t].sharding.value != "hybrid"
            for t in table_names):
         return "every table pinned"
@@ -208,13 +267,16 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
     tie_margin = cfg.planner.tie_margin if topology.num_nodes == 1 else 0.0
     chooser = StepTimeCostModel(calibration, tie_margin=tie_margin) if cfg.planner.objective == "step_time" else None
     # Training needs a TorchRec plan of the real module, so the torchrec engine; "fast" is for what-if plans.
-    result = plan(specs, topology, global_batch, pins=pins_of(cfg, schema.sparse_names), engine="torchrec",
-                  chooser=chooser)
+    result = plan(specs, topology, global_batch, pins=pins_of(cfg, schema.sparse_names, schema.raw_names),
+                  engine="torchrec", chooser=chooser)
     hot_ids = {name: split.hot_ids(name) for name, tp in result.tables.items() if tp.placement.value == "hybrid"}
     sharding_plan = ShardingPlan(
         plan={f"{EMBEDDING_MODULE}.{path}": module_plan for path, module_plan in result.sharding_plan.plan.items()}
     )
     summary = result.to_json()
+    if schema.raw_names:
+        sharding_plan.plan.update(raw_plan(cfg, schema, sharding_plan.plan, topology))
+        summary["raw_tables"] = list(schema.raw_names)
     seq_plan = sequence_plan(cfg, schema, topology, global_batch)
     if seq_plan is not None:
         sharding_plan.plan[SEQUENCE_MODULE] = seq_plan

@@ -85,12 +85,12 @@ def check_inputs(cfg: JobConfig, model: Any = None) -> JobInputs:
     data_dir, out_dir = resolve_dataset(resolve_path(cfg.data.path)), resolve_path(cfg.tracking.output_dir)  # or URIs
     check_output_dir(out_dir)
     schema = load_checked(data_dir)
-    raw = [f.name for f in schema.sparse if f.ids == "raw"]
-    if raw:
-        raise DataError(f"{redact_uri(data_dir)}/schema.yaml declares raw ids (`ids: raw`) for {raw[:5]}; `rayemb "
-                        "train` takes encoded ids only. Encode them (rayemb convert builds a vocabulary) or drop "
-                        "`ids: raw`.", category="invalid_schema")
-    parse_pins(pins_of(cfg, schema.sparse_names), schema.sparse_names)
+    if schema.raw_names and cfg.model.embedding_dtype != "fp32":  # slots are rows of fp32 FBGEMM tables
+        raise DataError(f"{redact_uri(data_dir)}/schema.yaml declares raw ids (`ids: raw`) for {schema.raw_names[:5]}; "
+                        f"raw-id tables are fp32 only, and model.embedding_dtype is {cfg.model.embedding_dtype}. Set "
+                        "model.embedding_dtype: fp32, or encode those ids (drop `ids: raw`).",
+                        category="invalid_schema")
+    parse_pins(pins_of(cfg, schema.sparse_names, schema.raw_names), schema.sparse_names)
     train_rows, valid_rows = count_rows(data_dir, TRAIN_SPLIT), count_rows(data_dir, VALID_SPLIT)  # footers only
     steps = split_steps(train_rows, valid_rows, cfg, data_dir)
     if cfg.train.max_steps_per_epoch is not None:

@@ -96,7 +96,7 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, weigh
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from rayemb.embedding.compressed import CompressedReference, compressed_from_placements
-    from rayemb.embedding.hybrid import replicated_embedding_parameters
+    from rayemb.embedding.data_parallel import replicated_embedding_parameters
     from rayemb.embedding.sharders import cpu_capable_sharders
 
     configs = _configs()

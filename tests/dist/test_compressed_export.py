@@ -107,9 +107,9 @@ def test_checkpoint_records_the_physical_tables_and_their_storage(job):
                                    "C2": {"compression": "qr", "buckets": 8, "combine": "add"},  # ceil(sqrt(50))
                                    "C3": {"compression": "qr", "buckets": 6, "combine": "concat"},
                                    "C4": {"compression": "block", "block_dim": 4}}
-    assert meta["tables"]["C1__q"] == {"num_embeddings": 8, "dim": DIM}  # ceil(60 / 8)
-    assert meta["tables"]["C3__r"] == {"num_embeddings": 6, "dim": DIM // 2}
-    assert meta["tables"]["C4__block"] == {"num_embeddings": 45, "dim": 4}
+    assert meta["tables"]["C1__q"] == {"num_embeddings": 8, "dim": DIM, "dtype": "fp32"}  # ceil(60 / 8)
+    assert meta["tables"]["C3__r"] == {"num_embeddings": 6, "dim": DIM // 2, "dtype": "fp32"}
+    assert meta["tables"]["C4__block"] == {"num_embeddings": 45, "dim": 4, "dtype": "fp32"}
     assert "C1" not in meta["tables"] and meta["tables"]["C6"]["num_embeddings"] == 35
     planned = job["ranks"][0]["planned"]
     assert {"C1__q", "C1__r", "C2__q", "C3__q", "C4__block", "C6"} <= set(planned), planned

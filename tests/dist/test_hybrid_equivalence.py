@@ -147,7 +147,8 @@ def _train_one(rank: int, world_size: int, placement: str, optimizer: str, spec,
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from rayemb.embedding.comm import CommCounter, instrument_ddp
-    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, replicated_embedding_parameters
+    from rayemb.embedding.data_parallel import replicated_embedding_parameters
+    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
     from rayemb.embedding.sharders import cpu_capable_sharders
 
     configs = _configs(spec)

@@ -55,8 +55,8 @@ def _build(world_size: int, plan: Dict[str, tuple], seed: int, one_ddp: bool = T
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    from rayemb.embedding.data_parallel import OneDataParallelWrapper
-    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, replicated_embedding_parameters
+    from rayemb.embedding.data_parallel import OneDataParallelWrapper, replicated_embedding_parameters
+    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
     from rayemb.embedding.sharders import cpu_capable_sharders
 
     torch.manual_seed(seed)

@@ -167,7 +167,7 @@ def _dense_optimizers(model, fused_cls, fused_kw):
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    from rayemb.embedding.hybrid import replicated_embedding_parameters
+    from rayemb.embedding.data_parallel import replicated_embedding_parameters
 
     dense = dict(in_backward_optimizer_filter(model.named_parameters()))
     hot = replicated_embedding_parameters(model)

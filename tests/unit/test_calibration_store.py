@@ -32,11 +32,10 @@ def test_the_key_changes_with_the_shape_the_ranks_the_cluster_and_holds_the_vers
 
 def test_the_jobs_step_precision_and_table_dtype_are_in_the_key():
     from rayemb.config import load_config
-    from rayemb.data.schema import DatasetSchema, SparseFeature
-    from rayemb.train.calibrate import job_shape
+    from rayemb.train.calibration_store import step_numerics
 
-    schema = DatasetSchema(label="label", dense=["I1"], sparse=[SparseFeature("C1", 10)])
-    keys = {cache_key(key_fields(job_shape(load_config("jobs/configs/synth_small.yaml", o), schema), RANKS, NODES))
+    keys = {cache_key(key_fields({**SHAPE, **step_numerics(load_config("jobs/configs/synth_small.yaml", o))},
+                                 RANKS, NODES))
             for o in ([], ["train.precision=bf16"], ["model.embedding_dtype=fp16"])}
     assert len(keys) == 3
 
