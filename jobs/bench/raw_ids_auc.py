@@ -9,9 +9,10 @@ The default synthetic job (jobs/configs/synth_small.yaml on ``--data``, generate
 * ``raw_full``: each id replaced by a random 64-bit value (one fixed value per id, the same in both splits:
   what a hashed user id or SKU looks like), ``ids: raw`` with a capacity of ``V + CAPACITY_SLACK`` rows, room
   for every distinct id (each rank's shard keeps one row for unseen ids);
-* ``raw_quarter``: the same raw ids with a capacity of ``V // 4``: the managed-collision table evicts;
-* ``hash_quarter``: the encoded ids with ``num_embeddings: V // 4`` and ``data.id_policy: hash`` (``id mod
-  V // 4``): what a table of that size does without managed collisions.
+* ``raw_quarter``: the same raw ids with a capacity of ``V // 4`` (at least ``QUARTER_MIN``): the
+  managed-collision table evicts;
+* ``hash_quarter``: the encoded ids with ``num_embeddings`` of that same size and ``data.id_policy: hash`` (``id
+  mod`` it): what a table of that size does without managed collisions.
 
 Verdicts, on every seed: ``|raw_full - encoded| <= 0.005``; ``raw_quarter > hash_quarter``; the raw_quarter job
 logged evictions (its MLflow metrics). A missing or failed run FAILs its verdicts. Runs go seed by seed, the
@@ -43,6 +44,8 @@ SIDES: Dict[str, Tuple[str, List[str]]] = {
 MARGIN = 0.005
 #: raw_full's rows beyond the distinct ids: every rank's shard keeps one row for ids it has not seen
 CAPACITY_SLACK = 16
+#: the quarter tables' least rows (both sides alike): a raw table's row-wise shard needs 2 rows on each rank
+QUARTER_MIN = 8
 
 
 def raw_keys(num_embeddings: int, seed: int) -> Any:
@@ -97,7 +100,7 @@ def make_views(data: str, scratch: str) -> Dict[str, str]:
     def raw(capacity: Any) -> Any:
         return lambda s: {**s, "ids": "raw", "num_embeddings": capacity(int(s["num_embeddings"]))}
 
-    quarter = lambda v: max(2, v // 4)  # noqa: E731
+    quarter = lambda v: max(QUARTER_MIN, v // 4)  # noqa: E731
     return {
         "encoded": data,
         "raw_full": _write_schema(raw_dir, os.path.join(scratch, "raw_full"),
@@ -173,7 +176,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     def document(results: List[Dict[str, Any]], complete: bool) -> Dict[str, Any]:
         return {"schema_version": 1, "benchmark": "raw_ids_auc", "config": args.config, "overrides": args.set,
                 "data": data, "seeds": args.seeds, "sides": {s: SIDES[s] for s in args.sides},
-                "capacity": {"raw_full": f"V + {CAPACITY_SLACK}", "quarter": "max(2, V // 4)"},
+                "capacity": {"raw_full": f"V + {CAPACITY_SLACK}", "quarter": f"max({QUARTER_MIN}, V // 4)"},
                 "complete": complete, "results": results, "verdicts": verdicts(results, args.seeds)}
 
     results: List[Dict[str, Any]] = []

@@ -19,8 +19,8 @@ def test_the_views_map_every_id_one_to_one_and_size_the_tables(tmp_path):
     views = rb.make_views(data, str(tmp_path / "views"))
     enc = yaml.safe_load(open(f"{data}/schema.yaml"))
     sizes = {s["name"]: s["num_embeddings"] for s in enc["sparse"]}
-    for view, capacity in (("raw_full", lambda v: v + rb.CAPACITY_SLACK), ("raw_quarter", lambda v: max(2, v // 4)),
-                           ("hash_quarter", lambda v: max(2, v // 4))):
+    for view, capacity in (("raw_full", lambda v: v + rb.CAPACITY_SLACK), ("raw_quarter", lambda v: max(rb.QUARTER_MIN, v // 4)),
+                           ("hash_quarter", lambda v: max(rb.QUARTER_MIN, v // 4))):
         got = yaml.safe_load(open(f"{views[view]}/schema.yaml"))
         assert {s["name"]: s["num_embeddings"] for s in got["sparse"]} == {n: capacity(v) for n, v in sizes.items()}
         assert all((s.get("ids") == "raw") == view.startswith("raw") for s in got["sparse"])
