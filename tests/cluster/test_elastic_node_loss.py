@@ -47,6 +47,8 @@ def two_node_cluster():
 
 
 def test_elastic_job_survives_losing_a_node(two_node_cluster, tiny_data, tmp_path, monkeypatch):
+    from rayemb.checkpoint.store import verify
+    from rayemb.errors import DataError
     from rayemb.train.trainer import run_training
 
     # Right after the loss Ray still counts the lost node's CPUs, so Ray Train first tries 2 workers again and
@@ -63,11 +65,21 @@ def test_elastic_job_survives_losing_a_node(two_node_cluster, tiny_data, tmp_pat
         "train.checkpoint_every_n_steps=10", "planner.calibrate=false", "data.in_memory=true"])
     removed = []
 
+    def complete(meta_path: str) -> bool:
+        """Every rank's files are in place: ranks persist their parts of a checkpoint each on its own, so
+        rank 0's meta.json can be there before another rank's file is (a node lost then leaves it partial)."""
+        try:
+            verify(os.path.dirname(meta_path), hashes=False)
+            return True
+        except DataError:
+            return False
+
     def remove_node_after_a_checkpoint():
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             steps = [json.load(open(m))["step"]
-                     for m in glob.glob(os.path.join(out, "ray_results", "*", "checkpoint_*", "meta.json"))]
+                     for m in glob.glob(os.path.join(out, "ray_results", "*", "checkpoint_*", "meta.json"))
+                     if complete(m)]
             if steps and max(steps) >= 10:
                 cluster.remove_node(worker)
                 removed.append(max(steps))
