@@ -60,14 +60,20 @@ def single_label_view(data: str, label: str, out: str) -> str:
     """A dataset folder whose schema names only ``label``, over the same parquet files (symlinked)."""
     import yaml
 
+    with open(os.path.join(data, "schema.yaml")) as f:
+        schema = yaml.safe_load(f)
+    return schema_view(data, out, {**schema, "label": label})
+
+
+def schema_view(data: str, out: str, schema: Dict[str, Any]) -> str:
+    """A dataset folder with ``schema`` over ``data``'s parquet files (its splits symlinked)."""
+    import yaml
+
     os.makedirs(out, exist_ok=True)
     for split in ("train", "valid"):
         link = os.path.join(out, split)
         if not os.path.lexists(link):
             os.symlink(os.path.join(data, split), link)
-    with open(os.path.join(data, "schema.yaml")) as f:
-        schema = yaml.safe_load(f)
-    schema["label"] = label
     with open(os.path.join(out, "schema.yaml"), "w") as f:
         yaml.safe_dump(schema, f, sort_keys=False)
     return out

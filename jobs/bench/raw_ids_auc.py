@@ -32,6 +32,7 @@ sys.path.insert(0, _REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _report import report, write_result  # noqa: E402
+from model_auc import schema_view  # noqa: E402  (a dataset folder with another schema over the same files)
 from sequence_auc import run_order  # noqa: E402  (seed by seed, the sides rotated by one per seed)
 
 COLUMNS = [("seed", ">4", "{}"), ("side", ">12", "{}"), ("best AUC", ">9", "{:.4f}"), ("last AUC", ">9", "{:.4f}"),
@@ -57,19 +58,6 @@ def raw_keys(num_embeddings: int, seed: int) -> Any:
         keys = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=num_embeddings, dtype=np.int64)
         if len(np.unique(keys)) == num_embeddings:
             return keys
-
-
-def _write_schema(data: str, out: str, schema: Dict[str, Any]) -> str:
-    import yaml
-
-    os.makedirs(out, exist_ok=True)
-    for split in ("train", "valid"):
-        link = os.path.join(out, split)
-        if not os.path.lexists(link):
-            os.symlink(os.path.join(data, split), link)
-    with open(os.path.join(out, "schema.yaml"), "w") as f:
-        yaml.safe_dump(schema, f, sort_keys=False)
-    return out
 
 
 def make_views(data: str, scratch: str) -> Dict[str, str]:
@@ -103,10 +91,10 @@ def make_views(data: str, scratch: str) -> Dict[str, str]:
     quarter = lambda v: max(QUARTER_MIN, v // 4)  # noqa: E731
     return {
         "encoded": data,
-        "raw_full": _write_schema(raw_dir, os.path.join(scratch, "raw_full"),
+        "raw_full": schema_view(raw_dir, os.path.join(scratch, "raw_full"),
                                   with_sparse(raw(lambda v: v + CAPACITY_SLACK))),
-        "raw_quarter": _write_schema(raw_dir, os.path.join(scratch, "raw_quarter"), with_sparse(raw(quarter))),
-        "hash_quarter": _write_schema(data, os.path.join(scratch, "hash_quarter"),
+        "raw_quarter": schema_view(raw_dir, os.path.join(scratch, "raw_quarter"), with_sparse(raw(quarter))),
+        "hash_quarter": schema_view(data, os.path.join(scratch, "hash_quarter"),
                                       with_sparse(lambda s: {**s, "num_embeddings": quarter(int(s["num_embeddings"]))})),
     }
 

@@ -95,8 +95,9 @@ class FileSplit:
                 if lo < hi:
                     pieces.append(f.read_row_group(g).slice(lo - first, hi - lo))
                 first += g_rows
-        schema = pq.read_schema(self.paths[0], filesystem=self.fs)
-        return HeldShard(pa.concat_tables(pieces).combine_chunks() if pieces else schema.empty_table())
+        if not pieces:  # a rank with no rows still gets the columns
+            return HeldShard(pq.read_schema(self.paths[0], filesystem=self.fs).empty_table())
+        return HeldShard(pa.concat_tables(pieces).combine_chunks())
 
 
 def _bounds(rows: int, rank: int, world: int, equal: bool) -> tuple:
