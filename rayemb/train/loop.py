@@ -215,8 +215,8 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
                                sequence=cfg.model.sequence_tower != "none", keep_ids=item)
     data_args = dict(in_memory=bool(loop_config.get("in_memory")), first_batch_timeout_s=cfg.data.first_batch_timeout_s,
                      rank=rank, cpus_per_worker=loop_config.get("cpus_per_worker"), seed=cfg.train.seed)
-    # a GPU step leaves the CPU to the conversion of the next batches; a CPU step needs its cores itself
-    # on a GPU, batches are pinned where they are converted: their copies are then asynchronous (DeviceFeed)
+    # on a GPU the first epoch trains as the shard is converted (the step leaves the CPU free; a CPU step needs its
+    # cores itself), and batches are pinned where they are converted, so that their copies are asynchronous
     train_data = RankBatches(_shard(loop_config, TRAIN_SPLIT, rank, world), cfg.data.batch_size,
                              pinned(converter) if device.type == "cuda" else converter,
                              split=TRAIN_SPLIT, overlap_first_epoch=device.type == "cuda", **data_args)
