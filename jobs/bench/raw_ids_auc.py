@@ -8,14 +8,17 @@ The default synthetic job (jobs/configs/synth_small.yaml on ``--data``, generate
 * ``encoded``: the ids as generated, in ``[0, V)``: an exact vocabulary;
 * ``raw_full``: each id replaced by a random 64-bit value (one fixed value per id, the same in both splits:
   what a hashed user id or SKU looks like), ``ids: raw`` with a capacity of ``V + CAPACITY_SLACK`` rows, room
-  for every distinct id (each rank's shard keeps one row for unseen ids);
+  for every distinct id (each rank's shard keeps one row for unseen ids), placed as a job places them: hybrid
+  (heavy hitters in replicated rows, the rest managed row-wise) where the split gives a table hot ids;
+* ``raw_full_row_wise``: the same, every raw table row-wise (``planner.hybrid=false``);
 * ``raw_quarter``: the same raw ids with a capacity of ``V // 4`` (at least ``QUARTER_MIN``): the
   managed-collision table evicts;
 * ``hash_quarter``: the encoded ids with ``num_embeddings`` of that same size and ``data.id_policy: hash`` (``id
   mod`` it): what a table of that size does without managed collisions.
 
-Verdicts, on every seed: ``|raw_full - encoded| <= 0.005``; ``raw_quarter > hash_quarter``; the raw_quarter job
-logged evictions (its MLflow metrics). A missing or failed run FAILs its verdicts. Runs go seed by seed, the
+Verdicts, on every seed: ``|raw_full - encoded| <= 0.005`` and the same for ``raw_full_row_wise``, each with
+the raw tables placed as it says (``raw_placements``, from the job's plan: a side whose plan does not place them
+so FAILs); ``raw_quarter > hash_quarter``; the raw_quarter job logged evictions (its MLflow metrics). A missing or failed run FAILs its verdicts. Runs go seed by seed, the
 sides' order rotating per seed, on one local Ray cluster; the result is written after each run.
 """
 
@@ -40,8 +43,10 @@ COLUMNS = [("seed", ">4", "{}"), ("side", ">12", "{}"), ("best AUC", ">9", "{:.4
 KEYS = ["seed", "side", "best_valid_auc", "valid_auc", "evictions", "wall_time_s"]
 #: side -> (the dataset view it trains on, extra overrides)
 SIDES: Dict[str, Tuple[str, List[str]]] = {
-    "encoded": ("encoded", []), "raw_full": ("raw_full", []), "raw_quarter": ("raw_quarter", []),
-    "hash_quarter": ("hash_quarter", ["data.id_policy=hash"])}
+    "encoded": ("encoded", []), "raw_full": ("raw_full", []), "raw_full_row_wise": ("raw_full", ["planner.hybrid=false"]),
+    "raw_quarter": ("raw_quarter", []), "hash_quarter": ("hash_quarter", ["data.id_policy=hash"])}
+#: the placement each full-capacity raw side must give its raw tables (from plan.json) for its verdict to count
+FULL_SIDES = {"raw_full": "hybrid", "raw_full_row_wise": "row_wise"}
 MARGIN = 0.005
 #: raw_full's rows beyond the distinct ids: every rank's shard keeps one row for ids it has not seen
 CAPACITY_SLACK = 16
@@ -99,6 +104,12 @@ def make_views(data: str, scratch: str) -> Dict[str, str]:
     }
 
 
+def raw_placements(plan: Dict[str, Any]) -> Dict[str, str]:
+    """Raw table -> its placement in the job's plan.json (``{}``: no raw tables)."""
+    tables = plan.get("tables", {})
+    return {name: str(tables.get(name, {}).get("placement")) for name in plan.get("raw_tables", [])}
+
+
 def evictions(metrics: Dict[str, Any]) -> Optional[float]:
     """The job's evictions over every raw table, from its final metrics (None: none logged)."""
     found = [float(v) for k, v in metrics.items() if "eviction" in k and isinstance(v, (int, float))]
@@ -117,14 +128,19 @@ def verdicts(results: Sequence[Dict[str, Any]], seeds: Sequence[int]) -> Dict[st
         x, y = auc(seed, a), auc(seed, b)
         return None if x is None or y is None else x - y
 
-    full = [diff(s, "raw_full", "encoded") for s in seeds]
+    def placed(seed: int, side: str) -> bool:  # every raw table hybrid / every one row-wise, as the side says
+        kinds = set((got.get((seed, side)) or {}).get("raw_placements", {}).values())
+        return kinds == {FULL_SIDES[side]} if side == "raw_full_row_wise" else FULL_SIDES[side] in kinds
+
+    full = {side: [diff(s, side, "encoded") if placed(s, side) else None for s in seeds] for side in FULL_SIDES}
     quarter = [diff(s, "raw_quarter", "hash_quarter") for s in seeds]
     evicted = [None if (seed, "raw_quarter") not in got else got[(seed, "raw_quarter")].get("evictions")
                for seed in seeds]
     return {
-        "raw_full_vs_encoded": {"diff_per_seed": full, "rule": f"|raw_full - encoded| <= {MARGIN}",
-                                "verdict": "PASS" if all(d is not None and abs(d) <= MARGIN for d in full)
-                                else "FAIL"},
+        **{f"{side}_vs_encoded": {
+            "diff_per_seed": full[side], "verdict": "PASS" if all(d is not None and abs(d) <= MARGIN for d in full[side])
+            else "FAIL", "rule": f"|{side} - encoded| <= {MARGIN}, raw tables placed {FULL_SIDES[side]}"
+            + (" (those the split gives hot ids)" if FULL_SIDES[side] == "hybrid" else "")} for side in FULL_SIDES},
         "raw_quarter_vs_hash_quarter": {"diff_per_seed": quarter, "rule": "raw_quarter - hash_quarter > 0",
                                         "verdict": "PASS" if all(d is not None and d > 0 for d in quarter)
                                         else "FAIL"},
@@ -182,7 +198,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             continue
         best = max((x["valid_auc"] for x in r.reports if "valid_auc" in x), default=None)
         results.append({"seed": seed, "side": side, "best_valid_auc": best, "valid_auc": r.metrics.get("valid_auc"),
-                        "evictions": evictions(r.metrics), "wall_time_s": r.wall_time_s, "run_id": r.run_id})
+                        "evictions": evictions(r.metrics), "wall_time_s": r.wall_time_s, "run_id": r.run_id,
+                        "raw_placements": raw_placements(r.plan)})
         write_result(args.out, document(results, complete=False))
 
     out = document(results, complete=True)

@@ -170,6 +170,8 @@ def model_slots(model_state: Mapping[str, Any], optimizer_state: Mapping[str, Ma
         if parsed is None:
             continue
         part, table = parsed
+        if part == "hot" and getattr(remapper, "is_raw", None) and remapper.is_raw(table):
+            continue  # a raw-id table's hot rows are entries of its raw-id part (rayemb.checkpoint.raw_hot)
         mapping = _row_map(part, table, remapper)
         pieces, replicated = _local_pieces(value)
         weight_pieces[key] = pieces

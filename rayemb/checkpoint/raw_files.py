@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -71,12 +71,20 @@ def read_part(path: str) -> "Part":
     return out
 
 
-def save_raw_files(directory: str, model: Any, rank: int) -> Dict[str, Any]:
+def save_raw_files(directory: str, model: Any, rank: int, model_state: Optional[Mapping[str, Any]] = None,
+                   optimizer_state: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """This rank's part of the model's raw-id tables written to ``directory``: ``{"files": [name], "held":
-    {table: ids}}``; ``{}`` when the model has none. Not a collective."""
+    {table: ids}}``; ``{}`` when the model has none. With the model's and optimizer's state dicts (``"state"``),
+    rank 0's part also holds the hybrid ones' hot rows (:mod:`rayemb.checkpoint.raw_hot`; then a collective)."""
+    from rayemb.checkpoint.raw_hot import add_hot_entries, hot_halves, top_metadata
     from rayemb.checkpoint.raw_state import IDS, export_raw_tables  # TorchRec: where a model is
 
     part = export_raw_tables(model)
+    hot = hot_halves(model, model_state, optimizer_state or {}) if model_state is not None else {}
+    if hot:
+        top = top_metadata(part, hot)
+        if rank == 0:
+            add_hot_entries(part, hot, top)
     if not part:
         return {}
     return {"files": [write_part(directory, rank, part)], "held": {t: int(len(v[IDS])) for t, v in part.items()}}
@@ -103,19 +111,43 @@ def check_id_kinds(saved: Mapping[str, Any], raw: Sequence[str], where: str) -> 
                             "trained with, or start fresh.", category="bad_checkpoint")
 
 
-def load_raw_files(directory: str, meta: Mapping[str, Any], model: Any) -> Dict[str, int]:
+def rank_parts(directory: str, meta: Mapping[str, Any], model: Any = None,
+               model_state: Optional[Mapping[str, Any]] = None, optimizer_state: Optional[Mapping[str, Any]] = None
+               ) -> List["Part"]:
+    """The raw-id parts this rank loads: parts ``r, r + W, ...`` for rank ``r`` of ``W``.
+
+    With the ``model`` and its model's and optimizer's state dicts (``"state"``; a collective) the entries whose
+    ids are hot in a hybrid table (:mod:`rayemb.checkpoint.raw_hot`) are written into its hot rows on every rank,
+    in those state dicts' tensors, and left out of the parts returned.
+    """
+    import torch.distributed as dist
+
+    from rayemb.checkpoint.raw_hot import hot_halves, take_hot_entries
+
+    files = part_files(meta.get("files", {}))
+    parts = [read_part(os.path.join(directory, n)) for n in files[dist.get_rank()::dist.get_world_size()]]
+    hot = hot_halves(model, model_state, optimizer_state or {}) if model_state is not None else {}
+    for table in sorted(hot):  # every rank, in one order: a collective per table
+        having = [p for p in parts if table in p]
+        for p, rest in zip(having, take_hot_entries([p[table] for p in having], hot[table])):
+            p[table] = rest
+    return parts
+
+
+def load_raw_files(directory: str, meta: Mapping[str, Any], model: Any, parts: Optional[List["Part"]] = None
+                   ) -> Dict[str, int]:
     """Loads the checkpoint's raw-id tables into the sharded ``model`` (a collective; any world size).
 
-    Rank ``r`` of ``W`` reads parts ``r, r + W, ...``; returns the ids dropped per table (shards of this world
-    holding fewer ids than were saved), logged when any were.
+    Each rank loads its :func:`rank_parts` (or ``parts``, those left by the hot rows). Returns the ids dropped per table (shards of this world holding fewer ids than were
+    saved), logged when any were.
     """
     import torch.distributed as dist
 
     from rayemb.checkpoint.raw_state import load_raw_tables
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    files = part_files(meta.get("files", {}))
-    dropped = load_raw_tables(model, [read_part(os.path.join(directory, n)) for n in files[rank::world]])
+    parts = rank_parts(directory, meta) if parts is None else parts
+    dropped = load_raw_tables(model, parts)
     if rank == 0 and any(dropped.values()):
         logger.warning("checkpoint %s: the raw-id tables' shards hold fewer ids on %d ranks than were saved; "
                        "dropped by their eviction policy: %s", directory, world, dropped)
@@ -147,5 +179,5 @@ def raw_tables_of(directory: str, meta: Mapping[str, Any]) -> "Part":
     return merge_parts([read_part(os.path.join(directory, n)) for n in part_files(meta.get("files", {}))])
 
 
-__all__ = ["PART_FILE", "RAW", "check_id_kinds", "load_raw_files", "part_files", "raw_table_meta", "raw_tables_of",
-           "read_part", "reshard_raw_files", "save_raw_files", "write_part"]
+__all__ = ["PART_FILE", "RAW", "check_id_kinds", "load_raw_files", "part_files", "rank_parts", "raw_table_meta",
+           "raw_tables_of", "read_part", "reshard_raw_files", "save_raw_files", "write_part"]

@@ -113,7 +113,7 @@ def _columns(entries: Mapping[str, np.ndarray], names: List[str], n: int, width:
     cols = []
     for name in names:
         if name in entries:
-            cols.append(np.asarray(entries[name], dtype=dtype).reshape(n, -1))
+            cols.append(np.asarray(entries[name], dtype=dtype).reshape(n, width[name]))
         else:
             cols.append(np.full((n, width[name]), fill.get(name, 0), dtype=dtype))
     return np.concatenate(cols, axis=1) if cols else np.zeros((n, 0), dtype=dtype)

@@ -132,7 +132,8 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     os.makedirs(directory, exist_ok=True)
     model_state = model.state_dict()
     optim_state = optimizer.state_dict()["state"]
-    raw = save_raw_files(directory, model, rank)  # the raw-id tables: ids and their rows, not rows of [V, D]
+    # the raw-id tables: ids and their rows (hot ones too), not rows of [V, D]
+    raw = save_raw_files(directory, model, rank, model_state, optim_state)
     given, tables = tables, stored_tables(_encoded(tables, model), model_state)
     dtypes = table_dtypes(model_state)
     slots = model_slots(model_state, optim_state, remapper)
@@ -307,7 +308,7 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     """
     import torch.distributed.checkpoint as dcp
 
-    from rayemb.checkpoint.raw_files import check_id_kinds, load_raw_files
+    from rayemb.checkpoint.raw_files import check_id_kinds, load_raw_files, rank_parts
     from rayemb.embedding.raw_tables import raw_id_modules
 
     meta = dict(meta) if meta is not None else verify(directory, hashes=False)
@@ -363,11 +364,13 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     with torch.no_grad():
         for key, value in live_dense.items():
             value.copy_(request[key].to(value.device))
+    # a hybrid raw-id table's hot rows are replicated state: written with the state dicts
+    raw_parts = rank_parts(directory, meta, model, model_state, optim_state["state"]) if raw else []
     set_step_counters(optim_state["state"], int(meta.get("step", 0)))
     model.load_state_dict(model_state)
     optimizer.load_state_dict(optim_state)
     if raw:  # after the state dicts: the raw tables' slots and rows are written in place
-        load_raw_files(directory, meta, model)
+        load_raw_files(directory, meta, model, raw_parts)
     if int(meta.get("world_size", -1)) == world and meta.get("rng"):
         torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(meta["rng"][rank])), dtype=torch.uint8))
     return dict(meta)

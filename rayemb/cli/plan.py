@@ -69,10 +69,10 @@ def plan_main(args: argparse.Namespace) -> int:
     if args.pins:
         with open(args.pins) as f:
             pins = yaml.safe_load(f) or {}
-    if schema.raw_names:  # raw-id tables are placed row-wise, as a job places them
+    if schema.raw_names:  # raw-id tables are placed row-wise or hybrid (row-wise cold half), as a job places them
         from rayemb.train.sharding import raw_pin
 
-        pins = {**(pins or {}), **{t: raw_pin(t, (pins or {}).get(t)) for t in schema.raw_names}}
+        pins = {**(pins or {}), **{t: raw_pin(t, (pins or {}).get(t), cfg.planner.hybrid) for t in schema.raw_names}}
     tables = tables_from_schema(schema, cfg.model.embedding_dim, topo, global_batch, stats,
                                 bytes_per_element=cfg.model.embedding_bytes_per_element)
     result = plan(tables, topo, global_batch, pins=pins, engine=args.engine)

@@ -22,7 +22,9 @@ TorchRec optimizer, built from stock TorchRec modules so
 FBGEMM optimizers. Tables without a hot set stay in an ordinary
 ``EmbeddingBagCollection`` in the same module, sharded by the plan; raw-id
 tables (``ids: raw``) live in a managed-collision EBC, sharded row-wise
-(:mod:`rayemb.embedding.raw_tables`), never hybrid.
+(:mod:`rayemb.embedding.raw_tables`); a hybrid raw-id table keeps its hot
+ids (raw values) in fixed replicated rows of the hot child, never evicted,
+and the managed-collision table holds the rest of its capacity.
 
 Ids are remapped hot/cold in the data path by
 :class:`~rayemb.embedding.remap.HybridRemapper` (vectorised numpy, picklable),
@@ -56,7 +58,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from rayemb.embedding.compressed import CompressedEmbeddingBagCollection
-from rayemb.embedding.compression_math import CompressionSpec, refuse_low_precision, storage_spec
+from rayemb.embedding.compression_math import CompressionSpec, refuse_low_precision
 from rayemb.embedding.prefetch import InputDistPrefetch
 from rayemb.embedding.raw_tables import raw_id_collection
 from rayemb.embedding.remap import COLD_SUFFIX, HOT_SUFFIX, HybridRemapper
@@ -117,6 +119,8 @@ class HybridEmbeddingBagCollection(nn.Module):
       shard it ``row_wise`` / ``table_wise`` / ``column_wise``;
     * ``raw``: the raw-id tables (``raw``: their schema features), a managed-collision
       EBC looked up by raw int64 ids; shard it ``row_wise`` (its sharder's only type).
+      A raw-id table with hot ids (raw values) has its hot half in ``hot`` and
+      the rest of its capacity, ``num_embeddings - |F|`` slots, here.
 
     A table whose hot set is empty has no hot half and one covering all ids
     has no cold half. ``forward`` takes the KJT made by :attr:`remapper` and
@@ -164,7 +168,7 @@ class HybridEmbeddingBagCollection(nn.Module):
                 continue
             if r.num_hot(t.name):
                 hot_cfgs.append(EmbeddingBagConfig(pooling=PoolingType.SUM, **_sub_config(t, HOT_SUFFIX, r.num_hot(t.name))))
-            if r.num_cold(t.name):
+            if r.num_cold(t.name) and not r.is_raw(t.name):
                 cold_cfgs.setdefault(int(t.embedding_dim), []).append(
                     EmbeddingConfig(**_sub_config(t, COLD_SUFFIX, r.num_cold(t.name)))
                 )
@@ -173,9 +177,11 @@ class HybridEmbeddingBagCollection(nn.Module):
         self.cold = nn.ModuleDict(
             {f"d{d}": EmbeddingCollection(cold_cfgs[d], device=device) for d in r.cold_dims}
         )
-        self.raw = raw_id_collection(tables, raw, self._compression, device) if raw else None
-        self._mean_features = {
-            f for t in tables if t.name in hybrid and t.pooling == PoolingType.MEAN for f in t.feature_names
+        self.raw = raw_id_collection(tables, raw, self._compression, device, hot_rows={
+            n: r.num_hot(n) for n in hybrid & self._raw_tables}) if raw else None
+        self._mean_features = {  # raw-id tables pool by sum, hot half and managed half alike
+            f for t in tables if t.name in hybrid - self._raw_tables and t.pooling == PoolingType.MEAN
+            for f in t.feature_names
         }
         self._dims = {f: int(t.embedding_dim) for t in tables for f in t.feature_names}
         #: the next batch's input exchange of the sharded children (rayemb.embedding.prefetch); not state
@@ -229,7 +235,7 @@ class HybridEmbeddingBagCollection(nn.Module):
                     and not k.startswith("projections.")}
             out.update({f"{prefix}plain.{keys[n]}": w for n, w in weights.items() if n in keys})
         for t in self._tables:
-            if t.name in self._raw_tables:  # its state is the ids it holds (rayemb.checkpoint.raw_state)
+            if t.name in self._raw_tables:  # its state is the ids it holds, hot ones too (rayemb.checkpoint.raw_state)
                 continue
             if t.name not in r.hybrid_tables():
                 if not isinstance(self.plain, CompressedEmbeddingBagCollection):
@@ -303,7 +309,7 @@ class HybridEmbeddingBagCollection(nn.Module):
             if r.num_hot(name):
                 out[name + HOT_SUFFIX] = ParameterConstraints(
                     sharding_types=["data_parallel"], compute_kernels=["dense"], **pooled(name, h))
-            if r.num_cold(name):
+            if r.num_cold(name) and not r.is_raw(name):  # a raw table's cold half: the managed-collision EBC's plan
                 out[name + COLD_SUFFIX] = ParameterConstraints(
                     sharding_types=[cold_type], compute_kernels=[kernels.get(name) or "fused"],
                     min_partition=min_partition, **pooled(name, 1.0 - h))
@@ -375,7 +381,8 @@ class HybridEmbeddingBagCollection(nn.Module):
                 pooled[f] = pooled[f] + sums[i] if f in pooled else sums[i]
                 counts[f] = counts[f] + lengths[i] if f in counts else lengths[i]
         if self.raw is not None:  # the last segment: raw ids, mapped to slots inside the managed-collision EBC
-            pooled.update(self.raw(parts[-1])[0].to_dict())
+            for f, t in self.raw(parts[-1])[0].to_dict().items():  # a hybrid raw table's hot ids pooled above
+                pooled[f] = pooled[f] + t if f in pooled else t
         for f in self._mean_features:
             pooled[f] = pooled[f] / counts[f].clamp(min=1).unsqueeze(1).to(pooled[f].dtype)
         keys = r.input_features
@@ -387,61 +394,4 @@ class HybridEmbeddingBagCollection(nn.Module):
         )
 
 
-# ---- FROM A PLAN ---- #
-
-
-def hybrid_from_placements(
-    tables: Sequence[EmbeddingBagConfig],
-    placements: Mapping[str, object],
-    hot_ids: Mapping[str, np.ndarray],
-    is_weighted: bool = False,
-    device: Optional[torch.device] = None,
-    raw: Sequence[Any] = (),
-) -> Tuple[HybridEmbeddingBagCollection, Dict[str, "ParameterConstraints"]]:
-    """Module + planner constraints from per-table placements (e.g. ``PlanResult.tables``).
-
-    ``placements[name]`` has ``.placement`` (``"hybrid"`` or a TorchRec
-    sharding type, str or enum) and ``.sharding_type`` (for hybrid tables:
-    the cold half's type), like :class:`rayemb.planner.types.TablePlan`.
-    Hybrid tables take their hot ids from ``hot_ids`` (e.g.
-    ``FrequentSplit.hot_ids(name)``); the others stay plain, constrained to
-    their sharding type. Tables absent from ``placements`` are plain and
-    unconstrained. ``raw``: the schema's raw-id features, whose tables go to the raw child (row-wise).
-    """
-    hybrid_hot: Dict[str, np.ndarray] = {}
-    cold_types: Dict[str, str] = {}
-    plain_types: Dict[str, List[str]] = {}
-    compression: Dict[str, CompressionSpec] = {}
-    data_parallel: List[str] = []
-    raw_tables = {f.name for f in raw}
-    for t in tables:
-        tp = placements.get(t.name)
-        if tp is None or t.name in raw_tables:
-            continue
-        placement = str(getattr(getattr(tp, "placement"), "value", getattr(tp, "placement")))
-        sharding_type = str(getattr(getattr(tp, "sharding_type"), "value", getattr(tp, "sharding_type")))
-        spec = storage_spec(getattr(tp, "storage", None))
-        if spec.compressed:
-            if placement == "hybrid":
-                raise ConfigError(f"Table {t.name!r} is placed hybrid and stored {spec.kind}; a compressed "
-                                  "table cannot be hybrid. Drop one of the two pins.", category="invalid_option")
-            compression[t.name] = spec
-        if placement == "data_parallel":
-            data_parallel.append(t.name)
-        if placement == "hybrid":
-            if t.name not in hot_ids:
-                raise ConfigError(
-                    f"Table {t.name!r} is placed hybrid but no hot ids were given for it. "
-                    "Pass the split's hot ids (FrequentSplit.hot_ids) for every hybrid table."
-                )
-            hybrid_hot[t.name] = hot_ids[t.name]
-            cold_types[t.name] = sharding_type
-        else:
-            plain_types[t.name] = [sharding_type]
-    module = HybridEmbeddingBagCollection(tables, hybrid_hot, is_weighted=is_weighted, device=device,
-                                          compression=compression, data_parallel=data_parallel, raw=raw)
-    return module, module.parameter_constraints(cold_types, plain_types)
-
-
-__all__ = ["COLD_SHARDING_TYPES", "COLD_SUFFIX", "HOT_SUFFIX", "HybridEmbeddingBagCollection", "HybridRemapper",
-           "hybrid_from_placements"]
+__all__ = ["COLD_SHARDING_TYPES", "COLD_SUFFIX", "HOT_SUFFIX", "HybridEmbeddingBagCollection", "HybridRemapper"]

@@ -49,6 +49,7 @@ builder uses) adds, once the table is sharded by
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -313,17 +314,22 @@ def build_raw_id_ebc(features: Sequence[Any], embedding_dim: Union[int, Mapping[
 
 
 def raw_id_collection(tables: Sequence[EmbeddingBagConfig], features: Sequence[Any],
-                      compression: Optional[Mapping[str, Any]] = None, device: Optional[torch.device] = None
-                      ) -> ManagedCollisionEmbeddingBagCollection:
+                      compression: Optional[Mapping[str, Any]] = None, device: Optional[torch.device] = None,
+                      hot_rows: Optional[Mapping[str, int]] = None) -> ManagedCollisionEmbeddingBagCollection:
     """The raw-id tables of a job's pooled module: :func:`build_raw_id_ebc` of ``features`` with the dims of
-    their ``tables`` (the job's ``EmbeddingBagConfig`` s, raw and encoded). Raises :class:`ConfigError` for a
-    raw table stored in fp16 or compressed: its slots are rows of fp32 FBGEMM tables, whole."""
+    their ``tables`` (the job's ``EmbeddingBagConfig`` s, raw and encoded). ``hot_rows``: table -> rows of its
+    capacity that a hybrid table keeps for its hot ids elsewhere (its managed-collision table gets the rest).
+    Raises :class:`ConfigError` for a raw table stored in fp16 or compressed: its slots are rows of fp32 FBGEMM
+    tables, whole."""
     configs, compressed = {t.name: t for t in tables}, compression or {}
     odd = sorted(f.name for f in features if configs[f.name].data_type != DataType.FP32 or f.name in compressed)
     if odd:
         raise ConfigError(f"Raw-id tables {odd} are fp32 and uncompressed only: set model.embedding_dtype: fp32 "
                           "and drop their compression pins, or encode their ids (drop `ids: raw`).",
                           category="invalid_option")
+    hot = hot_rows or {}
+    features = [replace(f, num_embeddings=int(f.num_embeddings) - int(hot.get(f.name, 0))) if hot.get(f.name) else f
+                for f in features]
     return build_raw_id_ebc(features, {f.name: int(configs[f.name].embedding_dim) for f in features}, device=device)
 
 

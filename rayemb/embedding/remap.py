@@ -52,7 +52,7 @@ class _HybridTable:
         return int(self.config.num_embeddings) - self.num_hot
 
 
-def _validate_hot_ids(config: EmbeddingBagConfig, ids: np.ndarray) -> np.ndarray:
+def _validate_hot_ids(config: EmbeddingBagConfig, ids: np.ndarray, raw: bool = False) -> np.ndarray:
     arr = np.asarray(ids)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
         raise ConfigError(
@@ -60,6 +60,13 @@ def _validate_hot_ids(config: EmbeddingBagConfig, ids: np.ndarray) -> np.ndarray
             f"{arr.shape} dtype {arr.dtype}. Pass the table's frequent ids as np.int64."
         )
     arr = np.unique(arr.astype(np.int64, copy=False))
+    if raw:  # any int64 is a raw id; the hot rows and the managed-collision slots share the capacity
+        if arr.size > config.num_embeddings - 2:
+            raise ConfigError(
+                f"Table {config.name!r} holds raw ids and was given {arr.size} hot ids, but its capacity is "
+                f"{config.num_embeddings} rows, which must also keep at least 2 slots for the other ids. Raise "
+                "num_embeddings or lower the hot set (planner.memory_budget, fewer heavy hitters).")
+        return arr
     if arr.size and (arr[0] < 0 or arr[-1] >= config.num_embeddings):
         raise ConfigError(
             f"Hot ids of table {config.name!r} must lie in [0, {config.num_embeddings}); "
@@ -83,7 +90,9 @@ class HybridRemapper:
     Output key order: plain features, hot features, cold features grouped
     by embedding dim, then the ``raw`` features (raw-id tables: their ids pass
     unchanged, any int64, for the module's managed-collision tables); the
-    module splits by these segment sizes. Picklable
+    module splits by these segment sizes. A raw-id table may have hot ids too
+    (raw values, any int64): those go to ``f__hot`` as above, and the rest of
+    its ids stay raw in ``f`` (its managed-collision table is the cold half). Picklable
     and torch-free in its state (numpy arrays), so it can run in a Ray Data
     ``map_batches`` or the worker's batch conversion.
     """
@@ -95,10 +104,6 @@ class HybridRemapper:
         raw: Sequence[str] = (),
     ) -> None:
         names = [t.name for t in tables]
-        both = sorted(set(raw) & {n for n, ids in hot_ids.items() if ids is not None})
-        if both:
-            raise ConfigError(f"Tables {both} hold raw ids (ids: raw) and were given hot ids; a raw-id table is "
-                              "never hybrid. Drop their hybrid pins.", category="invalid_option")
         unknown = sorted(set(hot_ids) - set(names))
         if unknown:
             raise ConfigError(
@@ -108,6 +113,8 @@ class HybridRemapper:
         self._num_embeddings: Dict[str, int] = {}
         self._feature_table: Dict[str, str] = {}
         self._hybrid: Dict[str, _HybridTable] = {}
+        #: the raw-id tables (hybrid or not)
+        self.raw_tables: List[str] = [t.name for t in tables if t.name in raw]
         self.plain_features: List[str] = []
         self.hot_features: List[str] = []
         #: features of the raw-id tables: passed unchanged, the last segment
@@ -117,10 +124,13 @@ class HybridRemapper:
             self._num_embeddings[t.name] = int(t.num_embeddings)
             for f in t.feature_names:
                 self._feature_table[f] = t.name
+            ids = hot_ids.get(t.name)
             if t.name in raw:
                 self.raw_features += list(t.feature_names)
+                if ids is not None and len(ids):
+                    self._hybrid[t.name] = _HybridTable(t, _validate_hot_ids(t, ids, raw=True))
+                    self.hot_features += [f + HOT_SUFFIX for f in t.feature_names]
                 continue
-            ids = hot_ids.get(t.name)
             if ids is None:
                 self.plain_features += list(t.feature_names)
                 continue
@@ -160,15 +170,23 @@ class HybridRemapper:
         return self._hybrid[table].num_hot
 
     def num_cold(self, table: str) -> int:
-        """V - |F|: rows of a hybrid table's cold half (0: it has none)."""
+        """V - |F|: rows of a hybrid table's cold half (0: it has none); a raw-id table's: its managed-collision
+        table's slots."""
         return self._hybrid[table].num_cold
+
+    def is_raw(self, table: str) -> bool:
+        """Whether ``table`` holds raw ids (its hot ids, if any, are raw values; its cold half is managed)."""
+        return table in self.raw_tables
 
     def hot_ids(self, table: str) -> np.ndarray:
         """Sorted hot ids of a hybrid table (hot row k holds id ``hot_ids[k]``)."""
         return self._hybrid[table].hot_ids
 
     def cold_ids(self, table: str) -> np.ndarray:
-        """Sorted cold ids of a hybrid table (cold row j holds id ``cold_ids[j]``); V-sized."""
+        """Sorted cold ids of a hybrid table (cold row j holds id ``cold_ids[j]``); V-sized. Not for a raw-id
+        table, whose cold ids are whichever its managed-collision table holds."""
+        if self.is_raw(table):
+            raise ValueError(f"raw-id table {table!r} has no fixed cold ids")
         ht = self._hybrid[table]
         mask = np.ones(ht.config.num_embeddings, dtype=bool)
         mask[ht.hot_ids] = False
@@ -205,10 +223,8 @@ class HybridRemapper:
             values = np.asarray(values, dtype=np.int64)
             lengths = np.asarray(lengths, dtype=LENGTH_DTYPE)
             table = self._feature_table[f]
-            if f in self.raw_features:  # any int64 is a raw id
-                out[f] = (values, lengths, weights)
-                continue
-            if values.size and (values.min() < 0 or values.max() >= self._num_embeddings[table]):
+            raw = f in self.raw_features  # any int64 is a raw id
+            if not raw and values.size and (values.min() < 0 or values.max() >= self._num_embeddings[table]):
                 raise DataError(
                     f"Feature {f!r} has ids in [{values.min()}, {values.max()}] but table "
                     f"{table!r} has {self._num_embeddings[table]} rows. Hash or clip ids "
@@ -218,6 +234,8 @@ class HybridRemapper:
             if ht is None:
                 out[f] = (values, lengths, weights)
                 continue
+            # the cold ids of a raw table stay raw, under the feature's own name, for its managed-collision table
+            cold_key = f if raw else f + COLD_SUFFIX
             hot = ht.hot_ids
             pos = np.searchsorted(hot, values)
             if hot.size:
@@ -232,10 +250,10 @@ class HybridRemapper:
                     np.bincount(bag[is_hot], minlength=lengths.size).astype(LENGTH_DTYPE),
                     None if w is None else w[is_hot],
                 )
-            if ht.num_cold > 0:
+            if raw or ht.num_cold > 0:
                 cold = ~is_hot
-                out[f + COLD_SUFFIX] = (
-                    values[cold] - pos[cold],
+                out[cold_key] = (
+                    values[cold] if raw else values[cold] - pos[cold],
                     np.bincount(bag[cold], minlength=lengths.size).astype(LENGTH_DTYPE),
                     None if w is None else w[cold],
                 )

@@ -55,8 +55,9 @@ class TableSplit:
     heavy-hitter counts (lower bounds when the stats were approximate).
     ``limited_by`` says what fixed |F|: ``"threshold"`` (the rule),
     ``"memory"`` (the per-rank budget), ``"candidates"`` (fewer known heavy
-    hitters than the rule asked for) or ``"raw_ids"`` (a raw-id table: never
-    hybrid). ``complete`` is False when the stats' error bound reaches the
+    hitters than the rule asked for) or ``"capacity"`` (a raw-id table, whose
+    managed-collision half must keep 2 slots per rank of its capacity; its hot
+    ids are raw values). ``complete`` is False when the stats' error bound reaches the
     threshold count, i.e. ids the rule would make hot may be missing:
     recompute stats with more heavy hitters.
     """
@@ -259,11 +260,13 @@ class HugeCTRSplitRule(SplitRule):
             n = int(np.count_nonzero(expected >= thr)) if math.isfinite(thr) else 0
             n_r = _round_up(n, w)
             limited[name] = "threshold"
-            if getattr(t, "ids", "encoded") == "raw":
-                # a raw-id table's rows are slots its ids take and leave: no fixed hot rows to replicate
-                n_r, limited[name] = 0, "raw_ids"
-            elif n_r > cand[name].size:
+            if n_r > cand[name].size:
                 n_r, limited[name] = (cand[name].size // w) * w, "candidates"
+            # a raw-id table's hot ids take rows of its capacity; its managed-collision half keeps the rest, at
+            # least 2 slots per rank (one is the rank's default row)
+            room = (int(t.num_embeddings) - 2 * w) // w * w
+            if getattr(t, "ids", "encoded") == "raw" and n_r > room:
+                n_r, limited[name] = max(room, 0), "capacity"
             n_hot[name] = n_r
         if self.memory_budget_bytes is not None:
             self._apply_budget(cand, counts, n_hot, limited)
@@ -280,7 +283,7 @@ class HugeCTRSplitRule(SplitRule):
                 hot_share=float(counts[name][:n].sum() / values) if values else 0.0,
                 threshold=thr,
                 limited_by=limited[name],
-                complete=int(t.error_bound) < thr_count or limited[name] == "raw_ids",
+                complete=int(t.error_bound) < thr_count,
             )
         out = FrequentSplit(tables, w, b, "hugectr" if self.given_threshold is None else "calibrated", self._params())
         for t in tables.values():

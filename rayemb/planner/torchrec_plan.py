@@ -104,7 +104,7 @@ def _planning_module(tables: Sequence[TableSpec], choices: Mapping[str, Cost],
 
     Hybrid tables get |F| hot rows; compressed ones their physical tables
     (``T__q``/``T__r`` or ``T__block``; data-parallel QR-mult rows are dense,
-    outside TorchRec's plan), as :func:`rayemb.embedding.hybrid.hybrid_from_placements` builds them.
+    outside TorchRec's plan), as :func:`rayemb.embedding.placements.hybrid_from_placements` builds them.
     """
     # the tables' stored dtype: TorchRec's storage estimates read the planned parameters' element size
     configs = [

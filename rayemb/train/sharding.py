@@ -6,10 +6,11 @@ rayemb's planner: the cost model picks data-parallel, pooled model-parallel or
 hybrid per table and TorchRec's planner places the shards. The result travels
 to every worker in the train loop config, so all ranks shard alike.
 
-Raw-id tables (``ids: raw``, docs/raw_ids.md) are pinned row-wise (:func:`pins_of`): the
-planner sizes them by their capacity like any row-wise table, and their module plan is
-:func:`rayemb.embedding.raw_tables.row_wise_plan` of the job's managed-collision EBC,
-under :data:`RAW_MODULE`.
+Raw-id tables (``ids: raw``, docs/raw_ids.md) are pinned row-wise, or hybrid with a row-wise
+cold half when the split gives them hot ids (:func:`raw_pin`): the planner sizes them by their
+capacity like any such table, and the module plan of their managed-collision EBC (the cold
+half of a hybrid one) is :func:`rayemb.embedding.raw_tables.row_wise_plan`, under
+:data:`RAW_MODULE`; a hybrid one's hot rows are planned data-parallel as any hot half.
 
 Sequence features (``model.sequence_tower`` other than none) live in the DLRM's
 ``sequence`` EmbeddingCollection, which rayemb's pooled planner does not model:
@@ -56,7 +57,7 @@ def build_embeddings(cfg: JobConfig, schema: DatasetSchema, placements: Mapping[
                      hot_ids: Mapping[str, np.ndarray], embedding_device: Any, dense_device: Any) -> Any:
     """The job's :class:`~rayemb.model.contract.Embeddings`: rayemb's hybrid embedding over the pooled tables
     (tables not placed hybrid stay an ordinary EBC) and the sequence collection, if the job uses one."""
-    from rayemb.embedding.hybrid import hybrid_from_placements
+    from rayemb.embedding.placements import hybrid_from_placements
     from rayemb.model.contract import Embeddings
     from rayemb.model.tables import sequence_features, sequence_module, table_configs
 
@@ -148,25 +149,31 @@ def sequence_plan(cfg: JobConfig, schema: DatasetSchema, topology: Any, global_b
     return module_plan
 
 
-def raw_plan(cfg: JobConfig, schema: DatasetSchema, planned: Dict[str, Any], topology: Any) -> Dict[str, Any]:
-    """The module plan of the raw-id tables (:data:`RAW_MODULE`), taken out of the plain child's plan.
+def raw_plan(cfg: JobConfig, schema: DatasetSchema, planned: Dict[str, Any], topology: Any,
+             hot_ids: Optional[Mapping[str, np.ndarray]] = None) -> Dict[str, Any]:
+    """The module plan of the raw-id tables (:data:`RAW_MODULE`), taken out of the plain and cold children's plans.
 
-    The planner placed them as row-wise tables of their capacity in its planning module's plain EBC; the job
-    holds them in the managed-collision EBC, which :func:`~rayemb.embedding.raw_tables.row_wise_plan` plans
-    row-wise over the same ranks. Mutates ``planned`` (the plain child's plan loses the raw tables).
+    The planner placed them as row-wise tables of their capacity in its planning module's plain EBC, or as
+    hybrid ones whose cold half is row-wise; the job holds those rows in the managed-collision EBC (a hybrid
+    table's: its capacity less its ``hot_ids``), which :func:`~rayemb.embedding.raw_tables.row_wise_plan`
+    plans row-wise over the same ranks. Mutates ``planned`` (the plain and cold children lose the raw tables).
     """
     from rayemb.embedding.raw_tables import raw_id_collection, row_wise_plan
+    from rayemb.embedding.remap import COLD_SUFFIX
     from rayemb.model.tables import table_configs
     from rayemb.planner.types import INSUFFICIENT_STORAGE
 
-    plain = f"{EMBEDDING_MODULE}.plain"
-    for name in schema.raw_names:
-        planned.get(plain, {}).pop(name, None)
-    if plain in planned and not planned[plain]:
-        del planned[plain]
+    plain, cold = f"{EMBEDDING_MODULE}.plain", f"{EMBEDDING_MODULE}.cold."
+    for key in [k for k in planned if k == plain or k.startswith(cold)]:
+        for name in schema.raw_names:
+            planned[key].pop(name, None)
+            planned[key].pop(name + COLD_SUFFIX, None)
+        if not planned[key]:
+            del planned[key]
     raw = [f for f in schema.sparse if f.name in schema.raw_names]
     module = raw_id_collection(table_configs(schema, cfg.model.embedding_dim, cfg.model.embedding_dtype), raw,
-                               device=_meta())
+                               device=_meta(), hot_rows={n: len(v) for n, v in (hot_ids or {}).items()
+                                                         if n in schema.raw_names})
     try:
         return {RAW_MODULE: row_wise_plan(module, topology.world_size, topology.compute_device,
                                           topology.devices_per_node)}
@@ -196,37 +203,50 @@ def sequence_summary(module_plan: Any) -> Dict[str, Any]:
     return out
 
 
-def raw_pin(table: str, pin: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
-    """The pin of raw-id table ``table``: row-wise, never hybrid, the user's kernel (else ``fused``).
+def raw_pin(table: str, pin: Optional[Mapping[str, Any]], hybrid: bool = True) -> Dict[str, Any]:
+    """The pin of raw-id table ``table``: hybrid with a row-wise cold half (when ``hybrid``, the default
+    ``planner.hybrid``, and the user's ``pin`` does not say otherwise) or row-wise; the user's kernel (else
+    ``fused``).
 
     :class:`PlanError` (``invalid_pin``) naming what is allowed when the user's ``pin`` asks for another
-    placement, hybrid or a compressed storage: a raw table's rows are the slots of TorchRec's
-    managed-collision module, which shards row-wise only and keeps whole fp32 rows.
+    placement or a compressed storage: a raw table's rows are the slots of TorchRec's managed-collision
+    module, which shards row-wise only and keeps whole fp32 rows; its hot ids, if any, are replicated rows.
     """
     pin = dict(pin or {})
-    asked = {k: v for k, v in pin.items() if not (k == "sharding" and v == RAW_PLACEMENT or k == "hybrid" and v is False
-                                                 or k == "compute_kernel")}
+    allowed = {("sharding", RAW_PLACEMENT), ("sharding", "hybrid"), ("hybrid", True), ("hybrid", False)}
+    asked = {k: v for k, v in pin.items() if k != "compute_kernel" and (k, v) not in allowed}
     if asked:
         wanted = ", ".join(f"{k}: {v}" for k, v in sorted(asked.items(), key=lambda kv: kv[0]))
         raise PlanError(f"Table {table!r} holds raw ids (ids: raw) and is pinned {{{wanted}}}; a raw-id table is "
-                        f"placed {RAW_PLACEMENT} only (TorchRec's managed-collision tables shard row-wise, whole "
-                        f"fp32 rows, no hot/cold split). Allowed pin: {{sharding: {RAW_PLACEMENT}, hybrid: false, "
-                        "compute_kernel: ...}, or no pin.", INVALID_PIN)
-    return {"sharding": RAW_PLACEMENT, "hybrid": False, "compute_kernel": pin.get("compute_kernel") or "fused"}
+                        f"placed {RAW_PLACEMENT} or hybrid with a {RAW_PLACEMENT} cold half (TorchRec's "
+                        "managed-collision tables shard row-wise, whole fp32 rows). Allowed pins: {sharding: "
+                        f"{RAW_PLACEMENT}}}, {{sharding: hybrid}}, {{hybrid: true|false}}, each with "
+                        "compute_kernel: ..., or no pin.", INVALID_PIN)
+    wants = pin.get("hybrid", pin["sharding"] == "hybrid" if "sharding" in pin else hybrid)
+    if "sharding" in pin and "hybrid" in pin and (pin["sharding"] == "hybrid") != pin["hybrid"]:
+        raise PlanError(f"Pin for table {table!r} contradicts itself: sharding={pin['sharding']} with "
+                        f"hybrid={pin['hybrid']}. Drop one of the two keys.", INVALID_PIN)
+    return {"sharding": "hybrid" if wants else RAW_PLACEMENT, "hybrid": bool(wants),
+            "compute_kernel": pin.get("compute_kernel") or "fused"}
 
 
-def pins_of(cfg: JobConfig, table_names: List[str], raw: Sequence[str] = ()) -> Dict[str, TablePin]:
+def pins_of(cfg: JobConfig, table_names: List[str], raw: Sequence[str] = (),
+            split: Any = None) -> Dict[str, TablePin]:
     """The config's per-table pins, parsed and checked (:class:`PlanError` ``invalid_pin``) — the one parse.
 
     ``planner.hybrid: false`` forbids hybrid on every table not pinned otherwise; the ``raw`` tables (raw
-    ids) are pinned by :func:`raw_pin`. :func:`rayemb.planner.plan` takes the result as it is.
+    ids) are pinned by :func:`raw_pin`, row-wise where the ``split`` (when given) has no hot id for them.
+    :func:`rayemb.planner.plan` takes the result as it is.
     """
     pins = cfg.planner.pins()
     for name in raw:
-        pins[name] = raw_pin(name, pins.get(name))
+        pins[name] = raw_pin(name, pins.get(name), cfg.planner.hybrid)
+        if split is not None and pins[name]["sharding"] == "hybrid" and not len(split.hot_ids(name)):
+            pins[name].update(sharding=RAW_PLACEMENT, hybrid=False)  # nothing to replicate: all of it is managed
     if not cfg.planner.hybrid:
         for name in table_names:
-            pins.setdefault(name, {}).setdefault("hybrid", False)
+            if name not in raw:
+                pins.setdefault(name, {}).setdefault("hybrid", False)
     return parse_pins(pins, table_names)
 
 
@@ -267,7 +287,7 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
     tie_margin = cfg.planner.tie_margin if topology.num_nodes == 1 else 0.0
     chooser = StepTimeCostModel(calibration, tie_margin=tie_margin) if cfg.planner.objective == "step_time" else None
     # Training needs a TorchRec plan of the real module, so the torchrec engine; "fast" is for what-if plans.
-    result = plan(specs, topology, global_batch, pins=pins_of(cfg, schema.sparse_names, schema.raw_names),
+    result = plan(specs, topology, global_batch, pins=pins_of(cfg, schema.sparse_names, schema.raw_names, split),
                   engine="torchrec", chooser=chooser)
     hot_ids = {name: split.hot_ids(name) for name, tp in result.tables.items() if tp.placement.value == "hybrid"}
     sharding_plan = ShardingPlan(
@@ -275,7 +295,7 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
     )
     summary = result.to_json()
     if schema.raw_names:
-        sharding_plan.plan.update(raw_plan(cfg, schema, sharding_plan.plan, topology))
+        sharding_plan.plan.update(raw_plan(cfg, schema, sharding_plan.plan, topology, hot_ids))
         summary["raw_tables"] = list(schema.raw_names)
     seq_plan = sequence_plan(cfg, schema, topology, global_batch)
     if seq_plan is not None:

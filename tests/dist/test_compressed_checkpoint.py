@@ -72,7 +72,7 @@ def _build(world_size: int, plan: Dict[str, tuple], seed: int):
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from rayemb.embedding.data_parallel import replicated_embedding_parameters
-    from rayemb.embedding.hybrid import hybrid_from_placements
+    from rayemb.embedding.placements import hybrid_from_placements
     from rayemb.embedding.sharders import cpu_capable_sharders
 
     torch.manual_seed(seed)

@@ -50,7 +50,7 @@ def _job_plan(cfg: Any, schema: Any, world_size: int) -> Any:
     import torch.distributed as dist
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
-    from rayemb.embedding.hybrid import hybrid_from_placements
+    from rayemb.embedding.placements import hybrid_from_placements
     from rayemb.embedding.sharders import cpu_capable_sharders
     from rayemb.model.tables import table_configs
     from rayemb.train.sharding import JobPlan, build_model

@@ -3,8 +3,9 @@ its export scores what it scores.
 
 On 2 gloo ranks the job's model code (``rayemb.train.loop.sharded_model`` with the plan
 ``rayemb.train.sharding.make_job_plan`` makes from the dataset's statistics) trains a DLRM over two encoded
-tables and two raw-id tables (int64 ids of any 64-bit value; string ids) and writes a checkpoint with
-rayemb's store. Every raw id of both vocabularies (and ids never seen) is then looked up on 3 ranks, from
+tables and two raw-id tables (int64 ids of any 64-bit value, placed hybrid: its heavy hitters in replicated
+rows, the rest managed row-wise; string ids, pinned row-wise) and writes a checkpoint with rayemb's store.
+The 3-rank job's split has another hot set, so ids move between hot rows and managed slots on the way. Every raw id of both vocabularies (and ids never seen) is then looked up on 3 ranks, from
 that checkpoint and from ``rayemb checkpoint reshard --world-size 3`` of it, and on 2 ranks again from the
 3-rank job's own checkpoint: each id pools to the same vector to 1e-6 everywhere, unseen ones to zero. The
 exported inference model (``rayemb.serve``) scores the validation rows, raw ids as the parquet holds them
@@ -129,8 +130,8 @@ def job(tmp_path_factory):
         "name": "raw-job", "data": {"path": data, "batch_size": BATCH},
         "model": {"embedding_dim": DIM, "bottom_mlp": [16, DIM], "top_mlp": [16, 1]},
         "train": {"dense_lr": 0.1, "embedding_lr": 0.1},
-        # a hybrid table beside the raw ones: its hot/cold remap and theirs in one pooled module
-        "planner": {"tables": {"C1": {"sharding": "hybrid"}}},
+        # a hybrid encoded table beside the raw ones (U1 hybrid by default, S1 pinned row-wise): one pooled module
+        "planner": {"tables": {"C1": {"sharding": "hybrid"}, "S1": {"sharding": "row_wise"}}},
         "tracking": {"output_dir": str(root / "runs"), "experiment": "raw-job"},
     })
     schema = DatasetSchema.load(data)
@@ -145,7 +146,8 @@ def job(tmp_path_factory):
             "on3": on3, "trained": trained, "three": three, "back": back}
 
 
-def test_the_plan_places_raw_tables_row_wise_in_their_own_module(job):
+def test_the_plan_places_raw_tables_row_wise_or_hybrid_with_their_managed_rows_in_their_own_module(job):
+    hot = {}
     for world, plan in job["plans"].items():
         raw_plan = plan.sharding_plan.plan["embedding.raw"]
         assert sorted(raw_plan) == ["S1", "U1"]
@@ -153,9 +155,19 @@ def test_the_plan_places_raw_tables_row_wise_in_their_own_module(job):
         assert {ps.compute_kernel for ps in raw_plan.values()} == {"fused"}
         assert all(len(ps.sharding_spec.shards) == world for ps in raw_plan.values())
         assert not {"S1", "U1"} & set(plan.sharding_plan.plan.get("embedding.plain", {}))
-        assert {plan.placements[t].placement.value for t in ("S1", "U1")} == {"row_wise"}
+        assert plan.placements["S1"].placement.value == "row_wise" and "S1" not in plan.hot_ids
+        assert sum(s.shard_sizes[0] for s in raw_plan["S1"].sharding_spec.shards) == 128
+        # U1: its heavy hitters (raw values) in replicated rows, the rest of its capacity managed row-wise
+        hot[world] = plan.hot_ids["U1"]
+        assert plan.placements["U1"].placement.value == "hybrid" and 0 < len(hot[world]) < 100
+        assert len(hot[world]) % world == 0 and (np.abs(hot[world]) > 10 ** 6).any()  # raw values, not rows
+        assert sum(s.shard_sizes[0] for s in raw_plan["U1"].sharding_spec.shards) == 1024 - len(hot[world])
+        assert plan.sharding_plan.plan["embedding.hot"]["U1__hot"].sharding_type == "data_parallel"
+        assert not [t for k, v in plan.sharding_plan.plan.items() if k.startswith("embedding.cold") for t in v
+                    if t.startswith("U1")]
         assert plan.summary["raw_tables"] == ["U1", "S1"]
         assert plan.placements["C1"].placement.value == "hybrid" and 0 < len(plan.hot_ids["C1"]) < 100
+    assert set(hot[2]) != set(hot[3])  # ids change sides between the two worlds
 
 
 def test_the_job_model_trains_raw_and_encoded_tables_and_checkpoints_them(job):
@@ -175,6 +187,15 @@ def test_the_job_model_trains_raw_and_encoded_tables_and_checkpoints_them(job):
     for name in ("U1", "S1"):
         assert len(state[name]["ids"]) == meta["tables"][name]["held"] > 0
         assert (state[name]["momentum1"] > 0).all()
+    # the hot rows are entries of rank 0's part, with their optimizer state, ranked first by the LFU policy
+    hot = job["plans"][2].hot_ids["U1"]
+    from rayemb.checkpoint.raw_files import read_part
+
+    parts = [read_part(os.path.join(job["checkpoint"], f"raw_ids.0000{r}.npz"))["U1"] for r in (0, 1)]
+    assert np.isin(hot, parts[0]["ids"]).all() and not np.isin(hot, parts[1]["ids"]).any()
+    on0 = np.isin(parts[0]["ids"], hot)
+    assert (parts[0]["momentum1"][on0] > 0).all()
+    assert parts[0]["meta.counts"][on0].min() >= max(p["meta.counts"][~np.isin(p["ids"], hot)].max() for p in parts)
     assert trained[0]["evictions"] == {"S1": 0, "U1": 0}  # room for every id
     # the raw tables' slots and rows are in the raw parts only: no DCP entry of theirs
     from rayemb.checkpoint.store import state_shapes

@@ -250,7 +250,7 @@ def test_planner_cached_table_runs_fused_uvm_caching_and_matches_unsharded(nccl_
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-    from rayemb.embedding.hybrid import hybrid_from_placements
+    from rayemb.embedding.placements import hybrid_from_placements
     from rayemb.embedding.sharders import cpu_capable_sharders
     from rayemb.planner import ClusterTopology, TableSpec, plan
 
@@ -300,7 +300,7 @@ def test_job_dlrm_trains_on_cuda(nccl_world, tmp_path) -> None:
     from rayemb.data.batching import BatchConverter
     from rayemb.data.schema import DatasetSchema, parquet_files
     from rayemb.data.synthetic import SyntheticSpec, generate
-    from rayemb.embedding.hybrid import hybrid_from_placements
+    from rayemb.embedding.placements import hybrid_from_placements
     from rayemb.embedding.sharders import cpu_capable_sharders
     from rayemb.model.tables import table_configs
     from rayemb.train.loop import sharded_model

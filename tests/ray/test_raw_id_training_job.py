@@ -1,7 +1,8 @@
 """A training job on raw ids, end to end: ``run_training`` on the shared local Ray, then export and predict.
 
 The dataset (tests/_raw_data.py) has raw int64 ids (random 64-bit values with Zipf frequencies) and raw string
-ids, in tables smaller than their vocabularies, beside encoded tables. One job of 2 gloo workers trains it to a
+ids, in tables smaller than their vocabularies, beside encoded tables; the plan places them hybrid (their heavy
+hitters in fixed replicated rows, the rest of their capacity managed). One job of 2 gloo workers trains it to a
 validation AUC clearly above chance, logs the evictions of each raw table to MLflow at its log points, and
 checkpoints the tables' ids and rows. ``rayemb export`` makes the inference model of its best checkpoint;
 ``rayemb predict`` scores the validation split's raw ids (int64 and strings) with the AUC the job logged for
@@ -56,9 +57,11 @@ def test_a_raw_id_job_trains_logs_evictions_exports_and_predicts(ray_2_cpus, tmp
     (plan_file,) = runs.glob("jobs/*/plan.json")
     plan = json.loads(plan_file.read_text())
     assert plan["raw_tables"] == ["U1", "S1"]
-    assert {plan["tables"][t]["placement"] for t in ("U1", "S1")} == {"row_wise"}
+    # hybrid, as the split gives both hot ids: those in replicated rows, the rest of the capacity managed
+    hot = {t: plan["tables"][t]["hot_rows"] for t in ("U1", "S1")}
+    assert {plan["tables"][t]["placement"] for t in ("U1", "S1")} == {"hybrid"} and 0 < hot["U1"] <= 128 - 4
     meta = json.loads((Path(result.best_checkpoint) / "meta.json").read_text())
-    assert meta["tables"]["U1"]["ids"] == "raw" and 0 < meta["tables"]["U1"]["held"] <= 128 - 2
+    assert meta["tables"]["U1"]["ids"] == "raw" and hot["U1"] < meta["tables"]["U1"]["held"] <= 128 - 2
     assert sorted(n for n in meta["files"] if n.startswith("raw_ids.")) == ["raw_ids.00000.npz", "raw_ids.00001.npz"]
 
     out = tmp_path / "model"

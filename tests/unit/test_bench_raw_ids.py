@@ -1,5 +1,6 @@
-"""jobs/bench/raw_ids_auc.py: its four datasets hold the same rows (raw ids a one-to-one map of the encoded ones,
-capacities by the rule), and its verdicts FAIL on a missing run, a lost margin or no logged eviction."""
+"""jobs/bench/raw_ids_auc.py: its datasets hold the same rows (raw ids a one-to-one map of the encoded ones,
+capacities by the rule), and its verdicts FAIL on a missing run, a lost margin, raw tables not placed as the
+side says or no logged eviction."""
 
 from __future__ import annotations
 
@@ -35,22 +36,33 @@ def test_the_views_map_every_id_one_to_one_and_size_the_tables(tmp_path):
             assert len({p[0] for p in pairs}) == len({p[1] for p in pairs}) == len(pairs)  # one-to-one
 
 
-def _r(seed, side, auc, evictions=None):
-    return {"seed": seed, "side": side, "best_valid_auc": auc, "evictions": evictions}
+def _r(seed, side, auc, evictions=None, placed=None):
+    placements = {"raw_full": {"C1": "hybrid", "C2": "row_wise"}, "raw_full_row_wise": {"C1": "row_wise",
+                                                                                        "C2": "row_wise"}}
+    return {"seed": seed, "side": side, "best_valid_auc": auc, "evictions": evictions,
+            "raw_placements": placed if placed is not None else placements.get(side, {})}
 
 
-def test_verdicts_pass_and_fail_by_margin_order_evictions_and_missing_runs():
-    ok = [_r(0, "encoded", 0.910), _r(0, "raw_full", 0.907), _r(0, "raw_quarter", 0.90, 12.0),
-          _r(0, "hash_quarter", 0.89)]
+def test_verdicts_pass_and_fail_by_margin_placement_order_evictions_and_missing_runs():
+    ok = [_r(0, "encoded", 0.910), _r(0, "raw_full", 0.907), _r(0, "raw_full_row_wise", 0.906),
+          _r(0, "raw_quarter", 0.90, 12.0), _r(0, "hash_quarter", 0.89)]
     assert {v["verdict"] for v in rb.verdicts(ok, [0]).values()} == {"PASS"}
     far = [_r(0, "encoded", 0.910), _r(0, "raw_full", 0.904)] + ok[2:]
     assert rb.verdicts(far, [0])["raw_full_vs_encoded"]["verdict"] == "FAIL"
-    worse = ok[:2] + [_r(0, "raw_quarter", 0.88, 12.0), _r(0, "hash_quarter", 0.89)]
+    assert rb.verdicts(far, [0])["raw_full_row_wise_vs_encoded"]["verdict"] == "PASS"
+    # a side whose plan did not place the raw tables as it says does not count
+    unplaced = ok[:1] + [_r(0, "raw_full", 0.907, placed={"C1": "row_wise", "C2": "row_wise"})] + ok[2:]
+    assert rb.verdicts(unplaced, [0])["raw_full_vs_encoded"]["verdict"] == "FAIL"
+    mixed = ok[:2] + [_r(0, "raw_full_row_wise", 0.906, placed={"C1": "hybrid", "C2": "row_wise"})] + ok[3:]
+    assert rb.verdicts(mixed, [0])["raw_full_row_wise_vs_encoded"]["verdict"] == "FAIL"
+    worse = ok[:3] + [_r(0, "raw_quarter", 0.88, 12.0), _r(0, "hash_quarter", 0.89)]
     assert rb.verdicts(worse, [0])["raw_quarter_vs_hash_quarter"]["verdict"] == "FAIL"
-    quiet = ok[:2] + [_r(0, "raw_quarter", 0.90, None), ok[3]]
+    quiet = ok[:3] + [_r(0, "raw_quarter", 0.90, None), ok[4]]
     assert rb.verdicts(quiet, [0])["raw_quarter_evictions_logged"]["verdict"] == "FAIL"
     assert {v["verdict"] for v in rb.verdicts(ok, [0, 1]).values()} == {"FAIL"}  # seed 1 missing
     failed = ok[:1] + [{"seed": 0, "side": "raw_full", "error": "boom"}] + ok[2:]
     assert rb.verdicts(failed, [0])["raw_full_vs_encoded"]["verdict"] == "FAIL"
     assert rb.evictions({"evictions.C1": 3, "evictions.C2": 4.0, "valid_auc": 0.9}) == 7.0
     assert rb.evictions({"valid_auc": 0.9}) is None
+    plan = {"raw_tables": ["C1"], "tables": {"C1": {"placement": "hybrid"}, "C2": {"placement": "row_wise"}}}
+    assert rb.raw_placements(plan) == {"C1": "hybrid"} and rb.raw_placements({}) == {}

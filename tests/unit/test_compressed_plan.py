@@ -34,7 +34,7 @@ def _planned(result):
 
 
 def test_torchrec_engine_plans_the_physical_tables_of_the_jobs_module():
-    from rayemb.embedding.hybrid import hybrid_from_placements
+    from rayemb.embedding.placements import hybrid_from_placements
 
     pins = {"C1": {"compression": "qr"}, "C2": {"compression": "block", "block_dim": 4},
             "C4": {"compression": "qr", "combine": "add", "sharding": "data_parallel"}}
@@ -58,7 +58,7 @@ def test_torchrec_engine_plans_the_physical_tables_of_the_jobs_module():
 
 
 def test_data_parallel_qr_mult_rows_are_dense_and_still_reported():
-    from rayemb.embedding.hybrid import hybrid_from_placements
+    from rayemb.embedding.placements import hybrid_from_placements
 
     r = plan(TABLES, TOPO, 64, pins={"C1": {"compression": "qr", "sharding": "data_parallel"}}, engine="torchrec")
     assert not any("C1__q" in mp for mp in r.sharding_plan.plan.values())  # not a TorchRec table

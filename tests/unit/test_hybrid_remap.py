@@ -17,7 +17,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from rayemb.embedding.hybrid import HybridEmbeddingBagCollection, hybrid_from_placements
+from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
+from rayemb.embedding.placements import hybrid_from_placements
 from rayemb.embedding.remap import HybridRemapper
 from rayemb.errors import ConfigError, DataError
 from rayemb.planner.traffic import predict_table_bytes

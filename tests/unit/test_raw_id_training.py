@@ -1,9 +1,11 @@
 """What a training job does with raw-id features before and around the sharded model.
 
 The batch conversion (int64 ids unchanged, strings hashed, no id policy), the statistics of raw values (any
-int64, none invalid; distinct counts and heavy hitters of the raw ids), the pins (row-wise only: any other pin
-exits 2 before work starts, naming what is allowed), the plan (raw tables row-wise, sized by their capacity, in
-their own module), and the model contract (a model gets the pooled vectors of raw features as of encoded
+int64, none invalid; distinct counts and heavy hitters of the raw ids) and the split (hot sets of raw values,
+leaving the managed half 2 slots per rank), the hybrid remap and module (hot raw ids in fixed rows, the rest in
+the managed-collision table), the pins (row-wise or hybrid: any other pin exits 2 before work starts, naming
+what is allowed), the plan (raw tables row-wise, sized by their capacity, in their own module), and the model
+contract (a model gets the pooled vectors of raw features as of encoded
 ones). The sharded model, its checkpoints and its export: tests/dist/test_raw_id_job.py.
 """
 
@@ -15,7 +17,7 @@ import pytest
 
 from rayemb.data.schema import DatasetSchema, SparseFeature
 from rayemb.embedding.raw_ids import hash_string, raw_ids_to_int64
-from rayemb.errors import DataError, PlanError
+from rayemb.errors import ConfigError, DataError, PlanError
 
 BIG = 2 ** 63 - 1
 
@@ -62,6 +64,38 @@ def test_the_remap_passes_raw_features_unchanged_after_every_encoded_part():
     assert batch.sparse["U1"].values().tolist() == [BIG, -5, 123456789012345]  # far above the capacity of 4
 
 
+def test_a_hybrid_raw_table_sends_its_hot_ids_to_fixed_rows_and_the_rest_to_its_managed_slots():
+    import torch
+
+    from rayemb.data.batching import BatchConverter
+    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
+    from rayemb.model.tables import table_configs
+
+    schema = DatasetSchema(label="label", dense=("I1",), sparse=(
+        SparseFeature("C1", 10), SparseFeature("U1", 6, ids="raw"),
+        SparseFeature("S1", 6, multi_hot=True, ids="raw", eviction="lfu")))
+    hot_s1 = raw_ids_to_int64(pa.array(["a"]))
+    module = HybridEmbeddingBagCollection(table_configs(schema, 4), {"U1": np.array([-5, BIG]), "S1": hot_s1},
+                                          raw=[f for f in schema.sparse if f.ids == "raw"])
+    remapper = module.remapper
+    batch = BatchConverter(schema, "hash", remap=remapper.remap)(_table())
+    got = batch.sparse.to_dict()
+    assert batch.sparse.keys() == ["C1", "U1__hot", "S1__hot", "U1", "S1"] and remapper.segments == [1, 2, 2]
+    assert got["U1__hot"].values().tolist() == [1, 0] and got["U1__hot"].lengths().tolist() == [1, 1, 0, 0]
+    assert got["U1"].values().tolist() == [123456789012345] and got["U1"].lengths().tolist() == [0, 0, 1, 0]
+    assert got["S1__hot"].lengths().tolist() == [1, 0, 0, 1] and got["S1"].values().tolist() == [hash_string("héllo")]
+    # the managed tables hold the rest of the capacity; the hot rows are never evicted (no managed slot of theirs)
+    mcms = module.raw._managed_collision_collection._managed_collision_modules
+    assert (mcms["U1"]._zch_size, mcms["S1"]._zch_size) == (4, 5)
+    assert module.hot.embedding_bags["U1__hot"].weight.shape == (2, 4)
+    out = module(batch.sparse).to_dict()
+    hot_rows = module.hot.embedding_bags["U1__hot"].weight
+    torch.testing.assert_close(out["U1"][0], hot_rows[1])  # BIG: hot row 1 (hot ids sorted), summed with nothing
+    torch.testing.assert_close(out["U1"][1], hot_rows[0])
+    with pytest.raises(ConfigError, match="'U1' holds raw ids and was given 5 hot ids.*capacity is 6 rows"):
+        HybridEmbeddingBagCollection(table_configs(schema, 4), {"U1": np.arange(5)}, raw=[schema.sparse[1]])
+
+
 def test_raw_columns_of_another_type_and_a_raw_retrieval_item_are_refused_by_name():
     from rayemb.data.batching import BatchConverter
 
@@ -75,7 +109,7 @@ def test_raw_columns_of_another_type_and_a_raw_retrieval_item_are_refused_by_nam
 # ---- statistics and the split ---- #
 
 
-def test_statistics_count_raw_ids_of_any_value_and_the_split_makes_none_hot():
+def test_statistics_count_raw_ids_of_any_value_and_the_split_makes_heavy_hitters_hot_within_capacity():
     from rayemb.data.sketches import TableSummary
     from rayemb.data.stats_types import DatasetStats, TableStats
     from rayemb.planner.split import HugeCTRSplitRule
@@ -101,8 +135,14 @@ def test_statistics_count_raw_ids_of_any_value_and_the_split_makes_none_hot():
     stats = DatasetStats(rows=4000, tables={"U1": exact, "C1": TableStats(
         num_embeddings=10, rows=4000, values=4000, heavy_hitters=[[1, 3000], [2, 1000]])})
     split = HugeCTRSplitRule(world_size=2, global_batch_size=512).split(stats)
-    assert split.tables["U1"].num_hot == 0 and split.tables["U1"].limited_by == "raw_ids"
+    # the hot set of a raw table: its heavy hitters' raw values, as many as its capacity leaves 2 slots per rank
+    assert split.tables["U1"].num_hot == 4 and split.tables["U1"].limited_by == "capacity"
+    assert split.hot_ids("U1").tolist() == exact.heavy_hitters[:4, 0].tolist()
     assert split.tables["U1"].complete and split.tables["C1"].num_hot == 2
+    roomy = DatasetStats(rows=4000, tables={"U1": TableSummary.from_values(
+        "U1", 64, ids, rows=ids.size, capacity=None, raw=True).to_stats()})
+    wide = HugeCTRSplitRule(world_size=2, global_batch_size=512).split(roomy).tables["U1"]
+    assert wide.limited_by == "threshold" and 0 < wide.num_hot <= 64 - 4 and wide.num_hot % 2 == 0
 
 
 def test_a_string_column_is_counted_by_the_ids_training_uses(tmp_path):
@@ -150,21 +190,48 @@ def _cfg(data: str, model: str = "dlrm", **planner):
 
 @pytest.mark.parametrize("pin, asked", [
     ({"sharding": "table_wise"}, "sharding: table_wise"),
-    ({"sharding": "hybrid"}, "sharding: hybrid"),
-    ({"hybrid": True}, "hybrid: True"),
+    ({"sharding": "column_wise", "hybrid": False}, "sharding: column_wise"),
     ({"compression": "qr"}, "compression: qr"),
 ])
-def test_a_raw_table_pinned_to_anything_but_row_wise_is_refused_naming_what_is_allowed(pin, asked):
+def test_a_raw_table_pinned_to_anything_but_row_wise_or_hybrid_is_refused_naming_what_is_allowed(pin, asked):
     from rayemb.train.sharding import pins_of
 
     cfg = _cfg("/nowhere", tables={"U1": pin})
-    with pytest.raises(PlanError, match=f"'U1' holds raw ids .*pinned {{{asked}}}.*row_wise only.*Allowed pin: "
-                                        r"\{sharding: row_wise") as e:
+    with pytest.raises(PlanError, match=f"'U1' holds raw ids .*pinned {{{asked}}}.*placed row_wise or hybrid.*"
+                                        r"Allowed pins: \{sharding: row_wise\}, \{sharding: hybrid\}") as e:
         pins_of(cfg, ["C1", "U1"], ["U1"])
     assert e.value.category == "invalid_pin" and e.value.exit_code == 2
-    pins = pins_of(_cfg("/nowhere", tables={"U1": {"sharding": "row_wise", "hybrid": False}}), ["C1", "U1"], ["U1"])
-    assert (pins["U1"].sharding.value, pins["U1"].hybrid, pins["U1"].compute_kernel) == ("row_wise", False, "fused")
-    assert "C1" not in pins
+
+
+class _Split:
+    def __init__(self, **hot):
+        self._hot = hot
+
+    def hot_ids(self, name):
+        return np.asarray(self._hot.get(name, []), dtype=np.int64)
+
+
+@pytest.mark.parametrize("pin, planner_hybrid, hot, placed", [
+    (None, True, [BIG, -5], "hybrid"),  # the default: hybrid when the split has hot ids...
+    (None, True, [], "row_wise"),  # ...row-wise when it has none
+    (None, False, [BIG], "row_wise"),  # planner.hybrid: false
+    ({"sharding": "row_wise", "hybrid": False}, True, [BIG], "row_wise"),
+    ({"hybrid": False}, True, [BIG], "row_wise"),
+    ({"sharding": "hybrid"}, False, [BIG], "hybrid"),
+    ({"hybrid": True, "compute_kernel": "fused_uvm_caching"}, True, [BIG], "hybrid"),
+])
+def test_a_raw_table_is_placed_hybrid_when_its_split_has_hot_ids_unless_pinned(pin, planner_hybrid, hot, placed):
+    from rayemb.train.sharding import pins_of
+
+    cfg = _cfg("/nowhere", hybrid=planner_hybrid, **({"tables": {"U1": pin}} if pin else {}))
+    pins = pins_of(cfg, ["C1", "U1"], ["U1"], _Split(U1=hot))
+    kernel = (pin or {}).get("compute_kernel", "fused")
+    assert (pins["U1"].sharding.value, pins["U1"].hybrid, pins["U1"].compute_kernel) == (placed, placed == "hybrid",
+                                                                                        kernel)
+    assert ("C1" in pins) == (not planner_hybrid) and (not planner_hybrid) <= (pins.get("C1") is None
+                                                                                or pins["C1"].hybrid is False)
+    with pytest.raises(PlanError, match="contradicts itself"):
+        pins_of(_cfg("/nowhere", tables={"U1": {"sharding": "row_wise", "hybrid": True}}), ["C1", "U1"], ["U1"])
 
 
 def test_rayemb_train_exits_2_on_such_a_pin_before_any_work(tmp_path, capsys):
@@ -179,7 +246,7 @@ def test_rayemb_train_exits_2_on_such_a_pin_before_any_work(tmp_path, capsys):
                "--set", "planner.tables={S1: {sharding: column_wise}}"])
     assert rc == 2
     err = capsys.readouterr().err
-    assert "'S1' holds raw ids" in err and "Allowed pin: {sharding: row_wise" in err
+    assert "'S1' holds raw ids" in err and "Allowed pins: {sharding: row_wise}, {sharding: hybrid}" in err
     assert not ray.is_initialized() and not (tmp_path / "runs").exists()
 
 
@@ -195,7 +262,7 @@ def test_the_plan_puts_raw_tables_row_wise_sized_by_their_capacity(tmp_path):
     schema = DatasetSchema.load(data)
     stats = compute_stats(data, exact=True, in_process=True)
     topology = ClusterTopology(1, 2, compute_device="cpu")
-    cfg = _cfg(data)
+    cfg = _cfg(data, hybrid=False)  # raw tables row-wise (the hybrid placement: tests/dist/test_raw_id_job.py)
     plan = make_job_plan(cfg, schema, stats, split_rule(topology, 128, 8).split(stats), topology)
     for name, rows in (("U1", 4096), ("S1", 128)):
         tp = plan.placements[name]
