@@ -154,38 +154,18 @@ def rayemb_row(cfg: Any, schema: Any, stats: Any, tables: Sequence[Any], device:
 
 
 def peer_model(cfg: Any, schema: Any, batch: int, device: Any) -> Tuple[Any, Any, Dict[str, int]]:
-    """TorchRec's DLRMTrain of the job's tables and MLPs under DMP with TorchRec's planner; its optimizer."""
-    import torch
-    import torch.distributed as dist
-    from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-    from torchrec.models.dlrm import DLRM, DLRMTrain
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-    from torchrec.optim import RowWiseAdagrad
-    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-    from peer_torchrec import sharding_of
+    """peer_torchrec.py's model (TorchRec's DLRM of the job's tables and MLPs under DMP with TorchRec's planner)
+    wrapped in DLRMTrain, as TrainPipelineSparseDist wants; its optimizer; its sharding types counted."""
+    from peer_torchrec import build_model, sharding_of
 
     m = cfg.model
-    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=f.name, embedding_dim=m.embedding_dim,
-                                                            num_embeddings=int(f.num_embeddings),
-                                                            feature_names=[f.name]) for f in schema.sparse],
-                                 device=torch.device("meta"))
-    dlrm = DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=len(schema.dense),
-                          dense_arch_layer_sizes=list(m.bottom_mlp), over_arch_layer_sizes=list(m.top_mlp),
-                          dense_device=device))
-    apply_optimizer_in_backward(RowWiseAdagrad, dlrm.model.sparse_arch.parameters(), {"lr": cfg.train.embedding_lr})
-    sharders = get_default_sharders()
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device=device.type), batch_size=batch)
-    plan = planner.collective_plan(dlrm, sharders, dist.GroupMember.WORLD)
-    model = DistributedModelParallel(module=dlrm, device=device, plan=plan, sharders=sharders)
-    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
-                                  lambda params: torch.optim.Adagrad(params, lr=cfg.train.dense_lr))
+    model, optimizer, plan = build_model(
+        [(f.name, int(f.num_embeddings)) for f in schema.sparse], len(schema.dense),
+        embedding_dim=m.embedding_dim, bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp, batch_size=batch,
+        world_size=1, device=device, embedding_lr=cfg.train.embedding_lr, dense_lr=cfg.train.dense_lr,
+        train_wrapper=True)
     types = [v["sharding_type"] for v in sharding_of(plan).values()]
-    return model, CombinedOptimizer([model.fused_optimizer, dense]), _counts(types)
+    return model, optimizer, _counts(types)
 
 
 def peer_row(kind: str, cfg: Any, schema: Any, batch: int, tables: Sequence[Any], device: Any) -> Dict[str, Any]:

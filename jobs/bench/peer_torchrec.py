@@ -150,20 +150,57 @@ def sharding_of(plan: Any) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def build_model(tables: Sequence[Tuple[str, int]], dense_in_features: int, *, embedding_dim: int,
+                bottom_mlp: Sequence[int], top_mlp: Sequence[int], batch_size: int, world_size: int,
+                device: Any, embedding_lr: float, dense_lr: float, local_world_size: int | None = None,
+                train_wrapper: bool = False) -> Tuple[Any, Any, Any]:
+    """The peer's model and optimizer: ``(DistributedModelParallel, CombinedOptimizer, ShardingPlan)``.
 
+    TorchRec's ``DLRM`` with one table per sparse feature (``tables``: ``[(name, rows), ...]``), its
+    embeddings on the meta device until DMP places them, fused row-wise Adagrad for the sharded embeddings,
+    dense Adagrad for everything else, planned by TorchRec's default planner and sharders over a
+    ``Topology`` of ``device``'s type. The process group must be initialised. ``train_wrapper`` wraps the
+    model in ``DLRMTrain`` (its forward takes a TorchRec ``Batch`` and returns ``(loss, (loss, logits,
+    labels))``), which ``TrainPipelineSparseDist`` needs; without it the forward is ``model(dense, kjt)``.
+    """
     import torch
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-    from torchrec.models.dlrm import DLRM
+    from torchrec.models.dlrm import DLRM, DLRMTrain
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
     from torchrec.optim import RowWiseAdagrad
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    configs = [EmbeddingBagConfig(name=name, embedding_dim=embedding_dim, num_embeddings=rows, feature_names=[name])
+               for name, rows in tables]
+    dlrm = DLRM(
+        embedding_bag_collection=EmbeddingBagCollection(tables=configs, device=torch.device("meta")),
+        dense_in_features=dense_in_features,
+        dense_arch_layer_sizes=list(bottom_mlp),
+        over_arch_layer_sizes=list(top_mlp),
+        dense_device=device,
+    )
+    apply_optimizer_in_backward(RowWiseAdagrad, dlrm.sparse_arch.parameters(), {"lr": embedding_lr})
+    module = DLRMTrain(dlrm) if train_wrapper else dlrm
+    sharders = get_default_sharders()
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, local_world_size=local_world_size,
+                                                         compute_device=device.type), batch_size=batch_size)
+    plan = planner.collective_plan(module, sharders, dist.GroupMember.WORLD)
+    model = DistributedModelParallel(module=module, device=device, plan=plan, sharders=sharders)
+    dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
+                                      lambda params: torch.optim.Adagrad(params, lr=dense_lr))
+    return model, CombinedOptimizer([model.fused_optimizer, dense_opt]), plan
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     dist.init_process_group(backend="gloo")
@@ -198,28 +235,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return dense, kjt, torch.from_numpy(labels_np[s:s + bs])
 
     # ---- model, plan, optimizers ---- #
-    dim = args.embedding_dim
-    tables = [EmbeddingBagConfig(name=f["name"], embedding_dim=dim, num_embeddings=int(f["num_embeddings"]),
-                                 feature_names=[f["name"]]) for f in schema["sparse"]]
-    model = DLRM(
-        embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
-        dense_in_features=len(schema["dense"]),
-        dense_arch_layer_sizes=[int(x) for x in args.bottom_mlp.split(",")],
-        over_arch_layer_sizes=[int(x) for x in args.top_mlp.split(",")],
-        dense_device=device,
-    )
-    apply_optimizer_in_backward(RowWiseAdagrad, model.sparse_arch.parameters(), {"lr": args.lr})
-    sharders = get_default_sharders()
     # ranks per host from torchrun: across nodes the planner then knows which ranks share a host (left out,
     # it takes every rank for one host)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, local_world_size=local_world,
-                                                         compute_device="cpu"), batch_size=bs)
-    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-    model = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
-    dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
-                                      lambda params: torch.optim.Adagrad(params, lr=args.lr))
-    optimizer = CombinedOptimizer([model.fused_optimizer, dense_opt])
+    model, optimizer, plan = build_model(
+        [(f["name"], int(f["num_embeddings"])) for f in schema["sparse"]], len(schema["dense"]),
+        embedding_dim=args.embedding_dim, bottom_mlp=[int(x) for x in args.bottom_mlp.split(",")],
+        top_mlp=[int(x) for x in args.top_mlp.split(",")], batch_size=bs, world_size=world,
+        local_world_size=local_world, device=device, embedding_lr=args.lr, dense_lr=args.lr)
     loss_fn = torch.nn.BCEWithLogitsLoss()
 
     def step(i: int) -> float:

@@ -49,7 +49,8 @@ import yaml
 from rayemb import storage
 from rayemb.constants import LABEL_COLUMN, SCHEMA_FILE, TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.checks import ValueSummary
-from rayemb.data.schema import RAW, DatasetSchema, SparseFeature, _corrupt, _footers, _read_footer_schema
+from rayemb.data.footers import corrupt_file_error, read_footer_schema, read_footers
+from rayemb.data.schema import RAW, DatasetSchema, SparseFeature
 from rayemb.data.sketches import HyperLogLog
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
@@ -250,7 +251,7 @@ def _split_files(data_dir: str) -> Dict[str, List[str]]:
 
 def _file_columns(files: Sequence[str]) -> Dict[str, pa.DataType]:
     """Every file's columns, which must agree; those of the first file."""
-    schemas = _footers(list(files), _read_footer_schema)
+    schemas = read_footers(list(files), read_footer_schema)
     first = {f.name: f.type for f in schemas[0]}
     for path, s in zip(files[1:], schemas[1:]):
         cols = {f.name: f.type for f in s}
@@ -305,7 +306,7 @@ def _scan(files: Sequence[str], sparse: Dict[str, _SparseScan], labels: List[str
                     scan.add(batch.column(name))
                 values = values + ValueSummary.of_table(pa.Table.from_batches([batch]), labels, dense)
         except (pa.ArrowException, OSError) as e:
-            raise _corrupt(path, e) from None
+            raise corrupt_file_error(path, e) from None
     return rows, values
 
 

@@ -44,6 +44,7 @@ import yaml
 
 from rayemb import storage
 from rayemb.constants import SCHEMA_FILE, TRAIN_SPLIT, VALID_SPLIT
+from rayemb.data.footers import read_footer, read_footer_schema, read_footers
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
 
@@ -300,51 +301,6 @@ def parquet_files(data_dir: str, split: str = TRAIN_SPLIT) -> List[str]:
     return files
 
 
-def _corrupt(path: str, e: BaseException) -> DataError:
-    return DataError(
-        f"Parquet file {redact_uri(path)!r} cannot be read ({type(e).__name__}: {str(e).strip()[:200]}). It is "
-        "corrupt or truncated: rewrite it (e.g. rerun the conversion that made it) or remove it from the dataset.",
-        category="corrupt_file",
-    )
-
-
-def _read_footer(path: str) -> Any:
-    """The parquet footer (``FileMetaData``) of a local or remote file; corrupt files raise DataError."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    where, fs = storage.parquet_source(path)
-    try:
-        return pq.read_metadata(where, filesystem=fs)
-    except (pa.ArrowException, OSError) as e:
-        raise _corrupt(path, e) from None
-
-
-def _read_footer_schema(path: str) -> Any:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if storage.is_remote(path):
-        try:
-            return _read_footer(path).schema.to_arrow_schema()
-        except pa.ArrowException as e:
-            raise _corrupt(path, e) from None
-    try:
-        return pq.read_schema(path)
-    except (pa.ArrowException, OSError) as e:
-        raise _corrupt(path, e) from None
-
-
-def _footers(paths: List[str], read: Any) -> List[Any]:
-    """``read`` of every path: in order, and concurrently for remote files (one round trip each)."""
-    if not paths or not storage.is_remote(paths[0]):
-        return [read(p) for p in paths]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
-        return list(pool.map(read, paths))
-
-
 def check_parquet_columns(schema: DatasetSchema, data_dir: str, split: str) -> None:
     """Checks the parquet schema of every file of ``split`` against ``schema``: presence and types.
 
@@ -353,7 +309,7 @@ def check_parquet_columns(schema: DatasetSchema, data_dir: str, split: str) -> N
     """
     files = parquet_files(data_dir, split)
     where = redact_uri(split_dir(data_dir, split))
-    for path, actual in zip(files, _footers(files, _read_footer_schema)):
+    for path, actual in zip(files, read_footers(files, read_footer_schema)):
         _check_file_columns(schema, actual, f"{where}/{storage.basename(path)}")
 
 
@@ -364,7 +320,7 @@ def count_rows(data_dir: str, split: str) -> int:
     files = parquet_files(data_dir, split)
     if not storage.is_remote(data_dir):
         return sum(pq.ParquetFile(p).metadata.num_rows for p in files)
-    return sum(md.num_rows for md in _footers(files, _read_footer))
+    return sum(md.num_rows for md in read_footers(files, read_footer))
 
 
 def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:

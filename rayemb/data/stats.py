@@ -43,6 +43,7 @@ from rayemb._ray import init_ray
 from rayemb.constants import SMALL_SPLIT_MAX_ROWS, TRAIN_SPLIT
 from rayemb.data.checks import ValueSummary
 from rayemb.data.fingerprint import dataset_fingerprint
+from rayemb.data.footers import corrupt_file_error
 from rayemb.data.schema import RAW, DatasetSchema, check_parquet_columns, count_rows, parquet_files
 from rayemb.data.sketches import DEFAULT_NUM_HEAVY_HITTERS, TableSummary, merge_summaries
 from rayemb.data.stats_types import DatasetStats
@@ -147,12 +148,7 @@ def _summarize_files(
                 values = values + ValueSummary.of_table(table, label, dense)
         except (pa.ArrowException, OSError, ValueError) as e:
             # Returned, not raised: Ray Data would wrap a raised error in its own exception and traceback.
-            blobs.append(pickle.dumps(DataError(
-                f"Parquet file {redact_uri(path)!r} cannot be read ({type(e).__name__}: "
-                f"{str(e).strip()[:200]}). It is corrupt or truncated: rewrite it (e.g. rerun the conversion that "
-                "made it) or remove it from the dataset.",
-                category="corrupt_file",
-            ), protocol=pickle.HIGHEST_PROTOCOL))
+            blobs.append(pickle.dumps(corrupt_file_error(path, e), protocol=pickle.HIGHEST_PROTOCOL))
             continue
         part = merger.result()
         if part is None:  # a file without rows, or no sparse tables asked for
