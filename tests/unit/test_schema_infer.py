@@ -19,7 +19,7 @@ from rayemb.cli import main
 from rayemb.data import infer
 from rayemb.data.infer import infer_schema, raw_capacity
 from rayemb.data.schema import DatasetSchema, load_checked
-from tests._own_parquet import CRITEO_RENAMES, converted_criteo, renamed_copy
+from tests._own_parquet import CRITEO_RENAMES, MOVIELENS_RENAMES, converted_criteo, converted_movielens, renamed_copy
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -69,21 +69,9 @@ def test_criteo_with_renamed_columns_infers_the_converters_schema(tmp_path, caps
     assert "# num_1 dense float column" in printed and "# label label the column named 'label'" in printed
 
 
-def write_ratings(path, users=40, items=30, per_user=12, seed=0):
-    rng = np.random.default_rng(seed)
-    with open(path, "w") as f:
-        for u in range(1, users + 1):
-            for k, m in enumerate(rng.choice(items, size=per_user, replace=False)):
-                f.write(f"{u}::{m + 1}::{int(rng.integers(1, 6))}::{1_000_000 + 100 * u + k}\n")
-    return str(path)
-
-
 def test_movielens_with_renamed_columns_and_a_label_flag(tmp_path):
-    src = str(tmp_path / "ml")
-    assert main(["convert", "movielens", "--input", write_ratings(tmp_path / "ratings.dat"), "--out", src,
-                 "--history-length", "5"]) == 0
-    renames = {"label": "liked", "user": "user_id", "item": "movie_id", "history": "recent_movies",
-               "history_length": "n_recent"}
+    src = converted_movielens(main, tmp_path)
+    renames = MOVIELENS_RENAMES
     data = renamed_copy(src, str(tmp_path / "mine"), renames)
     inferred = infer_schema(data, labels=["liked"])
     converted = DatasetSchema.load(src)
