@@ -19,7 +19,9 @@ is charged too but is reclaimable. A real ``rayemb train`` job (``data.in_memory
 1 worker, 1 epoch) runs against the head from outside the cgroup.
 
 The limit starts at a ceiling (``--ceiling-gib``, protecting the machine while the job starts). Once
-the job has trained ``--tighten-at`` of its epoch, it becomes the cgroup's peak so far plus a headroom
+the job has trained ``--tighten-at`` of its epoch, it becomes the peak so far of what the cgroup's
+processes hold (anonymous memory plus shmem, sampled; not the page cache, which reading the dataset and
+spilling fill up to any ceiling and which the kernel reclaims at the limit) plus a headroom
 of 1/``--ratio`` of the data the job has still to read (the rest of the train split and the whole valid
 split, the smaller of its parquet and converted sizes), at most ``--headroom-mib``; peak and failure
 count are reset there. The job must then finish the epoch without an OOM kill: after that point it reads
@@ -494,12 +496,15 @@ def run_job_under_limit(head: CgroupHead, data_dir: str, out_dir: str, sizes: Ma
             if m and "limit_bytes" not in rec and int(m.group(1)) >= tighten_at * int(m.group(2)):
                 step, steps = int(m.group(1)), int(m.group(2))
                 left = still_to_read(sizes, step, steps)
-                peak = cg.peak()
+                # what the processes hold, not the page cache the cgroup's own peak also counts (parquet pages
+                # and spill files fill any ceiling, and the kernel reclaims them at the limit)
+                peak, cached_peak = sampler.peak_anon_shmem, cg.peak()
                 cg.set_limit(peak + min(int(min(left.values()) / ratio), max_headroom_bytes or sys.maxsize))
                 cg.reset_peak()
                 sampler.mark()
                 limit = cg.limit()  # the kernel rounds it down to whole pages
                 rec.update({"tightened_at_step": step, "steps": steps, "peak_before_bytes": peak,
+                            "cgroup_peak_before_bytes": cached_peak,
                             "headroom_bytes": limit - peak, "limit_bytes": limit, "read_after_limit": left,
                             "tightened_after_s": round(time.monotonic() - t0, 1)})
         proc.wait()
@@ -708,7 +713,7 @@ def memory_line(mem: Mapping[str, Any]) -> str:
     """One printed line of the memory row."""
     if "limit_bytes" not in mem:
         return f"memory: limit never tightened (exit {mem.get('returncode')}, {mem.get('error', '')})"
-    return (f"memory: limit {mem['limit_bytes'] / MIB:,.0f} MiB (peak before {mem['peak_before_bytes'] / MIB:,.0f} + "
+    return (f"memory: limit {mem['limit_bytes'] / MIB:,.0f} MiB (held before {mem['peak_before_bytes'] / MIB:,.0f} + "
             f"headroom {mem['headroom_bytes'] / MIB:,.0f}) from step {mem['tightened_at_step']}/{mem['steps']}; "
             f"peak after {mem['peak_bytes'] / MIB:,.0f} MiB (anon+shmem {mem['peak_anon_shmem_bytes'] / MIB:,.0f}, "
             f"shmem {mem['peak_shmem_bytes'] / MIB:,.0f}), failcnt {mem['failcnt']}, oom_kill {mem.get('oom_kill')}; "
