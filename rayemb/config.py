@@ -32,6 +32,10 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_SPREAD")
 EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
 #: model.embedding_dtype -> bytes per stored table element (what the planner's memory estimates count)
 EMBEDDING_DTYPE_BYTES = {"fp32": 4, "fp16": 2}
+#: train.compile: none, or torch.compile of the model's dense part (rayemb.train.compile)
+COMPILE_CHOICES = ("none", "dense")
+#: train.compile_mode: torch.compile's modes (reduce-overhead: CUDA graphs on a CUDA device)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
 def _require(ok: bool, where: str, problem: str, fix: str) -> None:
@@ -175,6 +179,12 @@ class TrainConfig:
     #: the dense part's arithmetic in the training step: fp32, or bf16 under torch.autocast (MLPs, interactions;
     #: weights, gradients, optimizer state and the embedding tables stay fp32)
     precision: str = "fp32"
+    #: torch.compile of the model's dense part (the largest submodules holding parameters and no embedding
+    #: module, e.g. the MLPs; the embedding lookups stay eager): none, or dense (docs/gpu.md, "Compiling the
+    #: dense part")
+    compile: str = "none"
+    #: torch.compile's mode for ``compile: dense``: default, reduce-overhead (CUDA graphs on a GPU), max-autotune
+    compile_mode: str = "default"
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train.epochs", f"{self.epochs} < 1", "Train at least one epoch.")
@@ -187,6 +197,10 @@ class TrainConfig:
             _require(math.isfinite(lr) and lr > 0, key, f"{lr} is not a positive finite number", "Use e.g. 0.05.")
         _require(self.precision in ("fp32", "bf16"), "train.precision", f"{self.precision!r} is unknown",
                  "Use fp32, or bf16 for the dense layers under autocast.")
+        _require(self.compile in COMPILE_CHOICES, "train.compile", f"{self.compile!r} is unknown",
+                 f"Use one of {COMPILE_CHOICES}: none (eager), or dense (torch.compile of the dense layers).")
+        _require(self.compile_mode in COMPILE_MODES, "train.compile_mode", f"{self.compile_mode!r} is unknown",
+                 f"Use one of {COMPILE_MODES} (torch.compile's modes).")
         _require(self.embedding_optimizer in EMBEDDING_OPTIMIZERS, "train.embedding_optimizer",
                  f"{self.embedding_optimizer!r} is unknown", f"Use one of {EMBEDDING_OPTIMIZERS}.")
         _require(self.log_every_n_steps >= 1, "train.log_every_n_steps", f"{self.log_every_n_steps} < 1",

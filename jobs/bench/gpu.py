@@ -10,7 +10,11 @@ Rows, at each global batch of ``--batches`` (default 512, 8192, 65536) on one ra
 * ``dmp_on_device``: TorchRec's ``DLRMTrain`` (same tables and MLPs) under ``DistributedModelParallel`` with
   TorchRec's planner, fused row-wise Adagrad, dense Adagrad, every batch on the device before any timing;
 * ``torchrec_pipeline``: the same model stepped by TorchRec's ``TrainPipelineSparseDist`` over host batches
-  (pinned on CUDA): it copies the next batch and starts its input exchange while the current one trains.
+  (pinned on CUDA): it copies the next batch and starts its input exchange while the current one trains;
+* ``rayemb_compiled`` (only with ``--compile MODE``): the ``rayemb`` row with the dense part of its model
+  compiled in torch.compile's MODE (``train.compile: dense``, rayemb.train.compile; ``reduce-overhead``: CUDA
+  graphs). It starts from the same weights and steps the same batches as ``rayemb``, so its losses should
+  match: ``loss_max_diff_vs_rayemb`` says by how much they differ.
 
 The data is synthetic (``rayemb.data.synthetic``; ``--tiny``: small tables), made in a temp dir; each row
 cycles ``--pool`` distinct batches. The rows of a batch size live side by side and are timed round-robin
@@ -19,12 +23,14 @@ each round, the device synchronised before the clock stops): ``--repeats`` round
 row the median per step over its rounds with their min-max, and its mean loss per round.
 
 Verdicts (GPU targets, ``n/a (cpu)`` on a CPU; FAIL when a row they rest on is missing, failed or has fewer
-than MIN_RUNS rounds): TARGETS. ``--job`` also runs one default job (one epoch, one rank on this device)
-through jobs/bench/job_phases.py and records its phases: submit -> first step -> last step -> FINISHED.
+than MIN_RUNS rounds): TARGETS, about the ``rayemb`` row only. ``--job`` also runs one default job (one epoch,
+one rank on this device) through jobs/bench/job_phases.py and records its phases: submit -> first step -> last
+step -> FINISHED.
 
 Usage::
 
     python jobs/bench/gpu.py --out bench-results/gpu_<date>_<commit>.json [--batches 512,8192] [--job]
+    python jobs/bench/gpu.py --compile reduce-overhead --out bench-results/gpu_compile_<date>_<commit>.json
     python jobs/bench/gpu.py --device cpu --tiny --out /tmp/gpu_tiny.json
 """
 
@@ -51,8 +57,12 @@ from gpu_job import device_name  # noqa: E402
 from regression import _rev  # noqa: E402
 from throughput import CONFIG  # noqa: E402
 
+from rayemb.config import COMPILE_MODES  # noqa: E402
+
 SCHEMA_VERSION = 1
 RAYEMB, DMP, PIPELINE = "rayemb", "dmp_on_device", "torchrec_pipeline"
+#: the rayemb row with its dense part compiled (--compile)
+COMPILED = "rayemb_compiled"
 #: rounds a row needs before a verdict rests on it
 MIN_RUNS = 3
 #: (name, global batch, what is compared, threshold): rayemb's samples/s, or its samples/s over a peer's
@@ -109,9 +119,12 @@ def host_tables(data_dir: str, batch: int, pool: int) -> List[Any]:
 
 
 def rayemb_row(cfg: Any, schema: Any, stats: Any, tables: Sequence[Any], device: Any,
-               hbm_gib: Optional[float]) -> Dict[str, Any]:
+               hbm_gib: Optional[float], compile_mode: Optional[str] = None) -> Dict[str, Any]:
     """The job's plan for one rank of this device (no calibration at one rank: a job makes none), then the
-    loop's step (rayemb.train.loop.train_loop_per_worker) on the loader's host batches."""
+    loop's step (rayemb.train.loop.train_loop_per_worker) on the loader's host batches; ``compile_mode``: the
+    dense part compiled in that mode, as ``train.compile: dense`` compiles it."""
+    import torch
+
     from rayemb.data.batching import BatchConverter
     from rayemb.embedding.comm import CommCounter, instrument_ddp
     from rayemb.embedding.prefetch import StepPrefetch
@@ -126,7 +139,13 @@ def rayemb_row(cfg: Any, schema: Any, stats: Any, tables: Sequence[Any], device:
     topology = described_topology(1, 1, hbm_gib=hbm_gib, compute_device=device.type)
     split = split_rule(topology, cfg.data.batch_size, cfg.model.embedding_dim).split(stats)
     job_plan = make_job_plan(cfg, schema, stats, split, topology)
+    torch.manual_seed(cfg.train.seed)  # the plain and the compiled row start from the same weights
     model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device)
+    compiled = None
+    if compile_mode is not None:
+        from rayemb.train.compile import compile_dense
+
+        compiled = compile_dense(model, compile_mode)
     instrument_ddp(model)
     prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
     prefetch = prefetch if prefetch is not None and prefetch.enabled else None
@@ -150,7 +169,8 @@ def rayemb_row(cfg: Any, schema: Any, stats: Any, tables: Sequence[Any], device:
         return window.sum
 
     return {"run": run, "finish": step.finish if prefetch is not None else None, "phases": phases,
-            "plan": _counts([str(t["placement"]) for t in job_plan.summary["tables"].values()])}
+            "plan": _counts([str(t["placement"]) for t in job_plan.summary["tables"].values()]),
+            "compiled": compiled}
 
 
 def peer_model(cfg: Any, schema: Any, batch: int, device: Any) -> Tuple[Any, Any, Dict[str, int]]:
@@ -268,6 +288,8 @@ def summarise(batch: int, name: str, row: _Timed, times: Sequence[float]) -> Dic
     phases = row.built.get("phases")
     if phases:  # the loop's StepTimer per step (host wall clock: on a GPU, what the host waited for)
         out["phases_ms"] = {p: 1e3 * spread(ph[p] for ph in phases[1:] or phases)["median"] for p in phases[0]}
+    if row.built.get("compiled") is not None:
+        out["compiled_modules"] = row.built["compiled"]
     return out
 
 
@@ -277,6 +299,17 @@ def add_ratios(rows: List[Dict[str, Any]]) -> None:
         mine = next((x for x in rows if x["global_batch"] == r["global_batch"] and x["row"] == RAYEMB), None)
         ok = mine is not None and mine["samples_per_s"] and r["samples_per_s"]
         r["rayemb_ratio"] = mine["samples_per_s"] / r["samples_per_s"] if ok else None
+
+
+def add_loss_diffs(rows: List[Dict[str, Any]]) -> None:
+    """Each compiled row's ``loss_max_diff_vs_rayemb``: the largest gap between its per-round losses and the
+    ``rayemb`` row's at the same batch (the same start, the same batches: only the compiled code differs)."""
+    for r in rows:
+        if r["row"] != COMPILED:
+            continue
+        mine = next((x for x in rows if x["global_batch"] == r["global_batch"] and x["row"] == RAYEMB), None)
+        ok = mine is not None and r["losses"] and len(mine["losses"]) == len(r["losses"])
+        r["loss_max_diff_vs_rayemb"] = max(abs(a - b) for a, b in zip(r["losses"], mine["losses"])) if ok else None
 
 
 def verdicts(rows: Sequence[Mapping[str, Any]], device_type: str) -> Dict[str, Dict[str, Any]]:
@@ -341,6 +374,18 @@ def job_phases(device_type: str, tmp: str) -> Dict[str, Any]:
 # ---- main ---- #
 
 
+def row_builders(compile_mode: Optional[str], cfg: Any, schema: Any, stats: Any, batch: int, tables: Sequence[Any],
+                 device: Any, hbm: Optional[float]) -> Dict[str, Callable[[], Dict[str, Any]]]:
+    """The rows of one batch size, by name: rayemb's, the two peers', and with ``compile_mode`` rayemb's
+    compiled one."""
+    builders = {RAYEMB: lambda: rayemb_row(cfg, schema, stats, tables, device, hbm),
+                DMP: lambda: peer_row(DMP, cfg, schema, batch, tables, device),
+                PIPELINE: lambda: peer_row(PIPELINE, cfg, schema, batch, tables, device)}
+    if compile_mode is not None:
+        builders[COMPILED] = lambda: rayemb_row(cfg, schema, stats, tables, device, hbm, compile_mode)
+    return builders
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     import torch
 
@@ -353,6 +398,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--pool", type=int, default=8, help="distinct batches each row cycles through")
     ap.add_argument("--config", default=CONFIG)
     ap.add_argument("--job", action="store_true", help="also run one default job and record its phases")
+    ap.add_argument("--compile", default=None, choices=COMPILE_MODES, metavar="MODE",
+                    help=f"also time rayemb with its dense part compiled in torch.compile's MODE {COMPILE_MODES}")
     ap.add_argument("--out", default=None, help="JSON result (default bench-results/gpu_<date>_<commit7>.json)")
     args = ap.parse_args(argv)
     args.batches = [int(b) for b in (args.batches or ("64,256" if args.tiny else "512,8192,65536")).split(",") if b]
@@ -393,13 +440,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                 f"scaling.use_gpu={str(device.type == 'cuda').lower()}"])
                 tables = host_tables(data_dir, batch, args.pool)
                 torch.manual_seed(cfg.train.seed)
-                timed = time_batch({RAYEMB: lambda: rayemb_row(cfg, schema, stats, tables, device, hbm),
-                                    DMP: lambda: peer_row(DMP, cfg, schema, batch, tables, device),
-                                    PIPELINE: lambda: peer_row(PIPELINE, cfg, schema, batch, tables, device)},
+                timed = time_batch(row_builders(args.compile, cfg, schema, stats, batch, tables, device, hbm),
                                    args.steps, args.repeats, device)
                 rows.extend(summarise(batch, name, row, times) for name, (row, times) in timed.items())
                 print(f"gpu: batch {batch}: " + ", ".join(
-                    f"{r['row']} {r['samples_per_s'] or 0:,.0f}/s" for r in rows[-3:]), flush=True)
+                    f"{r['row']} {r['samples_per_s'] or 0:,.0f}/s" for r in rows[-len(timed):]), flush=True)
                 del timed
                 gc.collect()
                 if device.type == "cuda":
@@ -408,6 +453,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     add_ratios(rows)
+    add_loss_diffs(rows)
     verdict = verdicts(rows, device.type)
     doc = {"schema_version": SCHEMA_VERSION, "benchmark": "gpu", "commit": commit(),
            "device": {"type": device.type, "name": device_name() if device.type == "cuda" else
@@ -416,6 +462,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "torchrec": getattr(torchrec, "__version__", None)},
            "config": {"config": args.config, "batches": args.batches, "steps_per_round": args.steps,
                       "repeats": args.repeats, "warmup_rounds": 1, "pool": args.pool, "tiny": args.tiny,
+                      "compile": args.compile,
                       "world_size": 1, "tables": len(schema.sparse), "wall_s": time.monotonic() - t0},
            "rows": rows, "verdicts": verdict, "job": job}
     footer = "\n".join(verdict_line(v) for v in verdict.values())

@@ -173,6 +173,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     from rayemb.embedding.raw_tables import eviction_counts
     from rayemb.logs import quiet_third_party_logs
     from rayemb.model.tables import sequence_features, table_configs
+    from rayemb.train.compile import apply_train_compile
     from rayemb.train.data_loader import RankBatches
     from rayemb.train.device_feed import DeviceFeed, pinned
     from rayemb.train.losses import job_loss
@@ -204,6 +205,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     job_plan = plans[world] if world in plans else ray.get(loop_config["plan"])
     spec = ray.get(loop_config["model"]) if loop_config.get("model") is not None else None  # a ModelSpec
     model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device, model_spec=spec)
+    apply_train_compile(model, cfg.train, log=rank == 0)  # train.compile: dense (the probes step eagerly)
     instrument_ddp(model)
     # the next batch's input exchange starts before this batch's backward (rayemb.embedding.prefetch)
     prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None

@@ -71,7 +71,7 @@ def test_the_document_names_device_versions_and_verdicts(tiny):
     assert doc["config"]["batches"] == list(BATCHES) and doc["config"]["world_size"] == 1
     assert set(doc["verdicts"]) == {"b8192_samples_per_s", "b8192_vs_dmp_on_device", "b512_vs_dmp_on_device"}
     assert all(v["verdict"] == "n/a (cpu)" and v["rule"] for v in doc["verdicts"].values())
-    assert doc["job"] is None
+    assert doc["job"] is None and doc["config"]["compile"] is None  # no compiled row unless asked
     assert "torchrec_pipeline" in stdout and "n/a (cpu)" in stdout  # the printed table and verdicts
 
 
@@ -145,3 +145,30 @@ def test_a_row_that_raises_is_marked_failed_and_the_others_are_still_timed():
     assert timed["no_build"][0].error.startswith("build: KeyError")
     assert timed["breaks"][0].error.startswith("step: ZeroDivisionError")
     assert gb.summarise(64, "breaks", *timed["breaks"])["failed"] == 1
+
+
+def test_compile_adds_a_rayemb_compiled_row_that_no_verdict_rests_on():
+    import torch
+
+    args = [None, None, None, 512, [], torch.device("cpu"), None]  # cfg, schema, stats, batch, tables, device, hbm
+    assert list(gb.row_builders(None, *args)) == ["rayemb", "dmp_on_device", "torchrec_pipeline"]
+    assert list(gb.row_builders("reduce-overhead", *args)) == ["rayemb", "dmp_on_device", "torchrec_pipeline",
+                                                               "rayemb_compiled"]
+    assert gb.parse_args(["--compile", "reduce-overhead", "--out", "x.json"]).compile == "reduce-overhead"
+    assert gb.parse_args(["--out", "x.json"]).compile is None
+    with pytest.raises(SystemExit):
+        gb.parse_args(["--compile", "fast"])
+    fast_compiled = [_row(8192, "rayemb_compiled", 9e9), _row(512, "rayemb_compiled", 9e9)]
+    assert gb.verdicts(_passing() + fast_compiled, "cuda") == gb.verdicts(_passing(), "cuda")
+    slow = [dict(r, samples_per_s=1.2e5) if (r["global_batch"], r["row"]) == (512, "rayemb") else r
+            for r in _passing()]
+    assert gb.verdicts(slow + fast_compiled, "cuda")["b512_vs_dmp_on_device"]["verdict"] == "FAIL"
+
+
+def test_a_compiled_rows_losses_are_compared_with_rayembs():
+    rows = [dict(_row(64, "rayemb", 1.0), losses=[0.7, 0.6, 0.5]),
+            dict(_row(64, "rayemb_compiled", 1.0), losses=[0.7, 0.61, 0.5]),
+            dict(_row(256, "rayemb_compiled", 1.0), losses=[0.7])]  # no rayemb row at 256 to compare with
+    gb.add_loss_diffs(rows)
+    assert rows[1]["loss_max_diff_vs_rayemb"] == pytest.approx(0.01)
+    assert rows[2]["loss_max_diff_vs_rayemb"] is None and "loss_max_diff_vs_rayemb" not in rows[0]

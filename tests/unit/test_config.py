@@ -30,6 +30,8 @@ def test_round_trip_through_dict():
         ("model.top_mlp=[64,2]", "model.top_mlp"),
         ("train.embedding_optimizer=adam", "train.embedding_optimizer"),
         ("model.embedding_dtype=bf16", "model.embedding_dtype"),
+        ("train.compile=all", "train.compile"),
+        ("train.compile_mode=fast", "train.compile_mode"),
         ("train.bogus=1", "bogus"),
         ("scaling.num_workers=0", "scaling.num_workers"),
         ("scaling.use_gpu=yes please", "scaling.use_gpu"),
