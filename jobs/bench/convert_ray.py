@@ -13,7 +13,8 @@ warm-up round that is not counted. The Ray engine runs on a local Ray of
 run's wall time is around the whole conversion (planning, every pass, writing,
 publication). Per core: the single-process engine counts 1 core (its measured
 CPU seconds over wall seconds are reported beside it), the Ray engine ``--cpus``
-(its tasks' CPUs; the driver that writes the parquet shares them).
+(its tasks' CPUs, on which the chunks are parsed and encoded and the parquet
+parts written; the driver, which adds up the summary, shares them).
 
 Writes ``{"schema_version": 1, "lines", "cpus", "host", "runs": [...], "rows": [{"side", "runs", "failed",
 "cores", "lines_per_s", "lines_per_s_per_core": {"median", "min", "max", "n"}, ...}], "identical",

@@ -65,7 +65,7 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
                    help="movielens: declare history a sequence feature (max_length = --history-length, target item) "
                         "for model.sequence_tower: mean|attention, instead of a pooled multi-hot bag")
     p.add_argument("--engine", choices=ENGINES, default="auto",
-                   help="local: one process on one core; ray: criteo on a Ray cluster's CPUs (Ray Data), the same "
+                   help="local: one process on one core; ray: criteo as Ray tasks on a cluster's CPUs, the same "
                         "dataset (avazu and movielens always run locally); auto (default): ray for criteo when "
                         f"--address is given or the inputs hold >= {AUTO_RAY_MIN_BYTES >> 30} GiB (below that Ray's "
                         "start-up seconds outweigh the gain), else local")

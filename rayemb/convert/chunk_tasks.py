@@ -1,38 +1,39 @@
-"""What one task of the Ray engine does with one chunk: count its lines, count its values, or encode it.
+"""What one task of the Ray engine does with one chunk: count its values, or encode it.
 
 Plain functions of a :class:`~rayemb.convert.chunks.Chunk` and a
-:class:`ChunkJob` (no Ray here: :mod:`rayemb.convert.ray_engine` runs them as
-Ray Data tasks, and tests run them in order in one process). Each reads its
-chunk block by block (:func:`~rayemb.convert.chunks.text_blocks`), parses with
+:class:`ChunkJob` (no Ray here: :mod:`rayemb.convert.ray_engine` and
+:mod:`rayemb.convert.ray_encode` run them as Ray tasks, and tests run them in
+order in one process). Each reads its chunk block by block
+(:func:`~rayemb.convert.chunks.text_blocks`), parses with
 :func:`~rayemb.convert.criteo_columns.parse_block`, picks validation rows with
 the single-process engine's :func:`~rayemb.convert.stream.valid_mask`, and
 encodes with the same encoders, so the rows, ids and split are those of the
-single-process engine whatever the chunking. Tables travel as Arrow IPC bytes
-and the rest as pickles, so a task's output is a row of bytes columns that Ray
-Data carries to the driver in order.
+single-process engine whatever the chunking. :func:`encode_chunk` hands out one
+:class:`EncodedBlock` per block: its rows of each split as Arrow tables (they
+travel through Ray's object store without a copy into another format) and what
+the summary adds up.
 
 Example::
 
     >>> job = ChunkJob(opts, encoders, pa_schema)
-    >>> for out in encode_chunk(chunk, job):
-    ...     train = read_table(out["train"])
+    >>> for block in encode_chunk(chunk, job):
+    ...     train = block.tables["train"]
 """
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
 
-from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
-from rayemb.convert.chunks import Chunk, count_lines, text_blocks
+from rayemb.constants import LABEL_COLUMN, TRAIN_SPLIT, VALID_SPLIT
+from rayemb.convert.chunks import Chunk, text_blocks
 from rayemb.convert.common import BadLines, ConvertOptions
 from rayemb.convert.criteo import CATEGORICAL
 from rayemb.convert.criteo_columns import parse_block
-from rayemb.convert.stream import Encoder, Records, output_table, valid_mask
+from rayemb.convert.stream import Encoder, Records, valid_mask
 from rayemb.convert.vocab import FrequencyCounter, Vocabulary
 
 
@@ -49,22 +50,6 @@ class ChunkJob:
     count_distinct: Tuple[str, ...] = field(default_factory=tuple)
 
 
-def ipc_bytes(table: Optional[pa.Table]) -> bytes:
-    if table is None or table.num_rows == 0:
-        return b""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def read_table(buf: Any) -> Optional[pa.Table]:
-    """The table of :func:`ipc_bytes` (None for no rows); ``buf``: bytes or a pyarrow buffer, read without a copy."""
-    if not len(buf):
-        return None
-    return pa.ipc.open_stream(pa.py_buffer(buf) if isinstance(buf, bytes) else buf).read_all()
-
-
 def _records(chunk: Chunk, opts: ConvertOptions) -> Iterator[Tuple[Records, BadLines, int]]:
     """``(records, the block's bad lines, its text bytes)`` per block of ``chunk``, lines numbered on from the
     chunk's first line."""
@@ -74,11 +59,6 @@ def _records(chunk: Chunk, opts: ConvertOptions) -> Iterator[Tuple[Records, BadL
         rec = parse_block(buf, first_line, chunk.path, bad)
         first_line += bad.lines_read
         yield rec, bad, len(buf)
-
-
-def chunk_lines(chunk: Chunk, job: ChunkJob) -> Iterator[Dict[str, Any]]:
-    """The chunk's physical ``lines`` (to number the lines of the chunks after it in its file)."""
-    yield {"chunk": chunk.index, "lines": sum(count_lines(buf) for buf in text_blocks(chunk, job.opts.block_size))}
 
 
 def count_values(chunk: Chunk, job: ChunkJob) -> Iterator[Dict[str, Any]]:
@@ -110,22 +90,46 @@ def vocabulary_of(row: Dict[str, Any]) -> Vocabulary:
                       np.frombuffer(row["counts"], dtype=np.int64).copy(), rare=int(row["rare"]))
 
 
-def encode_chunk(chunk: Chunk, job: ChunkJob) -> Iterator[Dict[str, Any]]:
-    """Per block of the chunk, in order: its ``train`` and ``valid`` rows as IPC bytes and a pickled ``meta``
-    (the block's bad lines, its text bytes, the distinct train ids of ``job.count_distinct`` tables)."""
+@dataclass
+class EncodedBlock:
+    """One block of a chunk, encoded: its rows of each split (None for none) and what the summary adds up."""
+
+    tables: Dict[str, Optional[pa.Table]]
+    #: the block's bad lines (and lines read)
+    bad: BadLines
+    #: the block's bytes of text (progress)
+    nbytes: int
+    #: the distinct train ids of ``ChunkJob.count_distinct`` tables
+    distinct: Dict[str, np.ndarray]
+
+
+def split_tables(rec: Records, ids: Dict[str, np.ndarray], valid: np.ndarray,
+                 schema: pa.Schema) -> Dict[str, Optional[pa.Table]]:
+    """The block's train and valid rows (None for none) as the dataset's columns, the tables
+    :func:`~rayemb.convert.stream.output_table` makes of each split: built once for the whole block, then
+    filtered by Arrow, one pass per split instead of a copy per column."""
+    n_valid = int(np.count_nonzero(valid))
+    if not len(valid):
+        return {TRAIN_SPLIT: None, VALID_SPLIT: None}
+    cols: Dict[str, Any] = {LABEL_COLUMN: pa.array(rec.label, pa.float32()), **rec.dense}
+    for t, table_ids in ids.items():
+        cols[t] = pa.array(table_ids, pa.int64(), mask=rec.keys[t][1])
+    for t, direct in rec.direct.items():
+        cols[t] = pa.array(direct, pa.int64())
+    table = pa.table(cols).select(schema.names)
+    if n_valid in (0, len(valid)):
+        return {TRAIN_SPLIT: None if n_valid else table, VALID_SPLIT: table if n_valid else None}
+    return {TRAIN_SPLIT: table.filter(pa.array(~valid)), VALID_SPLIT: table.filter(pa.array(valid))}
+
+
+def encode_chunk(chunk: Chunk, job: ChunkJob) -> Iterator[EncodedBlock]:
+    """Per block of the chunk, in order: its rows of each split and what the summary adds up from it."""
     opts, encoders = job.opts, job.encoders
-    block = -1
-    for block, (rec, bad, nbytes) in enumerate(_records(chunk, opts)):
+    for rec, bad, nbytes in _records(chunk, opts):
         ids = {t: encoders[t].encode(rec.keys[t][0]) for t in CATEGORICAL}
-        valid = valid_mask(rec, chunk.role, chunk.file_index, opts)
-        tables = {split: output_table(rec, ids, m, job.pa_schema) if m.any() else None
-                  for split, m in ((TRAIN_SPLIT, ~valid), (VALID_SPLIT, valid))}
+        tables = split_tables(rec, ids, valid_mask(rec, chunk.role, chunk.file_index, opts), job.pa_schema)
+        train = tables[TRAIN_SPLIT]
         distinct = {}
-        if tables[TRAIN_SPLIT] is not None:
-            distinct = {t: np.unique(tables[TRAIN_SPLIT].column(t).drop_null().to_numpy()) for t in job.count_distinct}
-        meta = {"bad": bad, "nbytes": nbytes, "distinct": distinct}
-        yield {"chunk": chunk.index, "block": block, "train": ipc_bytes(tables[TRAIN_SPLIT]),
-               "valid": ipc_bytes(tables[VALID_SPLIT]), "meta": pickle.dumps(meta)}
-    if block < 0:  # every chunk answers, so the driver can tell a chunk with no lines from a lost one
-        yield {"chunk": chunk.index, "block": 0, "train": b"", "valid": b"",
-               "meta": pickle.dumps({"bad": BadLines(), "nbytes": 0, "distinct": {}})}
+        if train is not None:
+            distinct = {t: np.unique(train.column(t).drop_null().to_numpy()) for t in job.count_distinct}
+        yield EncodedBlock(tables, bad, nbytes, distinct)

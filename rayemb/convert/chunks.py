@@ -9,8 +9,8 @@ about ``block_size`` bytes, the bound on a task's memory.
 
 Line numbers are those of the single-process reader (pyarrow's CSV rules:
 ``\\n``, ``\\r\\n`` and a lone ``\\r`` each end a line); :func:`count_lines`
-counts them in a buffer, so a chunk's first line number is the sum of the counts
-of the chunks before it in its file.
+counts them in a buffer and :func:`chunk_lines` in a chunk, so a chunk's first
+line number is the sum of the counts of the chunks before it in its file.
 
 Example::
 
@@ -167,11 +167,38 @@ def _terminators(buf: bytes) -> Tuple[np.ndarray, np.ndarray]:
 
 def count_lines(buf: bytes) -> int:
     """Physical lines in ``buf`` as pyarrow's CSV reader counts them (a last line without terminator included)."""
-    if not buf:
+    if not len(buf):
         return 0
-    a = np.frombuffer(buf, dtype=np.uint8)
+    data = buf if isinstance(buf, bytes) else bytes(buf)
+    if b"\r" not in data:  # the usual text: every line ends in \n (one pass, no temporary arrays)
+        return data.count(b"\n") + int(data[-1] != _NL)
+    a = np.frombuffer(data, dtype=np.uint8)
     lone_cr = int(np.count_nonzero((a[:-1] == _CR) & (a[1:] != _NL))) + int(a[-1] == _CR)
     return int(np.count_nonzero(a == _NL)) + lone_cr + int(a[-1] not in (_NL, _CR))
+
+
+def chunk_lines(chunk: Chunk, block_size: int) -> int:
+    """The physical lines of ``chunk``, as :func:`count_lines` counts them in its :func:`text_blocks`. A byte
+    range is read into one buffer, used again and again, and its ``\\n`` counted where they lie: only a ``\\r``
+    needs whole lines (text holding one is counted block by block)."""
+    if chunk.whole_file:
+        return sum(count_lines(buf) for buf in text_blocks(chunk, block_size))
+    buf = bytearray(max(1, min(block_size, chunk.end - chunk.start)))
+    lines, last, pos = 0, _NL, chunk.start
+    try:
+        with _open_random(chunk.path) as f:
+            f.seek(pos)
+            while pos < chunk.end:
+                n = f.readinto(memoryview(buf)[: min(len(buf), chunk.end - pos)])
+                if not n:
+                    break
+                if buf.find(b"\r", 0, n) >= 0:
+                    return sum(count_lines(b) for b in text_blocks(chunk, block_size))
+                lines += buf.count(b"\n", 0, n)
+                last, pos = buf[n - 1], pos + n
+    except (pa.ArrowInvalid, OSError) as e:
+        raise not_text(chunk.path, e) from None
+    return lines + int(last != _NL)
 
 
 def line_lengths(buf: bytes, numbers: np.ndarray) -> np.ndarray:

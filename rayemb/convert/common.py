@@ -74,7 +74,7 @@ class ConvertOptions:
     raw_ids: bool = False
     #: --ids raw: num_embeddings of every raw table (None: its distinct train ids + 1)
     capacity: Optional[int] = None
-    #: ``local`` (one process), ``ray`` (Ray Data on the cluster's CPUs, criteo) or ``auto`` (see ENGINES)
+    #: ``local`` (one process), ``ray`` (Ray tasks on the cluster's CPUs, criteo) or ``auto`` (see ENGINES)
     engine: str = "auto"
     #: the Ray cluster of the ray engine (None: the running one, $RAY_ADDRESS, or a private local one)
     address: Optional[str] = None

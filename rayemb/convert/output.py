@@ -9,7 +9,9 @@ locally; in a bucket a new version under ``<out>/_v/`` made visible by its
 the staging folder is removed, so a failed conversion leaves nothing behind.
 :class:`PartWriter` streams one split into ``part-00000.parquet, ...`` of at
 most ``rows_per_file`` rows, one row group per chunk it is given, so memory
-holds a chunk, not a part.
+holds a chunk, not a part. :class:`PartPlan` cuts a split's rows into the same
+parts for writers elsewhere (the Ray engine's tasks), which write each part
+with :func:`write_part`.
 
 Example::
 
@@ -26,7 +28,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -38,6 +40,7 @@ from rayemb.logs import redact_uri
 from rayemb.publish import has_output, publish_dir
 
 SUMMARY_FILE = "convert_summary.json"
+Source = TypeVar("Source")
 
 
 def arrow_schema(schema: DatasetSchema) -> pa.Schema:
@@ -108,11 +111,11 @@ class PartWriter:
         self._in_part = 0
 
     def write(self, table: pa.Table) -> None:
-        table = table.select(self.schema.names).cast(self.schema)
+        table = _as_schema(table, self.schema)
         start = 0
         while start < table.num_rows:
             if self._writer is None:
-                path = os.path.join(self.directory, f"part-{len(self.files):05d}.parquet")
+                path = os.path.join(self.directory, part_name(len(self.files)))
                 self._writer = pq.ParquetWriter(path, self.schema)
                 self.files.append(path)
                 self._in_part = 0
@@ -132,6 +135,58 @@ class PartWriter:
     def close(self) -> int:
         self._close_part()
         return self.rows
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:05d}.parquet"
+
+
+def _as_schema(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    return table.select(schema.names).cast(schema)
+
+
+class PartPlan(Generic[Source]):
+    """The part files of one split, cut as :class:`PartWriter` cuts them (``rows_per_file`` rows each, rows in
+    the order they are added), for rows written elsewhere. :meth:`add` takes the next ``rows`` rows, held by
+    ``source``, and returns the parts they complete; :meth:`close` the last, shorter one. A part is
+    ``(index, [(source, start, stop), ...])``: the rows ``[start, stop)`` of each source, in order."""
+
+    def __init__(self, rows_per_file: int) -> None:
+        self.rows_per_file = rows_per_file
+        self.rows = 0
+        self._index = 0
+        self._pieces: List[Tuple[Source, int, int]] = []
+        self._in_part = 0
+
+    def add(self, source: Source, rows: int) -> List[Tuple[int, List[Tuple[Source, int, int]]]]:
+        done = []
+        start = 0
+        while start < rows:
+            n = min(rows - start, self.rows_per_file - self._in_part)
+            self._pieces.append((source, start, start + n))
+            start += n
+            self._in_part += n
+            self.rows += n
+            if self._in_part >= self.rows_per_file:
+                done.append(self._cut())
+        return done
+
+    def _cut(self) -> Tuple[int, List[Tuple[Source, int, int]]]:
+        part = (self._index, self._pieces)
+        self._index, self._pieces, self._in_part = self._index + 1, [], 0
+        return part
+
+    def close(self) -> List[Tuple[int, List[Tuple[Source, int, int]]]]:
+        return [self._cut()] if self._pieces else []
+
+
+def write_part(path: str, schema: pa.Schema, tables: Sequence[pa.Table]) -> int:
+    """One part file of ``tables``' rows, in order, one row group per table (as :class:`PartWriter` writes a
+    chunk); returns its rows."""
+    with pq.ParquetWriter(path, schema) as writer:
+        for table in tables:
+            writer.write_table(_as_schema(table, schema))
+    return sum(t.num_rows for t in tables)
 
 
 def finish(path: str, schema: DatasetSchema, summary: Dict[str, Any]) -> None:

@@ -1,29 +1,34 @@
-"""``rayemb convert criteo --engine ray``: the Criteo conversion as Ray Data tasks on every CPU of a cluster.
+"""``rayemb convert criteo --engine ray``: the Criteo conversion as Ray tasks on every CPU of a cluster.
 
 The output is the single-process engine's, byte for byte in content: the same
-rows in the same order, ids, dense values, split, ``schema.yaml`` and summary
-(bar timings and the ``engine`` entry). The stages:
+part files holding the same rows in the same order, ids, dense values, split,
+``schema.yaml`` and summary (bar timings and the ``engine`` entry). The stages:
 
 1. the checks of the single-process engine, on the driver, before any work
    (options, inputs, the first lines of every input, an existing ``--out``);
 2. :func:`~rayemb.convert.chunks.plan_chunks` cuts the inputs into chunks of
-   whole lines; where a file has several, one parallel pass counts their lines so
-   that every chunk knows its first line number (the validation split hashes
-   line numbers);
+   whole lines; where a file has several, a small task per chunk counts its
+   lines, so that every chunk knows its first line number (the validation split
+   hashes line numbers);
 3. ``--vocab-from-train``: every chunk's tasks count the values of its train
-   rows, a group-by on the table name merges the counts of each table in one
-   task (sums and the ranking do not depend on the order chunks arrive in),
-   and the driver builds the vocabularies from the merged counts;
-4. the encoding pass: one task per chunk parses it block by block
-   (:mod:`rayemb.convert.criteo_columns`), encodes and splits the rows, and
-   Ray Data hands the blocks to the driver in input order
-   (``preserve_order``), which writes the parquet parts into the staging folder,
-   adds up the summary and publishes the dataset (:mod:`rayemb.convert.output`):
-   a failure anywhere leaves nothing at ``--out``.
+   rows, a Ray Data group-by on the table name merges the counts of each table
+   in one task (sums and the ranking do not depend on the order chunks arrive
+   in), and the driver builds the vocabularies from the merged counts;
+4. the encoding pass (:mod:`rayemb.convert.ray_encode`): one task per chunk
+   parses it block by block (:mod:`rayemb.convert.criteo_columns`), encodes and
+   splits the rows into tables that stay in Ray's object store; the driver takes
+   the blocks in input order and adds up the summary, and as soon as every row
+   of a part file is encoded a task writes that part into the staging folder
+   (:mod:`rayemb.convert.output`), the parts the single-process engine writes;
+   the driver then publishes the dataset: a failure anywhere leaves nothing at
+   ``--out``.
 
-The driver writes every row (parquet encoding on one core, about a million
-rows/s), so past a dozen parsing cores it is the bound. Inputs must be readable
-from every node: a URI (``s3://...``) or a path on a filesystem all nodes mount.
+Parsing, encoding and parquet writing all run in tasks; the driver only adds up
+the summary (per-table tallies of the ids), which it reads from the object store
+without a copy. The part-writing tasks run on the driver's node, where the
+staging folder is, so every row crosses to that node once (as a finished
+dataset in a bucket is uploaded from it too). Inputs must be readable from
+every node: a URI (``s3://...``) or a path on a filesystem all nodes mount.
 
 Example::
 
@@ -38,17 +43,15 @@ import logging
 import math
 import pickle
 import time
-from dataclasses import replace
 from typing import Any, Dict, Iterator, List, Optional
 
 from rayemb import storage
-from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
-from rayemb.convert.chunk_tasks import (ChunkJob, chunk_lines, count_values, encode_chunk, merge_counts, read_table,
-                                        vocabulary_of)
+from rayemb.convert.chunk_tasks import ChunkJob, count_values, merge_counts, vocabulary_of
 from rayemb.convert.chunks import Chunk, plan_chunks
 from rayemb.convert.common import ConvertOptions, Progress
 from rayemb.convert.criteo import CATEGORICAL, CriteoFormat
 from rayemb.convert.output import StagedOutput
+from rayemb.convert.ray_encode import EncodePass, line_counts, numbered
 from rayemb.convert.stream import WriteState, encoders_for, prepare
 from rayemb.convert.vocab import Vocabulary
 from rayemb.errors import find_user_error
@@ -84,15 +87,15 @@ def ray_cluster(address: Optional[str]) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def _data_context() -> Iterator[None]:
-    """Ray Data set to hand blocks over in input order, quietly (the conversion logs its own progress and raises
-    a task's error itself); restored after."""
+    """Ray Data set to work quietly (the conversion logs its own progress and raises a task's error itself);
+    restored after."""
     from ray.data import DataContext
     from ray.data.context import ShuffleStrategy
 
     ctx = DataContext.get_current()
     log = logging.getLogger("ray.data")
-    saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.shuffle_strategy, log.level)
-    ctx.execution_options.preserve_order, ctx.enable_progress_bars = True, False
+    saved = (ctx.enable_progress_bars, ctx.shuffle_strategy, log.level)
+    ctx.enable_progress_bars = False
     # the group-by of 26 tables' counts: the default hash shuffle starts aggregator actors (seconds, even warm);
     # a sort shuffle of 26 keys is plain tasks
     ctx.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
@@ -101,7 +104,7 @@ def _data_context() -> Iterator[None]:
     try:
         yield
     finally:
-        ctx.execution_options.preserve_order, ctx.enable_progress_bars, ctx.shuffle_strategy, level = saved
+        ctx.enable_progress_bars, ctx.shuffle_strategy, level = saved
         log.setLevel(level)
 
 
@@ -131,24 +134,6 @@ def _per_chunk(batch: Dict[str, Any], fn: Any, job: Any) -> Iterator[Dict[str, L
             yield {k: [v] for k, v in row.items()}
 
 
-def _numbered(chunks: List[Chunk], job_ref: Any) -> List[Chunk]:
-    """The chunks with their first line numbers; only files cut into several chunks need their lines counted."""
-    per_file: Dict[int, List[Chunk]] = {}
-    for c in chunks:
-        per_file.setdefault(c.file_index, []).append(c)
-    to_count = [c for cs in per_file.values() if len(cs) > 1 for c in cs[:-1]]
-    if not to_count:
-        return chunks
-    logger.info("convert criteo: counting the lines of %d chunks", len(to_count))
-    counts = {int(row["chunk"]): int(row["lines"]) for row in _run(to_count, chunk_lines, job_ref).take_all()}
-    out, first = [], {}
-    for c in chunks:
-        line = first.get(c.file_index, 1)
-        out.append(replace(c, first_line=line))
-        first[c.file_index] = line + counts.get(c.index, 0)
-    return out
-
-
 def _vocabularies(chunks: List[Chunk], opts: ConvertOptions, job_ref: Any, cpus: int) -> Dict[str, Vocabulary]:
     train = [c for c in chunks if c.role != "valid"]
     logger.info("convert criteo: pass 1/2: counting the values of the train rows of %d chunks", len(train))
@@ -162,72 +147,37 @@ def _vocabularies(chunks: List[Chunk], opts: ConvertOptions, job_ref: Any, cpus:
     return {str(row["table"]): vocabulary_of(row) for row in merged.take_all()}
 
 
-class _InOrder:
-    """Checks that blocks arrive as ``(chunk, block)`` in input order, every chunk's blocks 0, 1, ... (each chunk
-    yields at least one): Ray Data's ``preserve_order`` is what the output's row order rests on."""
-
-    def __init__(self, chunks: List[Chunk]) -> None:
-        self.chunks, self.pos, self.block = chunks, 0, 0
-
-    def next(self, chunk: int, block: int) -> Chunk:
-        if self.block > 0 and block == 0 and self.pos + 1 < len(self.chunks) and \
-                chunk == self.chunks[self.pos + 1].index:
-            self.pos, self.block = self.pos + 1, 0
-        if (chunk, block) != (self.chunks[self.pos].index, self.block):
-            raise RuntimeError(f"ray engine: block ({chunk}, {block}) arrived where "
-                               f"({self.chunks[self.pos].index}, {self.block}) was due")
-        self.block += 1
-        return self.chunks[self.pos]
-
-    def check_complete(self) -> None:
-        if self.pos != len(self.chunks) - 1 or self.block == 0:
-            raise RuntimeError(f"ray engine: the blocks stopped at chunk {self.pos} of {len(self.chunks)}")
-
-
-def _write(chunks: List[Chunk], state: WriteState, job_ref: Any, progress: Progress, stage: str) -> None:
-    """The encoded blocks, in input order, into the staging folder's parts."""
-    order = _InOrder(chunks)
-    done_bytes = 0
-    for batch in _run(chunks, encode_chunk, job_ref).iter_batches(batch_size=None, batch_format="pyarrow"):
-        for i in range(batch.num_rows):
-            block = batch.column("block")[i].as_py()
-            chunk = order.next(batch.column("chunk")[i].as_py(), block)
-            meta = pickle.loads(batch.column("meta")[i].as_py())
-            state.bad.merge(meta["bad"])
-            for t, ids in meta["distinct"].items():
-                state.add_distinct(t, ids)
-            for split in (TRAIN_SPLIT, VALID_SPLIT):
-                table = read_table(batch.column(split)[i].as_buffer())
-                if table is not None:
-                    state.write(split, table)
-            done_bytes = (0 if block == 0 else done_bytes) + meta["nbytes"]
-            progress.update(stage, chunk.path, meta["bad"].lines_read, chunk.start + done_bytes)
-    order.check_complete()
-
-
 def convert_criteo_ray(opts: ConvertOptions) -> Dict[str, Any]:
     """Criteo inputs -> the dataset at ``opts.out`` on a Ray cluster's CPUs; returns the summary it writes."""
     fmt = CriteoFormat()
     roles = prepare(fmt, opts)
     t0 = time.monotonic()
-    with StagedOutput(opts.out, opts.overwrite) as stage, ray_cluster(opts.address) as ray, _data_context():
+    with StagedOutput(opts.out, opts.overwrite) as stage, ray_cluster(opts.address) as ray:
         try:
             cpus = int(ray.cluster_resources().get("CPU", 1))
             total = sum(s for s, _ in storage.sizes_and_mtimes_ns([p for p, _ in roles]))
             chunks = plan_chunks(roles, _chunk_bytes(opts, total, cpus))
-            chunks = _numbered(chunks, ray.put(ChunkJob(opts)))
-            vocabularies = _vocabularies(chunks, opts, ray.put(ChunkJob(opts)), cpus) if opts.vocab_from_train else None
+            counts = line_counts(chunks, opts.block_size)
+            if counts:
+                logger.info("convert criteo: counting the lines of %d chunks", len(counts))
+            vocabularies = None
+            if opts.vocab_from_train:
+                chunks, counts = numbered(chunks, counts), {}
+                with _data_context():
+                    vocabularies = _vocabularies(chunks, opts, ray.put(ChunkJob(opts)), cpus)
             encoders = encoders_for(fmt, opts, vocabularies)
             state = WriteState(fmt, opts, encoders, stage)
             job = ChunkJob(opts, encoders, state.pa_schema, tuple(state.distinct))
             stage_name = "pass 2/2 (writing)" if opts.vocab_from_train else "writing"
-            _write(chunks, state, ray.put(job), Progress(fmt.name, opts.progress_every_s), stage_name)
+            with EncodePass(state, cpus) as encoding:
+                encoding.run(chunks, ray.put(job), counts, Progress(fmt.name, opts.progress_every_s), stage_name)
+                rows = state.close()
+                encoding.wait()
         except Exception as e:
             user = find_user_error(e)
             if user is not None and user is not e:
                 raise user from None
             raise
-        rows = state.close()
         engine = {"name": "ray", "cpus": cpus, "chunks": len(chunks)}
         summary = state.finish(stage.path, rows, time.monotonic() - t0, engine)
         stage.commit()

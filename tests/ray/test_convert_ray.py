@@ -3,18 +3,25 @@ dataset: the same part files, rows in the same order, ids, dense values, split, 
 
 Inputs: the real 200-row sample in its tab-separated form (malformed lines added), and synthetic Criteo text
 of 20,000 lines (a .gz input, a plain one), cut into several chunks and blocks so that the order across
-chunks, blocks and files is exercised.
+chunks, blocks and files is exercised, and so that the part files, which tasks write, take rows from several
+chunks and a chunk's rows go to several parts. A conversion that fails, in a task or on the driver, after
+tasks wrote parts leaves nothing behind, on disk or in a bucket (moto's S3 server on 127.0.0.1).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 
+import pyarrow.parquet as pq
 import pytest
 from _convert_engines import assert_same_dataset, both_engines, convert_argv, sample_lines, summary, write_text
+from _servers import MotoS3Server
 
+from rayemb import storage
 from rayemb.cli import main
 from rayemb.convert.synthetic import write_criteo
+from rayemb.publish import resolve_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -68,6 +75,78 @@ def test_synthetic_20k_lines_gz_and_plain(ray_2_cpus, tmp_path, ids):
     s = summary(ray)
     assert s["lines_read"] == 20_000 and s["bad_lines"]["by_kind"] == {"wrong_field_count": 4}
     assert s["engine"]["chunks"] >= 3  # the .gz file whole, the plain one cut
+
+
+def test_parts_that_tasks_write_from_many_chunks_are_the_local_engine_parts(ray_2_cpus, tmp_path):
+    src = write_criteo(str(tmp_path / "train.txt"), 20_000, seed=4, bad_every=1500)
+    local, ray = both_engines(main, tmp_path, [src], "--hash-buckets", 5000, "--valid-fraction", 0.2,
+                              "--rows-per-file", 3000, "--block-size-mib", 0.1,
+                              ray_options=("--chunk-size-mib", 0.3))
+    assert_same_dataset(local, ray)
+    s = summary(ray)
+    assert s["engine"]["chunks"] >= 12 and s["rows"]["train"] > 5 * 3000  # every part spans chunk boundaries
+    train = sorted(os.listdir(os.path.join(ray, "train")))
+    assert len(train) == -(-s["rows"]["train"] // 3000)
+    assert all(pq.ParquetFile(os.path.join(ray, "train", p)).metadata.num_row_groups >= 2 for p in train[:-1])
+
+
+def _broken_copy(good: str, path) -> str:
+    """``good``'s lines with one that is not UTF-8 inserted near the end: the last chunks' task fails on it."""
+    with open(good, "rb") as f:
+        data = f.read()
+    cut = data.index(b"\n", len(data) * 9 // 10) + 1  # the last chunks: the first parts are written by then
+    path.write_bytes(data[:cut] + b"1" + b"\t\xff\xfe" * 39 + b"\n" + data[cut:])
+    return str(path)
+
+
+def test_a_task_failing_after_parts_were_written_leaves_nothing(ray_2_cpus, tmp_path, capsys, monkeypatch):
+    from rayemb.convert.ray_encode import EncodePass
+
+    parts = []
+    submit = EncodePass._submit
+    monkeypatch.setattr(EncodePass, "_submit", lambda self, path, *a: (parts.append(path), submit(self, path, *a)))
+    broken = _broken_copy(write_criteo(str(tmp_path / "whole.txt"), 20_000, seed=5), tmp_path / "day_0")
+    errors = {}
+    for engine in ("local", "ray"):
+        out = tmp_path / engine / "criteo"
+        small = ("--chunk-size-mib", 0.3) if engine == "ray" else ()
+        argv = convert_argv([broken], str(out), engine, "--hash-buckets", 50, "--rows-per-file", 1000,
+                            "--block-size-mib", 0.1, *small)
+        assert main(argv) == 2
+        errors[engine] = capsys.readouterr().err.strip().splitlines()[-1]
+        assert not out.exists() and os.listdir(out.parent) == []  # no staging folder left either
+    assert len(parts) >= 10  # tasks were writing parts when the failing chunk's turn came
+    # the same error; the reader's own words after it name a row of the block it read, which differs
+    said = {engine: e.split(" (")[0] for engine, e in errors.items()}
+    assert said["ray"] == said["local"] == f"rayemb: error: Input '{broken}' cannot be read as text", errors
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    server = MotoS3Server().start()
+    server.create_bucket("convert")
+    for k, v in server.env.items():
+        monkeypatch.setenv(k, v)
+    yield server
+    server.stop()
+
+
+def test_into_a_bucket_the_dataset_appears_whole_or_not_at_all(ray_2_cpus, tmp_path, s3, monkeypatch):
+    src = write_criteo(str(tmp_path / "train.txt"), 20_000, seed=6)
+    options = ("--hash-buckets", 5000, "--rows-per-file", 4000, "--block-size-mib", 0.25)
+    small = ("--chunk-size-mib", 0.5)
+    assert main(convert_argv([src], str(tmp_path / "local"), "local", *options)) == 0
+    staging = tmp_path / "tmp"  # where the driver stages a bucket's dataset, and the tasks write its parts
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))
+    assert main(convert_argv([src], "s3://convert/criteo", "ray", *options, *small)) == 0
+    assert os.listdir(staging) == []
+    with storage.local_copy(resolve_dataset("s3://convert/criteo")) as published:
+        assert_same_dataset(str(tmp_path / "local"), published)
+
+    broken = _broken_copy(src, tmp_path / "day_0")
+    assert main(convert_argv([broken], "s3://convert/failed", "ray", *options, *small)) == 2
+    assert s3.keys("convert", "failed") == [] and os.listdir(staging) == []
 
 
 def test_a_failed_conversion_says_what_the_local_engine_says_and_leaves_nothing(ray_2_cpus, tmp_path, capsys):

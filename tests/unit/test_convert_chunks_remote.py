@@ -1,5 +1,6 @@
 """The Ray engine's chunks of a bucket's files (moto's S3 server on 127.0.0.1): cut at line starts with ranged
-reads, every byte in exactly one chunk, a .gz file streamed whole, as the same files on a local disk."""
+reads, every byte in exactly one chunk, a .gz file streamed whole, their lines counted, as the same files on a
+local disk."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from _convert_engines import sample_lines, write_text
 from test_storage import BUCKET, moto_server, s3  # noqa: F401  (moto's server and its environment: fixtures)
 
 from rayemb import storage
-from rayemb.convert.chunks import count_lines, plan_chunks, text_blocks
+from rayemb.convert.chunks import chunk_lines, count_lines, plan_chunks, text_blocks
 
 
 def _texts(chunks):
@@ -28,6 +29,7 @@ def test_chunks_of_bucket_files_equal_those_of_local_files(s3, tmp_path):
         texts = _texts(chunks)
         assert b"".join(texts[:-1]) == "".join(ln + "\n" for ln in lines).encode()
         assert sum(count_lines(t) for t in texts[:-1]) == 200 and count_lines(texts[-1]) == 50
+        assert [chunk_lines(c, block_size=4096) for c in chunks] == [count_lines(t) for t in texts]
         assert all(t.endswith(b"\n") for t in texts)  # every chunk ends where a line ends
         if kind is local:
             want = [(c.start, c.end) for c in chunks]

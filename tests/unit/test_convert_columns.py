@@ -1,18 +1,23 @@
 """The Ray engine's pieces that need no Ray: byte-level field checks, chunks of whole lines, the column-wise
-Criteo parser, each against what the single-process converter does with the same bytes."""
+Criteo parser, the part files cut for tasks to write, each against what the single-process converter does with
+the same bytes or rows."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from _convert_engines import sample_lines, write_text
 
-from rayemb.convert.chunks import count_lines, line_lengths, plan_chunks, text_blocks
+from rayemb.convert.chunks import chunk_lines, count_lines, line_lengths, plan_chunks, text_blocks
 from rayemb.convert.common import BadLines, LineReader, hex_keys, matches
 from rayemb.convert.criteo import CriteoFormat
 from rayemb.convert.criteo_columns import parse_block
 from rayemb.convert.fields import hex_values, integer_ok
+from rayemb.convert.output import PartPlan, PartWriter, part_name, write_part
 from rayemb.errors import DataError
 
 _ALPHABET = list("0123456789abcdefABCDEF-+ gz\x01é")
@@ -42,24 +47,63 @@ def test_field_checks_accept_what_the_regexes_accept(values):
         assert keys[ok].tolist() == [int(v, 16) for v, good in zip(part.to_pylist(), ok) if good]
 
 
+def test_eight_digit_values_are_checked_byte_by_byte_as_the_regex_does():
+    # every byte next to a range the check draws ('/' ':' '@' 'G' '`' 'g', DEL, NUL), in each of the 8 places
+    rng = np.random.default_rng(1)
+    alphabet = np.frombuffer(b"0123456789abcdefABCDEF/:@G`g\x7f\x00 -", dtype=np.uint8)
+    values = [bytes(rng.choice(alphabet, size=8)).decode() for _ in range(3000)]
+    values += ["0" * i + c + "0" * (7 - i) for i in range(8) for c in "/:@G`g\x7fF"] + ["ffffffff", "00000000", ""]
+    col = pa.array(values, pa.string())
+    keys, ok = hex_values(col)
+    assert (ok == matches(col, r"^[0-9a-fA-F]{1,16}$")).all() and 100 < ok.sum() < len(values)
+    assert keys.tolist() == [int(v, 16) if good else 0 for v, good in zip(values, ok)]
+
+
+def test_part_plan_cuts_the_parts_the_part_writer_writes(tmp_path):
+    schema = pa.schema([("x", pa.int64())])
+    rng = np.random.default_rng(2)
+    sizes = [int(n) for n in rng.integers(0, 40, size=30)] + [25, 0, 50]
+    tables = [pa.table({"x": np.arange(sum(sizes[:i]), sum(sizes[:i + 1]))}) for i in range(len(sizes))]
+    for rows_per_file in (1, 7, 25, 10_000):
+        by_writer, by_plan = tmp_path / f"w{rows_per_file}", tmp_path / f"p{rows_per_file}"
+        by_writer.mkdir(), by_plan.mkdir()
+        writer = PartWriter(str(by_writer), schema, rows_per_file)
+        plan, parts = PartPlan(rows_per_file), []
+        for i, t in enumerate(tables):
+            writer.write(t)
+            parts += plan.add(i, t.num_rows)
+        parts += plan.close()
+        assert writer.close() == plan.rows == sum(sizes)
+        assert [index for index, _ in parts] == list(range(len(parts)))
+        for index, pieces in parts:
+            written = write_part(str(by_plan / part_name(index)), schema,
+                                 [tables[i].slice(start, stop - start) for i, start, stop in pieces])
+            assert written == sum(stop - start for _, start, stop in pieces) and written <= rows_per_file
+        assert sorted(os.listdir(by_writer)) == sorted(os.listdir(by_plan))
+        for name in os.listdir(by_writer):
+            assert pq.read_table(by_writer / name).equals(pq.read_table(by_plan / name)), (rows_per_file, name)
+
+
 # lines ending in \n, \r\n and a lone \r, blank ones, one longer than the chunks, no newline at the end
 _TEXT = b"a\tb\nc\r\n\r\nd\re\n\n" + b"x" * 5000 + b"\nlast\tline\r\nf\n\n\ng\th"
 
 
-def test_chunks_hold_whole_lines_once_and_count_them_as_the_line_reader(tmp_path):
+@pytest.mark.parametrize("text", [_TEXT * 40, _TEXT.replace(b"\r", b"") * 40], ids=["with-cr", "without-cr"])
+def test_chunks_hold_whole_lines_once_and_count_them_as_the_line_reader(tmp_path, text):
     path = tmp_path / "t.txt"
-    path.write_bytes(_TEXT * 40)
+    path.write_bytes(text)
     numbers = [int(n) for _, nums, _ in LineReader(str(path)) for n in nums]
     total = numbers[-1]
     for chunk_bytes in (4096, 7000, 10**6):
         chunks = plan_chunks([(str(path), "rows")], chunk_bytes)
         assert (len(chunks) > 10) == (chunk_bytes < 10**6) and [c.index for c in chunks] == list(range(len(chunks)))
-        assert chunks[0].start == 0 and chunks[-1].end in (None, len(_TEXT) * 40)
+        assert chunks[0].start == 0 and chunks[-1].end in (None, len(text))
         texts = [b"".join(bytes(b) for b in text_blocks(c, block_size=4096)) for c in chunks]
-        assert b"".join(texts) == _TEXT * 40
-        for c, text in zip(chunks, texts):
-            assert c.start == 0 or (_TEXT * 40)[c.start - 1:c.start] == b"\n"  # cut at a line start
+        assert b"".join(texts) == text
+        for c, chunk_text in zip(chunks, texts):
+            assert c.start == 0 or text[c.start - 1:c.start] == b"\n"  # cut at a line start
             assert all(len(b) for b in text_blocks(c, block_size=4096))
+            assert chunk_lines(c, block_size=4096) == count_lines(chunk_text)
         assert sum(count_lines(t) for t in texts) == total
 
 
