@@ -8,9 +8,9 @@ tasks) lives in a new cgroup-v1 memory cgroup; the object store (512 MiB) is ins
 row each): about 1.2 GiB of parquet and 2.1 GiB of converted tensors, more than the 2 GiB a rank holds
 in memory by default, so the job must stream.
 
-The limit is tightened once a quarter of the epoch is trained (a checkpoint written before), to the
-cgroup's peak so far plus a quarter of the data the job has still to read (the smaller of its parquet and
-converted sizes). The job must finish every step of the epoch with no OOM kill. Ray's own footprint here
+The limit is tightened once a quarter of the epoch is trained (a checkpoint written before), to what the
+cgroup's processes held so far (anonymous memory plus shmem, not the reclaimable page cache) plus a quarter
+of the data the job has still to read (the smaller of its parquet and converted sizes). The job must finish every step of the epoch with no OOM kill. Ray's own footprint here
 is about 4 GiB before any data (a dozen Python processes: Ray Train's and Ray Data's actors, the worker
 with torch, read tasks), so in a test of a few minutes the dataset cannot be 4x the whole limit: what is
 bounded is what the job may add once it trains, and it reads 4x that. The benchmark's default size makes
