@@ -9,7 +9,8 @@ The 3-rank job's split has another hot set, so ids move between hot rows and man
 that checkpoint and from ``rayemb checkpoint reshard --world-size 3`` of it, and on 2 ranks again from the
 3-rank job's own checkpoint: each id pools to the same vector to 1e-6 everywhere, unseen ones to zero. The
 exported inference model (``rayemb.serve``) scores the validation rows, raw ids as the parquet holds them
-(int64 and strings), as the sharded model does to 1e-5, also after a save and load of the export.
+(int64 and strings), as the sharded model does to 1e-5, also after a save and load of the export, and so does
+the MLflow pyfunc model `rayemb export` logs, loaded in a new process.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 import pytest
+import yaml
 
 from rayemb.multiprocess import run_multiprocess
 
@@ -126,14 +128,17 @@ def job(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("raw_job")
     data = raw_id_dataset(str(root / "data"))
-    cfg = config_from_dict({
+    config = {
         "name": "raw-job", "data": {"path": data, "batch_size": BATCH},
         "model": {"embedding_dim": DIM, "bottom_mlp": [16, DIM], "top_mlp": [16, 1]},
         "train": {"dense_lr": 0.1, "embedding_lr": 0.1},
         # a hybrid encoded table beside the raw ones (U1 hybrid by default, S1 pinned row-wise): one pooled module
         "planner": {"tables": {"C1": {"sharding": "hybrid"}, "S1": {"sharding": "row_wise"}}},
         "tracking": {"output_dir": str(root / "runs"), "experiment": "raw-job"},
-    })
+    }
+    cfg = config_from_dict(config)
+    with open(root / "job.yaml", "w") as f:  # for `rayemb export --config`
+        yaml.safe_dump(config, f)
     schema = DatasetSchema.load(data)
     plans = {w: _plan(cfg, schema, w) for w in (2, 3)}
     ckpt, resharded, on3 = (str(root / n) for n in ("ckpt2", "resharded3", "ckpt3"))
@@ -142,7 +147,8 @@ def job(tmp_path_factory):
     three = run_multiprocess(_load_rank, 3, cfg=cfg, schema=schema, job_plan=plans[3], loads=[ckpt, resharded],
                              save_to=on3)
     back = run_multiprocess(_load_rank, 2, cfg=cfg, schema=schema, job_plan=plans[2], loads=[on3], save_to=None)
-    return {"root": root, "cfg": cfg, "schema": schema, "plans": plans, "checkpoint": ckpt, "resharded": resharded,
+    return {"root": root, "cfg": cfg, "config": str(root / "job.yaml"), "schema": schema, "plans": plans,
+            "checkpoint": ckpt, "resharded": resharded,
             "on3": on3, "trained": trained, "three": three, "back": back}
 
 
@@ -273,3 +279,33 @@ def test_the_exported_model_scores_raw_ids_as_the_sharded_model(job, tmp_path):
     first = loaded.predict(probe)
     assert np.array_equal(first, loaded.predict(probe))
     assert {t: len(v) for t, v in loaded.raw_rows.ids.items()} == {t: int(v["ids"].numel()) for t, v in held.items()}
+
+
+def test_the_logged_pyfunc_model_scores_raw_ids_as_the_sharded_model(job, tmp_path):
+    """`rayemb export --tracking-uri` logs the MLflow pyfunc model; loaded in a new process, as a serving host
+    loads it, it scores the validation rows' raw ids (int64 and strings, as the parquet holds them) as the sharded
+    model did, and ids never seen score as missing ones."""
+    from mlflow import MlflowClient
+
+    from rayemb.cli import main
+    from rayemb.data.schema import parquet_files
+    from rayemb.serve.model import sigmoid
+    from tests._pyfunc import fresh_pyfunc
+
+    valid = parquet_files(job["cfg"].data.path, "valid")
+    sharded = np.concatenate([r["logits"] for r in sorted(job["trained"], key=lambda r: r["lo"])])
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert main(["export", "--checkpoint", job["checkpoint"], "--config", job["config"], "--out",
+                 str(tmp_path / "model"), "--tracking-uri", uri, "--experiment", "raw-export"]) == 0
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("raw-export").experiment_id])
+    import pyarrow.parquet as pq
+
+    few = pq.read_table(valid).slice(0, 8).to_pydict()  # small frames: a request travels on the command line
+    unseen = {**few, "U1": [int(v) for v in np.resize(UNSEEN["U1"], 8)], "S1": list(np.resize(UNSEEN["S1"], 8))}
+    missing = {**few, "U1": [None] * 8, "S1": [None] * 8}
+    got = fresh_pyfunc(uri, f"runs:/{run.info.run_id}/model", valid,
+                       [{"frame": None}, {"frame": unseen}, {"frame": missing}], cwd=str(tmp_path))
+    np.testing.assert_allclose(got[0]["prediction"][:len(sharded)], sigmoid(sharded), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got[1]["prediction"], got[2]["prediction"], rtol=0, atol=1e-7)
+    assert np.ptp(got[1]["prediction"]) > 0  # the rows' other features still score
