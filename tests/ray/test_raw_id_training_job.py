@@ -2,9 +2,10 @@
 
 The dataset (tests/_raw_data.py) has raw int64 ids (random 64-bit values with Zipf frequencies) and raw string
 ids, in tables smaller than their vocabularies, beside encoded tables; the plan places them hybrid (their heavy
-hitters in fixed replicated rows, the rest of their capacity managed). One job of 2 gloo workers trains it to a
-validation AUC clearly above chance, logs the evictions of each raw table to MLflow at its log points, and
-checkpoints the tables' ids and rows. ``rayemb export`` makes the inference model of its best checkpoint;
+hitters in fixed replicated rows, the rest of their capacity managed). One job of 2 gloo workers, streaming
+its data, trains it to a validation AUC clearly above chance, logs the evictions of each raw table to MLflow
+at its log points, and checkpoints the tables' ids and rows; a worker failing mid-epoch makes the group
+restart and resume from the last step checkpoint. ``rayemb export`` makes the inference model of its best checkpoint;
 ``rayemb predict`` scores the validation split's raw ids (int64 and strings) with the AUC the job logged for
 that checkpoint, and ids never seen in training score as missing ones (the zero row), inserted nowhere.
 """
@@ -32,6 +33,7 @@ def test_a_raw_id_job_trains_logs_evictions_exports_and_predicts(ray_2_cpus, tmp
     from sklearn.metrics import roc_auc_score
 
     from rayemb.config import load_config
+    from rayemb.constants import FAULT_INJECTION_ENV_VAR
     from rayemb.serve.model import InferenceModel
     from rayemb.train.trainer import run_training
     from tests._raw_data import raw_id_dataset
@@ -40,20 +42,31 @@ def test_a_raw_id_job_trains_logs_evictions_exports_and_predicts(ray_2_cpus, tmp
     # 300 int64 ids in 128 rows and 40 strings in 32, over 2 ranks that each keep one row for unseen ids
     data = raw_id_dataset(str(tmp_path / "data"), rows=16_000, u1_capacity=128, s1_capacity=32)
     runs = tmp_path / "runs"
+    # streamed (data.in_memory=false), a checkpoint every 20 steps, and a worker failing once at step 30 of the
+    # 50 of epoch 1: the group restarts and resumes mid-epoch from step 20's checkpoint, raw-id tables included
+    marker = tmp_path / "fault-injected"
+    monkeypatch.setenv(FAULT_INJECTION_ENV_VAR, f"30:{marker}")
     cfg = load_config(str(REPO / "jobs" / "configs" / "synth_small.yaml"), [
         f"data.path={data}", f"tracking.output_dir={runs}", "data.batch_size=128", "train.epochs=2",
         "train.early_stopping_patience=null", "train.log_every_n_steps=10", "planner.calibrate=false",
         "model.embedding_dim=8", "model.bottom_mlp=[16,8]", "model.top_mlp=[16,1]", "train.embedding_lr=0.1",
-        "tracking.experiment=raw-ids"])
+        "tracking.experiment=raw-ids", "data.in_memory=false", "train.checkpoint_every_n_steps=20",
+        "scaling.max_failures=1"])
     result = run_training(cfg)
-    assert result.status == "FINISHED"
+    assert result.status == "FINISHED" and marker.exists()
     assert result.metrics["best_valid_auc"] > 0.65, result.metrics
+    ends = [r for r in result.reports if r.get("epoch_end")]
+    assert [(r["epoch"], r["step"], r["resumed_at_step"]) for r in ends] == [(0, 50, 20), (1, 100, 20)]
+    steps = [r["step"] for r in result.reports if "train_loss" in r]
+    assert [steps.count(s) for s in (10, 20, 30, 40, 100)] == [1, 1, 1, 1, 1]  # resumed after step 20, once
 
     client = MlflowClient(result.tracking_uri)
     for table in ("U1", "S1"):
         evictions = client.get_metric_history(result.run_id, f"evictions.{table}")
         assert len(evictions) >= 4 and evictions[-1].value > 0, (table, evictions)
-        assert [e.value for e in sorted(evictions, key=lambda e: e.step)] == sorted(e.value for e in evictions)
+        # counted since the worker group started: growing over the restarted group's log points
+        after = [e.value for e in sorted(evictions, key=lambda e: e.step) if e.step > 20]
+        assert after == sorted(after), (table, evictions)
     (plan_file,) = runs.glob("jobs/*/plan.json")
     plan = json.loads(plan_file.read_text())
     assert plan["raw_tables"] == ["U1", "S1"]
