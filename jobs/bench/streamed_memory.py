@@ -476,9 +476,11 @@ def _in_memory_resolved(result: Mapping[str, Any], out_dir: str) -> Optional[str
 
 def run_job_under_limit(head: CgroupHead, data_dir: str, out_dir: str, sizes: Mapping[str, Any], batch_size: int,
                         tighten_at: float, ratio: float, timeout_s: float,
-                        max_headroom_bytes: Optional[int] = None) -> Dict[str, Any]:
+                        max_headroom_bytes: Optional[int] = None, allowance_bytes: int = 0) -> Dict[str, Any]:
     """Runs the job against ``head`` and tightens the cgroup's limit once it has trained ``tighten_at`` of its
-    epoch (module docstring); returns what the job and the cgroup showed."""
+    epoch (module docstring); returns what the job and the cgroup showed. ``allowance_bytes``: room added to
+    the limit beside the headroom, for transients that do not scale with the data (a checkpoint, the
+    validation pass); not counted as headroom."""
     cg = head.cgroup
     sampler = MemorySampler(cg)
     every = checkpoint_every(sizes["train"]["rows"] // batch_size, tighten_at)
@@ -499,13 +501,14 @@ def run_job_under_limit(head: CgroupHead, data_dir: str, out_dir: str, sizes: Ma
                 # what the processes hold, not the page cache the cgroup's own peak also counts (parquet pages
                 # and spill files fill any ceiling, and the kernel reclaims them at the limit)
                 peak, cached_peak = sampler.peak_anon_shmem, cg.peak()
-                cg.set_limit(peak + min(int(min(left.values()) / ratio), max_headroom_bytes or sys.maxsize))
+                headroom = min(int(min(left.values()) / ratio), max_headroom_bytes or sys.maxsize)
+                cg.set_limit(peak + allowance_bytes + headroom)
                 cg.reset_peak()
                 sampler.mark()
                 limit = cg.limit()  # the kernel rounds it down to whole pages
                 rec.update({"tightened_at_step": step, "steps": steps, "peak_before_bytes": peak,
-                            "cgroup_peak_before_bytes": cached_peak,
-                            "headroom_bytes": limit - peak, "limit_bytes": limit, "read_after_limit": left,
+                            "cgroup_peak_before_bytes": cached_peak, "allowance_bytes": allowance_bytes,
+                            "headroom_bytes": limit - peak - allowance_bytes, "limit_bytes": limit, "read_after_limit": left,
                             "tightened_after_s": round(time.monotonic() - t0, 1)})
         proc.wait()
     finally:
@@ -713,8 +716,9 @@ def memory_line(mem: Mapping[str, Any]) -> str:
     """One printed line of the memory row."""
     if "limit_bytes" not in mem:
         return f"memory: limit never tightened (exit {mem.get('returncode')}, {mem.get('error', '')})"
-    return (f"memory: limit {mem['limit_bytes'] / MIB:,.0f} MiB (held before {mem['peak_before_bytes'] / MIB:,.0f} + "
-            f"headroom {mem['headroom_bytes'] / MIB:,.0f}) from step {mem['tightened_at_step']}/{mem['steps']}; "
+    allowance = f" + allowance {mem['allowance_bytes'] / MIB:,.0f}" if mem.get("allowance_bytes") else ""
+    return (f"memory: limit {mem['limit_bytes'] / MIB:,.0f} MiB (held before {mem['peak_before_bytes'] / MIB:,.0f}"
+            f"{allowance} + headroom {mem['headroom_bytes'] / MIB:,.0f}) from step {mem['tightened_at_step']}/{mem['steps']}; "
             f"peak after {mem['peak_bytes'] / MIB:,.0f} MiB (anon+shmem {mem['peak_anon_shmem_bytes'] / MIB:,.0f}, "
             f"shmem {mem['peak_shmem_bytes'] / MIB:,.0f}), failcnt {mem['failcnt']}, oom_kill {mem.get('oom_kill')}; "
             f"read {mem.get('read_after_limit_over_headroom', 0):.2f}x the headroom, dataset "
@@ -730,7 +734,8 @@ def streamed_memory_run(work: str, rows: int, pooling: int, cardinality: int, ch
                         ratio: float, job_timeout_s: float,
                         then: Optional[Callable[[CgroupHead, str, Dict[str, Any]], Any]] = None,
                         seed: int = 0, data_dir: Optional[str] = None,
-                        max_headroom_bytes: Optional[int] = None) -> Tuple[Dict[str, Any], Any]:
+                        max_headroom_bytes: Optional[int] = None, allowance_bytes: int = 0
+                        ) -> Tuple[Dict[str, Any], Any]:
     """Dataset (generated, unless ``data_dir`` names one), head in its cgroup, the job under the tightened
     limit; ``then(head, out_dir, memory)`` runs on the same head afterwards (the limit back at the ceiling).
     Returns the memory record and ``then``'s value. Everything the head started is stopped and the cgroup
@@ -750,7 +755,7 @@ def streamed_memory_run(work: str, rows: int, pooling: int, cardinality: int, ch
         idle = cg.usage()
         out_dir = os.path.join(work, "out")
         rec.update(run_job_under_limit(head, data_dir, out_dir, sizes, batch_size, tighten_at, ratio, job_timeout_s,
-                                       max_headroom_bytes))
+                                       max_headroom_bytes, allowance_bytes))
         rec.update(memory_ratios(rec, sizes, idle))
         if then is not None:
             cg.set_limit(ceiling_bytes)
