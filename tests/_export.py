@@ -5,11 +5,13 @@
 follows the plan is the same: a few optimizer steps on this rank's slice of
 the training rows, ``save_logical`` (the checkpoint ``rayemb export`` reads),
 and this rank's half of the validation rows scored as
-``rayemb.train.validation.evaluate`` does.
+``rayemb.train.validation.evaluate`` does. :func:`fixed_job_plan` plans a job's
+model with placements given table by table.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, Tuple
 
 import numpy as np
@@ -68,3 +70,39 @@ def small_dataset(path: str, **changes: Any) -> str:
                 cardinalities=[60, 50, 40, 45, 30, 35], valid_fraction=0.2)
     generate(SyntheticSpec(**{**spec, **changes}), path)
     return path
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A table's placement, as :func:`fixed_job_plan` gives it (the fields of ``rayemb.planner.types.TablePlan``
+    that building the model reads)."""
+
+    placement: str
+    sharding_type: str
+
+
+def fixed_job_plan(cfg: Any, schema: Any, plan: Dict[str, Tuple[str, str, Any]], dim: int, world_size: int) -> Any:
+    """The JobPlan of ``plan`` (table -> (placement, sharding type of it or of a hybrid table's cold half, hot ids))
+    for the job's model: TorchRec's planner with rayemb's constraints, column shards half of ``dim`` wide. A
+    collective over the default process group."""
+    import torch
+    import torch.distributed as dist
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+    from rayemb.embedding.placements import hybrid_from_placements
+    from rayemb.embedding.sharders import cpu_capable_sharders
+    from rayemb.model.tables import table_configs
+    from rayemb.train.sharding import JobPlan, build_model
+
+    placements = {t: Placement(p, s) for t, (p, s, _) in plan.items()}
+    hot = {t: h for t, (p, _, h) in plan.items() if p == "hybrid"}
+    meta = torch.device("meta")
+    _, constraints = hybrid_from_placements(table_configs(schema, dim), placements, hot, device=meta)
+    for c in constraints.values():
+        if "column_wise" in c.sharding_types:
+            c.min_partition = dim // 2
+    meta_model, _, _ = build_model(cfg, schema, placements, hot, meta, meta)
+    sharding = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device="cpu"),
+                                        constraints=constraints).collective_plan(meta_model, cpu_capable_sharders(),
+                                                                                 dist.GroupMember.WORLD)
+    return JobPlan(sharding_plan=sharding, placements=placements, hot_ids=hot, summary={})

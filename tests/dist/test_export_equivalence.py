@@ -13,7 +13,6 @@ must its TorchScript form and the pyfunc model it logs to MLflow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict
 
 import numpy as np
@@ -37,34 +36,11 @@ PLAN = {
 }
 
 
-@dataclass(frozen=True)
-class _Placement:
-    placement: str
-    sharding_type: str
-
-
 def _job_plan(cfg: Any, schema: Any, world_size: int) -> Any:
     """The JobPlan of PLAN for the job's DLRM: TorchRec's planner with rayemb's constraints (column shards of 4)."""
-    import torch
-    import torch.distributed as dist
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from tests._export import fixed_job_plan
 
-    from rayemb.embedding.placements import hybrid_from_placements
-    from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.model.tables import table_configs
-    from rayemb.train.sharding import JobPlan, build_model
-
-    placements = {t: _Placement(p, s) for t, (p, s, _) in PLAN.items()}
-    hot = {t: h for t, (p, _, h) in PLAN.items() if p == "hybrid"}
-    _, constraints = hybrid_from_placements(table_configs(schema, DIM), placements, hot, device=torch.device("meta"))
-    for c in constraints.values():
-        if "column_wise" in c.sharding_types:
-            c.min_partition = DIM // 2
-    meta_model, _, _ = build_model(cfg, schema, placements, hot, torch.device("meta"), torch.device("meta"))
-    plan = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device="cpu"),
-                                    constraints=constraints).collective_plan(meta_model, cpu_capable_sharders(),
-                                                                             dist.GroupMember.WORLD)
-    return JobPlan(sharding_plan=plan, placements=placements, hot_ids=hot, summary={})
+    return fixed_job_plan(cfg, schema, PLAN, DIM, world_size)
 
 
 def _train_score_rank(rank: int, world_size: int, cfg: Any, schema: Any, checkpoint: str) -> Dict[str, Any]:

@@ -13,7 +13,6 @@ and CUDA graphs are what it is for.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any, List
 
 import numpy as np
@@ -36,12 +35,6 @@ PLAN = {
     "C6": ("table_wise", "table_wise", None),
 }
 LOGGER = "rayemb.train.compile"
-
-
-@dataclass(frozen=True)
-class _Placement:
-    placement: str
-    sharding_type: str
 
 
 class CountingBackend:
@@ -70,32 +63,15 @@ class CountingBackend:
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, one_rank_group):
-    import torch.distributed as dist
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-
     from rayemb.config import config_from_dict
-    from rayemb.embedding.placements import hybrid_from_placements
-    from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.model.tables import table_configs
-    from rayemb.train.sharding import JobPlan, build_model
-    from tests._export import small_dataset
+    from tests._export import fixed_job_plan, small_dataset
 
     data = small_dataset(str(tmp_path_factory.mktemp("compile") / "data"), rows=400)
     schema = DatasetSchema.load(data)
     cfg = config_from_dict({"name": "compile", "data": {"path": data, "batch_size": BATCH},
                             "model": {"embedding_dim": DIM, "bottom_mlp": [16, DIM], "top_mlp": [16, 1]},
                             "train": {"dense_lr": 0.1, "embedding_lr": 0.1, "compile": "dense"}})
-    placements = {t: _Placement(p, s) for t, (p, s, _) in PLAN.items()}
-    hot = {t: h for t, (p, _, h) in PLAN.items() if p == "hybrid"}
-    _, constraints = hybrid_from_placements(table_configs(schema, DIM), placements, hot, device=torch.device("meta"))
-    for c in constraints.values():
-        if "column_wise" in c.sharding_types:
-            c.min_partition = DIM // 2
-    meta_model, _, _ = build_model(cfg, schema, placements, hot, torch.device("meta"), torch.device("meta"))
-    plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"),
-                                    constraints=constraints).collective_plan(meta_model, cpu_capable_sharders(),
-                                                                             dist.GroupMember.WORLD)
-    return cfg, schema, JobPlan(sharding_plan=plan, placements=placements, hot_ids=hot, summary={})
+    return cfg, schema, fixed_job_plan(cfg, schema, PLAN, DIM, world_size=1)
 
 
 def _sharded(job):
