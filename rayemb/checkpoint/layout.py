@@ -52,6 +52,12 @@ _MOMENTUM_NAMES = ("momentum1", "sum")
 _RAW = re.compile(r"(?:^|\.)(?:_embedding_module|_managed_collision_collection)\.")
 
 
+def is_momentum_state(name: str) -> bool:
+    """Whether an optimizer state name (``momentum1``, ``sum``, or a key ending in one) is the Adagrad
+    accumulator a checkpoint stores as ``momentum1``; other states (``step``) are not table rows."""
+    return name.rsplit(".", 1)[-1] in _MOMENTUM_NAMES
+
+
 def raw_table_key(key: str) -> bool:
     """Whether a state-dict (or optimizer-state) key belongs to a raw-id table (neither slots nor dense)."""
     return _RAW.search(key) is not None
@@ -178,7 +184,7 @@ def model_slots(model_state: Mapping[str, Any], optimizer_state: Mapping[str, Ma
         for tensor, (r0, c0), (nr, nc) in pieces:
             slots.append(Slot(table, WEIGHT, tensor, _rows(mapping, r0, nr), int(c0), int(nc), replicated))
         for name, state in optimizer_state.get(key, {}).items():
-            if name.rsplit(".", 1)[-1] not in _MOMENTUM_NAMES:
+            if not is_momentum_state(name):
                 continue  # "step" counters: restored from the checkpoint's step
             state_pieces, state_replicated = _local_pieces(state)
             if len(state_pieces) != len(pieces):
@@ -223,5 +229,5 @@ def set_step_counters(optimizer_state: Mapping[str, Mapping[str, Any]], step: in
                 value.fill_(float(step))
 
 
-__all__ = ["DTYPE_NAMES", "MOMENTUM", "Slot", "WEIGHT", "dense_entries", "embedding_key", "model_slots",
-           "raw_table_key", "set_step_counters", "stored_tables", "table_dtypes"]
+__all__ = ["DTYPE_NAMES", "MOMENTUM", "Slot", "WEIGHT", "dense_entries", "embedding_key", "is_momentum_state",
+           "model_slots", "raw_table_key", "set_step_counters", "stored_tables", "table_dtypes"]

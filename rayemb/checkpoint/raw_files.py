@@ -138,8 +138,8 @@ def load_raw_files(directory: str, meta: Mapping[str, Any], model: Any, parts: O
                    ) -> Dict[str, int]:
     """Loads the checkpoint's raw-id tables into the sharded ``model`` (a collective; any world size).
 
-    Each rank loads its :func:`rank_parts` (or ``parts``, those left by the hot rows). Returns the ids dropped per table (shards of this world holding fewer ids than were
-    saved), logged when any were.
+    Each rank loads its :func:`rank_parts` (or ``parts``, those left by the hot rows). Returns the ids dropped
+    per table (shards of this world holding fewer ids than were saved), logged when any were.
     """
     import torch.distributed as dist
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rayemb.checkpoint.layout import _MOMENTUM_NAMES, MOMENTUM, WEIGHT, embedding_key
+from rayemb.checkpoint.layout import MOMENTUM, WEIGHT, embedding_key, is_momentum_state
 from rayemb.checkpoint.raw_state import IDS, ITER, META
 
 
@@ -58,7 +58,7 @@ def hot_halves(model: torch.nn.Module, model_state: Mapping[str, Any],
             continue
         table = parsed[1]
         states = {MOMENTUM: s for name, s in optimizer_state.get(key, {}).items()
-                  if name.rsplit(".", 1)[-1] in _MOMENTUM_NAMES and isinstance(s, torch.Tensor)}
+                  if is_momentum_state(name) and isinstance(s, torch.Tensor)}
         out[table] = HotHalf(hot_ids[table], value, states)
     return out
 

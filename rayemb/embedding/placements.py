@@ -52,11 +52,11 @@ def hybrid_from_placements(
         tp = placements.get(t.name)
         if tp is None:
             continue
-        if t.name in raw_tables:
-            if str(getattr(getattr(tp, "placement"), "value", getattr(tp, "placement"))) == "hybrid":
+        placement = str(getattr(getattr(tp, "placement"), "value", getattr(tp, "placement")))
+        if t.name in raw_tables:  # its managed rows go to the raw child; a hybrid one's hot ids to the hot child
+            if placement == "hybrid":
                 hybrid_hot[t.name] = hot_ids.get(t.name, np.zeros(0, np.int64))
             continue
-        placement = str(getattr(getattr(tp, "placement"), "value", getattr(tp, "placement")))
         sharding_type = str(getattr(getattr(tp, "sharding_type"), "value", getattr(tp, "sharding_type")))
         spec = storage_spec(getattr(tp, "storage", None))
         if spec.compressed:

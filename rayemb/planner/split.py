@@ -264,9 +264,10 @@ class HugeCTRSplitRule(SplitRule):
                 n_r, limited[name] = (cand[name].size // w) * w, "candidates"
             # a raw-id table's hot ids take rows of its capacity; its managed-collision half keeps the rest, at
             # least 2 slots per rank (one is the rank's default row)
-            room = (int(t.num_embeddings) - 2 * w) // w * w
-            if getattr(t, "ids", "encoded") == "raw" and n_r > room:
-                n_r, limited[name] = max(room, 0), "capacity"
+            if getattr(t, "ids", "encoded") == "raw":
+                room = (int(t.num_embeddings) - 2 * w) // w * w
+                if n_r > room:
+                    n_r, limited[name] = max(room, 0), "capacity"
             n_hot[name] = n_r
         if self.memory_budget_bytes is not None:
             self._apply_budget(cand, counts, n_hot, limited)

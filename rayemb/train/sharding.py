@@ -37,7 +37,8 @@ EMBEDDING_MODULE = "embedding"
 SEQUENCE_MODULE = "sequence"
 #: where the raw-id tables' managed-collision EBC sits in the pooled module (its sharding plan key)
 RAW_MODULE = f"{EMBEDDING_MODULE}.raw"
-#: the one placement of a raw-id table: TorchRec's managed-collision modules shard row-wise only
+#: the placement of a raw-id table's managed rows (all of them, or a hybrid one's cold half): TorchRec's
+#: managed-collision modules shard row-wise only
 RAW_PLACEMENT = "row_wise"
 #: the sharding types a sequence table may take (TorchRec's EmbeddingCollection sharder on CPU and GPU)
 SEQUENCE_SHARDING_TYPES = ("table_wise", "row_wise", "column_wise")
@@ -222,10 +223,9 @@ def raw_pin(table: str, pin: Optional[Mapping[str, Any]], hybrid: bool = True) -
                         "managed-collision tables shard row-wise, whole fp32 rows). Allowed pins: {sharding: "
                         f"{RAW_PLACEMENT}}}, {{sharding: hybrid}}, {{hybrid: true|false}}, each with "
                         "compute_kernel: ..., or no pin.", INVALID_PIN)
-    wants = pin.get("hybrid", pin["sharding"] == "hybrid" if "sharding" in pin else hybrid)
-    if "sharding" in pin and "hybrid" in pin and (pin["sharding"] == "hybrid") != pin["hybrid"]:
-        raise PlanError(f"Pin for table {table!r} contradicts itself: sharding={pin['sharding']} with "
-                        f"hybrid={pin['hybrid']}. Drop one of the two keys.", INVALID_PIN)
+    parsed = TablePin.from_dict(table, pin)  # a pin contradicting itself fails here, as any table's
+    wants = parsed.hybrid if parsed.hybrid is not None else (
+        parsed.sharding.value == "hybrid" if parsed.sharding is not None else hybrid)
     return {"sharding": "hybrid" if wants else RAW_PLACEMENT, "hybrid": bool(wants),
             "compute_kernel": pin.get("compute_kernel") or "fused"}
 
