@@ -28,12 +28,12 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 
-from rayemb.constants import LABEL_COLUMN, TRAIN_SPLIT, VALID_SPLIT
+from rayemb.constants import TRAIN_SPLIT
 from rayemb.convert.chunks import Chunk, text_blocks
 from rayemb.convert.common import BadLines, ConvertOptions
 from rayemb.convert.criteo import CATEGORICAL
 from rayemb.convert.criteo_columns import parse_block
-from rayemb.convert.stream import Encoder, Records, valid_mask
+from rayemb.convert.stream import Encoder, Records, split_tables, valid_mask
 from rayemb.convert.vocab import FrequencyCounter, Vocabulary
 
 
@@ -101,25 +101,6 @@ class EncodedBlock:
     nbytes: int
     #: the distinct train ids of ``ChunkJob.count_distinct`` tables
     distinct: Dict[str, np.ndarray]
-
-
-def split_tables(rec: Records, ids: Dict[str, np.ndarray], valid: np.ndarray,
-                 schema: pa.Schema) -> Dict[str, Optional[pa.Table]]:
-    """The block's train and valid rows (None for none) as the dataset's columns, the tables
-    :func:`~rayemb.convert.stream.output_table` makes of each split: built once for the whole block, then
-    filtered by Arrow, one pass per split instead of a copy per column."""
-    n_valid = int(np.count_nonzero(valid))
-    if not len(valid):
-        return {TRAIN_SPLIT: None, VALID_SPLIT: None}
-    cols: Dict[str, Any] = {LABEL_COLUMN: pa.array(rec.label, pa.float32()), **rec.dense}
-    for t, table_ids in ids.items():
-        cols[t] = pa.array(table_ids, pa.int64(), mask=rec.keys[t][1])
-    for t, direct in rec.direct.items():
-        cols[t] = pa.array(direct, pa.int64())
-    table = pa.table(cols).select(schema.names)
-    if n_valid in (0, len(valid)):
-        return {TRAIN_SPLIT: None if n_valid else table, VALID_SPLIT: table if n_valid else None}
-    return {TRAIN_SPLIT: table.filter(pa.array(~valid)), VALID_SPLIT: table.filter(pa.array(valid))}
 
 
 def encode_chunk(chunk: Chunk, job: ChunkJob) -> Iterator[EncodedBlock]:
