@@ -99,9 +99,13 @@ class EmbeddingTrainer:
         """The trainer of a whole job config (what ``rayemb train`` and ``jobs/train.py`` run)."""
         return cls(cfg.model.factory or cfg.model.name, datasets=cfg.data.path, config=cfg)
 
-    def fit(self, parent_run_id: Optional[str] = None) -> Any:
+    def fit(self, parent_run_id: Optional[str] = None, new_run: bool = False) -> Any:
         """Runs the job; returns :class:`rayemb.TrainResult` (raises :class:`rayemb.RayembError` on bad input).
-        ``parent_run_id``: the MLflow run this one nests under (a sweep's)."""
+        ``parent_run_id``: the MLflow run this one nests under (a sweep's).
+
+        The job is named by ``RunConfig(name=...)`` (the config's ``name``) in its output folder: calling ``fit()``
+        again while its last run is unfinished (a driver that died) continues that run from its newest
+        checkpoint; a finished run is returned as it is. ``new_run=True`` starts another run."""
         from rayemb.train.trainer import run_training
 
         cfg = self.config
@@ -117,7 +121,7 @@ class EmbeddingTrainer:
             folder = os.path.join(root, "datasets", f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
             path = write_dataset_folder(self._datasets, self._schema, folder)
             cfg = cfg.replace(data=dataclasses.replace(cfg.data, path=path))
-        return run_training(cfg, parent_run_id, model=self._spec)
+        return run_training(cfg, parent_run_id, model=self._spec, new_run=new_run)
 
 
 def _apply_scaling(d: Dict[str, Any], scaling: Any) -> None:

@@ -54,7 +54,7 @@ def train_main(args: argparse.Namespace) -> int:
         overrides.append(f"train.resume_from={args.resume_from}")
     cfg = load_config(args.config, overrides)
     if not args.sweep:
-        result = EmbeddingTrainer.from_config(cfg).fit()
+        result = EmbeddingTrainer.from_config(cfg).fit(new_run=args.new_run)
         print_result(result)
         if args.result_json:
             write_result_json(result, args.result_json)
@@ -67,7 +67,8 @@ def train_main(args: argparse.Namespace) -> int:
 
     def run_one(overrides: List[str], parent_run_id: str) -> int:
         try:
-            result = EmbeddingTrainer.from_config(load_config(args.config, overrides)).fit(parent_run_id)
+            # every point is its own run of the job's name: a sweep is rerun whole
+            result = EmbeddingTrainer.from_config(load_config(args.config, overrides)).fit(parent_run_id, new_run=True)
         except RayembError as e:  # keep the sweep going; the parent run ends FAILED
             print(f"rayemb: error: {redact_text(str(e))}", file=sys.stderr)
             return e.exit_code
@@ -127,6 +128,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume-from", metavar="CHECKPOINT",
                    help="continue from a checkpoint of an earlier job: a path or a URI such as s3://bucket/... "
                         "(any world size; same as train.resume_from)")
+    p.add_argument("--new-run", action="store_true",
+                   help="start a new run of the job even when its last run is unfinished (which rerunning the same "
+                        "command continues) or finished (which it returns as it is)")
     p.add_argument("--result-json", metavar="PATH",
                    help="also write the job's outcome (run id, status, final metrics, placements) as JSON")
 

@@ -63,8 +63,11 @@ def numeric_metrics(report: Dict[str, Any]) -> Dict[str, float]:
 class QueueDrainer:
     """Driver-side thread: drains forwarded reports into a RunLogger and keeps the latest values."""
 
-    def __init__(self, queue: Any, run_logger: Any, poll_s: float = 1.0, progress: Optional[Any] = None) -> None:
+    def __init__(self, queue: Any, run_logger: Any, poll_s: float = 1.0, progress: Optional[Any] = None,
+                 after_step: Optional[int] = None) -> None:
         self.queue = queue
+        #: reports at or before this step are kept but not logged (a continued run has them already)
+        self.after_step = after_step
         self.run_logger = run_logger
         #: e.g. a :class:`rayemb.train.progress.ProgressPrinter`: ``update(report)`` per report
         self.progress = progress
@@ -79,7 +82,9 @@ class QueueDrainer:
 
     def _handle(self, report: Dict[str, Any]) -> None:
         self.reports.append(report)
-        self.run_logger.log_metrics(numeric_metrics(report), step=int(report.get("step", 0)))
+        step = int(report.get("step", 0))
+        if self.after_step is None or step > self.after_step:
+            self.run_logger.log_metrics(numeric_metrics(report), step=step)
         if self.progress is not None:
             try:
                 self.progress.update(report)

@@ -89,6 +89,9 @@ class RunLogger:
         flush_interval_s: the writer sends what waits at least this often.
         max_buffer: records held in memory; beyond it, records go straight to the spill file.
         system_metrics_interval_s: host CPU/memory % are logged this often (None: never).
+        resume_run_id: continue this run (an unfinished job's next attempt): it becomes RUNNING again and
+            :attr:`resumed_at_step` is the last step it logged. A run the store no longer has (a store that
+            was lost with its head node) is replaced by a new one, with a warning.
 
     Attributes:
         run_id: set by :meth:`start` when the store answered; ``None`` while the
@@ -110,6 +113,7 @@ class RunLogger:
         max_buffer: int = 100_000,
         *,
         system_metrics_interval_s: Optional[float] = DEFAULT_SYSTEM_METRICS_INTERVAL_S,
+        resume_run_id: Optional[str] = None,
     ) -> None:
         self.tracking_uri = tracking_uri
         self.shown_uri = redact_uri(tracking_uri)
@@ -121,6 +125,9 @@ class RunLogger:
         self.system_metrics_interval_s = system_metrics_interval_s
         self.run_id: Optional[str] = None
         self.experiment_id: Optional[str] = None
+        self._resume_run_id = resume_run_id
+        #: the largest step of the continued run's training metrics (None: a new run)
+        self.resumed_at_step: Optional[int] = None
         self._tags = dict(tags or {})
         self.spill_path = os.path.join(os.path.abspath(spill_dir) if spill_dir else tempfile.gettempdir(),
                                        f"rayemb-mlflow-spill-{uuid.uuid4().hex[:12]}.jsonl")
@@ -325,7 +332,8 @@ class RunLogger:
         try:
             client = self._get_client()
             if self.run_id is None:
-                self._create_run(client)
+                if not (self._resume_run_id and self._reopen_run(client)):
+                    self._create_run(client)
             else:
                 client.get_run(self.run_id)
         except Exception as e:
@@ -369,6 +377,30 @@ class RunLogger:
         self.run_id = run.info.run_id
         logger.info("rayemb tracking: MLflow run %s (%s) in experiment %r at %s",
                     self.run_id, run.info.run_name, self.experiment, self.shown_uri)
+
+    def _reopen_run(self, client: Any) -> bool:
+        """Continues :attr:`_resume_run_id`: RUNNING again, its last training step read. False when the store
+        does not have it (an outage raises, and the writer tries again)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = client.get_run(self._resume_run_id)
+        except MlflowException as e:
+            if getattr(e, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            logger.warning("rayemb tracking: run %s is not in %s; this attempt logs to a new run",
+                           self._resume_run_id, self.shown_uri)
+            self._resume_run_id = None
+            return False
+        client.update_run(run.info.run_id, status="RUNNING")
+        steps = [int(m.step) for m in run.data._metric_objs
+                 if not m.key.startswith(("system/", "param.")) and m.key != "attempt"]
+        self.resumed_at_step = max(steps) if steps else 0
+        samples = [int(m.step) for m in run.data._metric_objs if m.key.startswith("system/")]
+        self._sample_step = max(samples) + 1 if samples else 0  # host samples continue their own sequence
+        self.run_id, self.experiment_id = run.info.run_id, run.info.experiment_id
+        logger.info("rayemb tracking: continuing MLflow run %s at step %d", self.run_id, self.resumed_at_step)
+        return True
 
     def _nothing_pending(self) -> bool:
         with self._cv:

@@ -28,6 +28,8 @@ class JobInputs:
     resume: Optional[Tuple[str, Dict[str, Any]]] = None
     #: the model's factory and arguments (rayemb.model.factory.ModelSpec)
     model: Any = None
+    #: this driver's attempt of the named job (rayemb.train.job_record.JobAttempt): a new run or a continued one
+    attempt: Any = None
 
     @property
     def world_size(self) -> int:

@@ -53,27 +53,90 @@ from rayemb.train.losses import check_tasks
 from rayemb.train.sharding import pins_of
 
 
-def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any = None) -> TrainResult:
+def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any = None,
+                 new_run: bool = False) -> TrainResult:
     """Runs one training job on the current (or a new local) Ray cluster; returns when it ends.
 
-    ``model``: a :class:`~rayemb.model.factory.ModelSpec` (None: the config's ``model`` section names it)."""
+    ``model``: a :class:`~rayemb.model.factory.ModelSpec` (None: the config's ``model`` section names it).
+    The job is ``cfg.name`` in its output folder: an unfinished run of it is continued, a finished one returned
+    as it is, unless ``new_run`` (:mod:`rayemb.train.job_record`)."""
+    from rayemb.train.job_record import Heartbeat
     from rayemb.train.phases import JobPhases
 
     t0, phases = time.monotonic(), JobPhases()
-    inputs = check_inputs(cfg, model)
-    phases.mark("checks")
-    init_ray()
-    topology = job_topology(cfg)
-    phases.mark("ray")
-    stats, split = compute_statistics(inputs, topology)
-    phases.mark("statistics")
-    planned = plan_job(inputs, topology, stats, split)
-    phases.mark("plan")
-    tracking = start_tracking(inputs, planned, parent_run_id)
-    phases.mark("tracking")
-    result = train(inputs, planned, tracking, phases)
-    result.wall_time_s = time.monotonic() - t0
+    inputs = claim_attempt(check_inputs(cfg, model), new_run)
+    if inputs.attempt.finished is not None:
+        return finished_result(inputs)
+    heartbeat, status, result = Heartbeat(inputs.out_dir, inputs.attempt).start(), "FAILED", None
+    try:
+        phases.mark("checks")
+        init_ray()
+        topology = job_topology(cfg)
+        phases.mark("ray")
+        stats, split = compute_statistics(inputs, topology)
+        phases.mark("statistics")
+        planned = plan_job(inputs, topology, stats, split)
+        phases.mark("plan")
+        tracking = start_tracking(inputs, planned, parent_run_id)
+        heartbeat.set_run_id(tracking.run_logger.run_id)
+        phases.mark("tracking")
+        result = train(inputs, planned, tracking, phases)
+        result.wall_time_s = time.monotonic() - t0
+        status = result.status
+    finally:
+        heartbeat.stop(status, None if result is None else {
+            "run_id": result.run_id, "metrics": result.metrics, "best_checkpoint": result.best_checkpoint,
+            "last_checkpoint": result.last_checkpoint, "tracking_uri": redact_uri(result.tracking_uri)})
     return result
+
+
+def claim_attempt(inputs: JobInputs, new_run: bool = False) -> JobInputs:
+    """This driver's attempt of the job (:func:`rayemb.train.job_record.claim`), and for a continued run the
+    newest intact checkpoint of its own folder to resume from (its tables checked like ``--resume-from``)."""
+    from rayemb.checkpoint.store import checkpoints_newest_first
+    from rayemb.train.job_record import claim
+
+    cfg = inputs.cfg
+    attempt = claim(cfg, inputs.schema, inputs.out_dir, new_run)
+    inputs = dataclasses.replace(inputs, attempt=attempt)
+    if attempt.finished is not None or not attempt.resuming:
+        return inputs
+    root = JobOutputs.of(inputs.out_dir, attempt.job_id).checkpoint_root
+    resume = None
+    for path in checkpoints_newest_first(root) if _exists(root) else []:
+        try:
+            resume = check_resume_from(cfg.replace(train=dataclasses.replace(cfg.train, resume_from=path)),
+                                       inputs.schema)
+            break
+        except DataError as e:
+            if e.category == "storage":
+                raise
+            print(f"rayemb: WARNING: {e.message}", flush=True)  # damaged, or nothing left to train: the one before
+    where = (f"checkpoint {redact_uri(resume[0])} (epoch {int(resume[1]['epoch']) + 1}, step {int(resume[1]['step'])})"
+             if resume else "the start (no intact checkpoint was written)")
+    print(f"rayemb: job {cfg.name!r}: attempt {attempt.attempt} of run {attempt.job_id} continues from {where}",
+          flush=True)
+    return dataclasses.replace(inputs, resume=resume)
+
+
+def _exists(path: str) -> bool:
+    from rayemb import storage
+
+    return storage.isdir(path)
+
+
+def finished_result(inputs: JobInputs) -> TrainResult:
+    """What a rerun of a finished job returns: the run as it ended, nothing trained."""
+    from rayemb.train.job_record import record_path
+
+    rec, out_dir = inputs.attempt.finished, inputs.out_dir
+    print(f"rayemb: job {rec.name!r} FINISHED already (run {rec.job_id}, MLflow run {rec.run_id}); its record is "
+          f"{redact_uri(record_path(out_dir, rec.name))}. Nothing to train: --new-run starts another run "
+          "(Python: fit(new_run=True)).", flush=True)
+    r = rec.result
+    return TrainResult(run_id=r.get("run_id", rec.run_id), tracking_uri=r.get("tracking_uri", ""), status="FINISHED",
+                       metrics=dict(r.get("metrics", {})), best_checkpoint=r.get("best_checkpoint"),
+                       last_checkpoint=r.get("last_checkpoint"))
 
 
 # ---- STAGE 1: CHECK INPUTS (no Ray) ---- #
@@ -243,7 +306,9 @@ def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Option
     from rayemb.tracking import RunLogger, ensure_store, standard_tags
 
     cfg, topology = inputs.cfg, planned.topology
-    outputs = JobOutputs.of(inputs.out_dir, f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    attempt = inputs.attempt
+    outputs = JobOutputs.of(inputs.out_dir, attempt.job_id if attempt is not None else
+                            f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     job_id, job_dir = outputs.job_id, outputs.job_dir
     os.makedirs(job_dir, exist_ok=True)
     tracking_uri = job_tracking_uri(cfg.tracking.tracking_uri, inputs.out_dir)
@@ -258,18 +323,34 @@ def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Option
     run_logger = RunLogger(
         tracking_uri, cfg.tracking.experiment, run_name=cfg.tracking.run_name or cfg.name,
         tags=tags, parent_run_id=parent_run_id, spill_dir=outputs.spill_dir,
+        resume_run_id=attempt.run_id if attempt is not None else None,
     ).start()
+    continued = run_logger.resumed_at_step is not None
     print(f"rayemb: MLflow run {run_logger.run_id or '(pending)'} in experiment {cfg.tracking.experiment!r} at "
-          f"{redact_uri(tracking_uri)}", flush=True)
+          f"{redact_uri(tracking_uri)}" + (f" (continued after step {run_logger.resumed_at_step})" if continued else ""),
+          flush=True)
+    if attempt is not None:
+        run_logger.set_tags({"rayemb.attempt": attempt.attempt})
+        # at the step it trains from: its checkpoint's
+        run_logger.log_metrics({"attempt": attempt.attempt}, step=int(inputs.resume[1]["step"]) if inputs.resume and
+                               attempt.resuming else 0)
+    if continued:  # its params are logged (MLflow refuses a changed value); what this attempt ran with, beside them
+        run_logger.log_text(cfg.to_yaml(), f"config.attempt-{attempt.attempt}.yaml")
+    else:
+        _log_run_params(run_logger, inputs, planned)
+    log_plan(run_logger, planned.summary, job_dir)
+    log_stats_and_split(run_logger, planned.stats, planned.split, job_dir)
+    outputs.publish()  # plan.json, stats.json, split.json, charts next to the checkpoints (remote output_dir)
+    return Tracking(run_logger, tracking_uri, job_id, job_dir, outputs)
+
+
+def _log_run_params(run_logger: Any, inputs: JobInputs, planned: PlannedJob) -> None:
+    cfg = inputs.cfg
     run_logger.log_params({**cfg.flatten(), "data.train_rows": inputs.train_rows, "data.valid_rows": inputs.valid_rows,
                            "scaling.cpus_per_worker_resolved": planned.resources.cpus_per_worker,
                            "data.in_memory_resolved": planned.resources.in_memory,
                            "train.steps_per_epoch": inputs.steps_per_epoch})
     run_logger.log_text(cfg.to_yaml(), "config.yaml")
-    log_plan(run_logger, planned.summary, job_dir)
-    log_stats_and_split(run_logger, planned.stats, planned.split, job_dir)
-    outputs.publish()  # plan.json, stats.json, split.json, charts next to the checkpoints (remote output_dir)
-    return Tracking(run_logger, tracking_uri, job_id, job_dir, outputs)
 
 
 # ---- STAGE 5: TRAIN ---- #
@@ -305,7 +386,8 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: An
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
     progress = ProgressPrinter(cfg.train.epochs, steps, cfg.data.batch_size * world)
-    drainer = QueueDrainer(queue, run_logger, progress=progress).start()
+    # a continued run: the points its dead attempt logged after the checkpoint are not logged twice
+    drainer = QueueDrainer(queue, run_logger, progress=progress, after_step=run_logger.resumed_at_step).start()
     status, reason, best_checkpoint, last_checkpoint = "FAILED", None, None, None
     try:
         if phases is not None:
