@@ -90,6 +90,8 @@ class JobAttempt:
     finished: Optional[JobRecord] = None
     #: where the record lives
     out_dir: str = ""
+    #: the record this attempt writes when it starts its outputs (:meth:`Heartbeat.start`)
+    record: Optional[JobRecord] = None
 
     @property
     def resuming(self) -> bool:
@@ -169,7 +171,9 @@ def _new_job_id(name: str) -> str:
 
 def claim(cfg: Any, schema: Any, out_dir: str, new_run: bool = False, *, now: Callable[[], float] = time.time,
           sleep: Callable[[float], None] = time.sleep) -> JobAttempt:
-    """Decides what this driver does for job ``cfg.name`` in ``out_dir`` and records it (before any work).
+    """Decides what this driver does for job ``cfg.name`` in ``out_dir`` (before any work). Nothing is written:
+    the record changes when the attempt starts writing outputs (:class:`Heartbeat`), so a job that stops on bad
+    input leaves none.
 
     Raises :class:`ConfigError` when the unfinished run's config differs in :func:`resume_keys`, or its driver
     is alive on this host."""
@@ -197,8 +201,8 @@ def claim(cfg: Any, schema: Any, out_dir: str, new_run: bool = False, *, now: Ca
     rec.host, rec.pid, rec.heartbeat = here, pid, now()
     rec.attempts.append({"attempt": rec.attempt, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                          "host": here, "pid": pid})
-    write_record(out_dir, rec)
-    return JobAttempt(name, rec.job_id, rec.attempt, rec.run_id if rec.attempt > 1 else None, out_dir=out_dir)
+    return JobAttempt(name, rec.job_id, rec.attempt, rec.run_id if rec.attempt > 1 else None, out_dir=out_dir,
+                      record=rec)
 
 
 def _wait_for_driver(rec: JobRecord, out_dir: str, now: Callable[[], float], sleep: Callable[[float], None]) -> None:
@@ -232,6 +236,10 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="rayemb-job-heartbeat", daemon=True)
 
     def start(self) -> "Heartbeat":
+        """Writes the attempt's record (the job is now this driver's), then keeps its heartbeat fresh."""
+        rec = self.attempt.record
+        rec.heartbeat = time.time()
+        write_record(self.out_dir, rec)
         self._thread.start()
         return self
 
