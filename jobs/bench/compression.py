@@ -222,7 +222,7 @@ def auc_rows(config: str, overrides: Sequence[str], n_tables: int, seed: int, do
               flush=True)
         cfg = load_config(config, [*overrides, *pins_for(variant, tables, all_tables, sharding), f"train.seed={seed}",
                                    f"tracking.run_name=compression-{variant}-seed{seed}"])
-        r = run_training(cfg)
+        r = run_training(cfg, new_run=True)  # each repeat is a run of its own
         storage = {t: v.get("storage") for t, v in r.plan["tables"].items() if v.get("storage")}
         emb = sum(v.get("storage", {}).get("device_memory_bytes", v.get("memory_bytes", 0))
                   for v in r.plan["tables"].values())

@@ -211,7 +211,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"[{i + 1}/{len(order)}] seed {seed}, planner.hybrid={str(hybrid).lower()}", flush=True)
         cfg = load_config(args.config, [*args.set, *setting_overrides(hybrid, pinned), f"train.seed={seed}",
                                         f"tracking.run_name=hybrid-{hybrid}-seed{seed}"])
-        r = run_training(cfg)
+        r = run_training(cfg, new_run=True)  # each repeat is a run of its own
         placements: Dict[str, int] = {}
         for t in r.plan["tables"].values():
             placements[t["placement"]] = placements.get(t["placement"], 0) + 1

@@ -75,7 +75,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             cfg = load_config(args.config, ["train.epochs=1", *args.set, f"data.path={data}",
                                             f"tracking.output_dir={outputs}"])
             try:
-                r = run_training(cfg)
+                r = run_training(cfg, new_run=True)  # each repeat is a run of its own
             except Exception as e:  # noqa: BLE001 - recorded: the warm summary then lacks it
                 runs.append({"run": i, "error": f"{type(e).__name__}: {e}"})
                 write_result(args.out, document())

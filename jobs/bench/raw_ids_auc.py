@@ -191,7 +191,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg = load_config(args.config, [*args.set, *overrides, f"data.path={views[view]}", f"train.seed={seed}",
                                         f"tracking.run_name=raw-ids-{side}-seed{seed}"])
         try:
-            r = run_training(cfg)
+            r = run_training(cfg, new_run=True)  # each repeat is a run of its own
         except Exception as e:  # noqa: BLE001 - recorded: its verdicts then FAIL
             results.append({"seed": seed, "side": side, "error": f"{type(e).__name__}: {e}"})
             write_result(args.out, document(results, complete=False))

@@ -100,7 +100,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"[{i + 1}/{len(order)}] seed {seed}, model.sequence_tower={tower}", flush=True)
         cfg = load_config(args.config, [*args.set, f"data.path={data}", f"model.sequence_tower={tower}",
                                         f"train.seed={seed}", f"tracking.run_name=sequence-{tower}-seed{seed}"])
-        r = run_training(cfg)
+        r = run_training(cfg, new_run=True)  # each repeat is a run of its own
         seq = (r.plan.get("sequence") or {}).get("tables", {})
         results.append({"seed": seed, "tower": tower, "best_valid_auc": r.metrics["best_valid_auc"],
                         "valid_auc": r.metrics["valid_auc"], "valid_logloss": r.metrics["valid_logloss"],

@@ -104,7 +104,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg = load_config(args.config, [*args.set, f"data.path={data}", f"train.seed={seed}",
                                         f"tracking.run_name=two-tower-seed{seed}"])
         try:
-            r = run_training(cfg)
+            r = run_training(cfg, new_run=True)  # each repeat is a run of its own
         except Exception as e:  # noqa: BLE001 - recorded: the verdict then FAILs
             results.append({"seed": seed, "error": f"{type(e).__name__}: {e}"})
             write_result(args.out, document(complete=False))
