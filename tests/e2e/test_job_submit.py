@@ -150,16 +150,16 @@ def test_ray_job_submit_against_local_head(tmp_path, tiny_data):
     start = head("start", env)
     assert start.returncode == 0, start.stdout + start.stderr
     pid = int((tmp_path / "head" / "head.pid").read_text())
+    train = ["python", "jobs/train.py", "--config", "jobs/configs/synth_small.yaml",
+             "--set", f"data.path={tiny_data}", "--set", f"tracking.output_dir={tmp_path}/out",
+             "--set", "data.batch_size=256", "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=20",
+             # the submission path is under test; the calibrated plan is the e2e and 3-node tests'
+             "--set", "planner.calibrate=false"]
     try:
         # no --address: RAY_API_SERVER_ADDRESS from `local_head.sh env` names the head
         sub = as_client(
             [os.path.join(BIN, "ray"), "job", "submit",
-             "--submission-id", "rayemb-e2e", "--working-dir", ".", "--",
-             "python", "jobs/train.py", "--config", "jobs/configs/synth_small.yaml",
-             "--set", f"data.path={tiny_data}", "--set", f"tracking.output_dir={tmp_path}/out",
-             "--set", "data.batch_size=256", "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=20",
-             # the submission path is under test; the calibrated plan is the e2e and 3-node tests'
-             "--set", "planner.calibrate=false"],
+             "--submission-id", "rayemb-e2e", "--working-dir", ".", "--", *train],
             env, timeout=900,
         )
         out = sub.stdout + sub.stderr
@@ -179,6 +179,11 @@ def test_ray_job_submit_against_local_head(tmp_path, tiny_data):
         assert re.search(r"rayemb: epoch 1/1 step \d+/20 \(\d+%\) loss \d\.\d{4} \| [\d,]+ samples/s \| ETA \d+", out), out[-4000:]
         assert re.search(r"rayemb: epoch 1/1 done: valid_auc 0\.\d{4} valid_logloss \d\.\d{4} \(best so far\)", out)
         assert re.search(r"rayemb: statistics pass over .*train", out)
+        # the job resubmitted (KubeRay's retry of a RayJob, say): the finished job is not trained again
+        again = as_client([os.path.join(BIN, "ray"), "job", "submit", "--submission-id", "rayemb-e2e-again",
+                           "--working-dir", ".", "--", *train], env, timeout=600)
+        assert again.returncode == 0 and "FINISHED already" in again.stdout + again.stderr, again.stdout[-3000:]
+        assert "statistics pass" not in again.stdout + again.stderr
     finally:
         stop_head(env, pid)
     assert not (tmp_path / "home" / ".ray").exists(), "the head and its job must not write ~/.ray"
