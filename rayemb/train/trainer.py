@@ -94,7 +94,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any
 def claim_attempt(inputs: JobInputs, new_run: bool = False) -> JobInputs:
     """This driver's attempt of the job (:func:`rayemb.train.job_record.claim`), and for a continued run the
     newest intact checkpoint of its own folder to resume from (its tables checked like ``--resume-from``)."""
-    from rayemb.checkpoint.store import checkpoints_newest_first
+    from rayemb.checkpoint.store import checkpoints_newest_first, read_meta
     from rayemb.train.job_record import claim
 
     cfg = inputs.cfg
@@ -104,7 +104,10 @@ def claim_attempt(inputs: JobInputs, new_run: bool = False) -> JobInputs:
         return inputs
     root = JobOutputs.of(inputs.out_dir, attempt.job_id).checkpoint_root
     resume = None
-    for path in checkpoints_newest_first(root) if _exists(root) else []:
+    for i, path in enumerate(checkpoints_newest_first(root) if _exists(root) else []):
+        meta = read_meta(path) or {}
+        if i == 0 and meta.get("epoch_complete", True) and int(meta.get("epoch", -1)) + 1 >= cfg.train.epochs:
+            return dataclasses.replace(inputs, attempt=_trained_already(inputs, path))
         try:
             resume = check_resume_from(cfg.replace(train=dataclasses.replace(cfg.train, resume_from=path)),
                                        inputs.schema)
@@ -118,6 +121,29 @@ def claim_attempt(inputs: JobInputs, new_run: bool = False) -> JobInputs:
     print(f"rayemb: job {cfg.name!r}: attempt {attempt.attempt} of run {attempt.job_id} continues from {where}",
           flush=True)
     return dataclasses.replace(inputs, resume=resume)
+
+
+def _trained_already(inputs: JobInputs, checkpoint: str) -> Any:
+    """A run whose driver stopped after its last epoch's checkpoint: nothing is left to train, so it ends
+    FINISHED (record and MLflow run) with that checkpoint as its last."""
+    from rayemb.train.job_record import FINISHED, write_record
+
+    attempt, rec = inputs.attempt, inputs.attempt.record
+    print(f"rayemb: job {rec.name!r}: run {rec.job_id} trained all {inputs.cfg.train.epochs} epoch(s) before its "
+          f"driver stopped (last checkpoint {redact_uri(checkpoint)}); marking it FINISHED", flush=True)
+    if rec.run_id:
+        try:
+            from mlflow import MlflowClient
+
+            uri = job_tracking_uri(inputs.cfg.tracking.tracking_uri, inputs.out_dir)
+            MlflowClient(uri).set_terminated(rec.run_id, FINISHED)
+        except Exception as e:  # noqa: BLE001 - the record says it; the MLflow run is only bookkeeping
+            print(f"rayemb: WARNING: could not mark MLflow run {rec.run_id} FINISHED ({type(e).__name__})", flush=True)
+    rec.status, rec.pid = FINISHED, 0
+    rec.result = {"run_id": rec.run_id, "last_checkpoint": checkpoint, "metrics": {}}
+    rec.attempts[-1]["ended"] = FINISHED
+    write_record(inputs.out_dir, rec)
+    return dataclasses.replace(attempt, finished=rec)
 
 
 def _exists(path: str) -> bool:

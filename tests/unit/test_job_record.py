@@ -117,3 +117,20 @@ def test_a_damaged_record_is_an_error_naming_it(job):
     Path(path).write_text(json.dumps({"format": "something-else"}))
     with pytest.raises(ConfigError, match="nightly.json is damaged"):
         claim(cfg(), schema, out)
+
+
+def test_a_run_that_trained_every_epoch_before_its_driver_died_ends_finished(job):
+    from tests._tiny_checkpoint import write_checkpoint
+
+    from rayemb.train.trainer import check_inputs, claim_attempt
+
+    cfg, schema, out = job
+    rec = _record(out, cfg(), schema, pid=_dead_pid(), host=socket.gethostname())
+    # an epoch-end checkpoint of epoch 1 (of 1) in the run's own folder, as the dead driver's workers left it
+    ckpt = write_checkpoint(os.path.join(out, "ray_results", rec.job_id, "checkpoint_000000"), schema,
+                            cfg().to_dict()["model"])
+    more = claim_attempt(check_inputs(cfg("train.epochs=2")), False)  # a second epoch asked for: trained from it
+    assert more.attempt.finished is None and more.resume[0] == ckpt and more.attempt.attempt == 2
+    done = claim_attempt(check_inputs(cfg("train.epochs=1")), False)
+    assert done.attempt.finished is not None and done.attempt.finished.result["last_checkpoint"] == ckpt
+    assert read_record(out, "nightly").status == "FINISHED"
