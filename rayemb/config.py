@@ -166,6 +166,9 @@ class TrainConfig:
     #: checkpoints Ray Train keeps (the newest); older ones are deleted. At least 2, so a corrupt newest one
     #: has a predecessor to fall back to
     keep_checkpoints: int = 3
+    #: MiB of table rows a rank sends in one round of a checkpoint's save or load exchange (its host memory
+    #: for moving rows is a few times this; the files do not depend on it). rayemb.checkpoint.store.DEFAULT_CHUNK_MIB
+    checkpoint_chunk_mib: int = 64
     #: start the next batch's sparse input exchange (split sizes) before this batch's backward
     #: (rayemb.embedding.prefetch; the same numbers, a shorter step); false: the plain TorchRec forward
     prefetch_input_dist: bool = True
@@ -214,6 +217,9 @@ class TrainConfig:
                  f"{self.checkpoint_every_s} is not positive", "Use a positive number of seconds, or null.")
         _require(self.keep_checkpoints >= 2, "train.keep_checkpoints", f"{self.keep_checkpoints} < 2",
                  "Keep at least 2 checkpoints (the newest and one to fall back to).")
+        _require(type(self.checkpoint_chunk_mib) is int and self.checkpoint_chunk_mib >= 1,
+                 "train.checkpoint_chunk_mib", f"{self.checkpoint_chunk_mib!r} is not a whole number >= 1",
+                 "Use a whole number of MiB, e.g. 64 (more: fewer rounds, more host memory during a checkpoint).")
         _require_openable(self.resume_from, "train.resume_from")
         _require(self.early_stopping_patience is None or self.early_stopping_patience >= 1,
                  "train.early_stopping_patience", f"{self.early_stopping_patience} < 1",

@@ -1,4 +1,4 @@
-"""Moving table rows between a plan's slots and the plan-free canonical layout, with two all-to-alls.
+"""Moving table rows between a plan's slots and the plan-free canonical layout, in rounds of bounded size.
 
 The canonical layout of a table of V rows on W ranks: rank r holds the full
 rows ``[V·r//W, V·(r+1)//W)`` of every logical state (:func:`row_range`). It
@@ -9,20 +9,37 @@ slot the rows it asks for (:func:`scatter_canonical`). Replicated slots
 (data-parallel tables, hot halves) are read locally for the rank's own range
 and never sent, so bytes on the wire are the sharded rows only, once.
 
-Each exchange is one ``all_to_all_single`` of per-row headers
-``(table, row, first column, width)`` and one of values padded to the widest
-table (rows of column-wise shards carry their own columns only). Works on gloo
-(CPU tensors) and nccl (the current CUDA device).
+Host memory is bounded by ``chunk_bytes``: an exchange runs in *rounds*, and
+in each round a rank sends at most ``chunk_bytes / W`` to each rank (so it
+sends, and receives, at most ``chunk_bytes``). A round is one
+``all_to_all_single`` of counts, one of per-row headers ``(row, code)``
+(``code`` packs the table, first column and width: 16 bytes a row) and one
+of values, each row at its own width (rows of column-wise shards carry their
+own columns only; nothing is padded). Saving writes the received rows
+straight into the canonical tensors, in the table's stored dtype. Ranks run
+rounds until none has rows left (an ``all_reduce`` a round).
+``chunk_bytes=None`` is one round with everything. Works on gloo (CPU
+tensors) and nccl (the current CUDA device).
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from rayemb.checkpoint.layout import WEIGHT, Slot
+
+#: header bytes a row costs on the wire: int64 row id + int64 code (table, first column, width)
+HEADER_BYTES = 16
+_VALUE_BYTES = 4  # rows travel as fp32, which holds fp16 / bf16 rows exactly
+_FIELD_BITS = 20  # first column and width each fit 20 bits of a code (tables up to 2**20 columns)
+_FIELD_MASK = (1 << _FIELD_BITS) - 1
+#: a canonical element no slot has written yet: signalling NaNs, which no arithmetic or cast produces
+_UNSET = {torch.float32: (torch.int32, 0x7FA5A5A5), torch.float16: (torch.int16, 0x7D5A),
+          torch.bfloat16: (torch.int16, 0x7FA5)}
 
 
 def row_range(num_rows: int, rank: int, world_size: int) -> Tuple[int, int]:
@@ -49,172 +66,289 @@ def _all_to_all(tensor: torch.Tensor, send_counts: List[int], recv_counts: List[
     return out.cpu()
 
 
-def _exchange_counts(send_counts: List[int], dev: torch.device) -> List[int]:
-    recv = torch.empty(len(send_counts), dtype=torch.int64, device=dev)
-    dist.all_to_all_single(recv, torch.tensor(send_counts, dtype=torch.int64, device=dev))
-    return [int(x) for x in recv.cpu().tolist()]
+def _exchange_counts(send: List[Tuple[int, int]], dev: torch.device) -> List[Tuple[int, int]]:
+    """(rows, values) each rank sends this one, for (rows, values) this rank sends each rank."""
+    recv = torch.empty(2 * len(send), dtype=torch.int64, device=dev)
+    dist.all_to_all_single(recv, torch.tensor(send, dtype=torch.int64, device=dev).flatten())
+    flat = [int(x) for x in recv.cpu().tolist()]
+    return list(zip(flat[0::2], flat[1::2]))
 
 
-def _values_2d(slot: Slot) -> torch.Tensor:
-    t = slot.tensor.detach().to("cpu", torch.float32)
-    return t.reshape(t.shape[0], -1)
+def _any_rank(flag: bool, dev: torch.device) -> bool:
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
 
 
-def gather_canonical(slots: Sequence[Slot], tables: Mapping[str, Tuple[int, int]], state: str
-                     ) -> Dict[str, torch.Tensor]:
-    """This rank's canonical rows of ``state`` for every table that has it: ``[hi-lo, D]`` or ``[hi-lo]`` (row-wise).
+def _code(table: int, col0: int, width: int) -> int:
+    if col0 > _FIELD_MASK or width > _FIELD_MASK:
+        raise ValueError(f"a table of {col0 + width} columns: checkpoints move tables of up to {_FIELD_MASK} columns")
+    return (table << (2 * _FIELD_BITS)) | (col0 << _FIELD_BITS) | width
 
-    ``tables``: name -> (num_embeddings, dim), the same on every rank. A
-    collective: every rank calls it with the same ``tables`` and ``state``.
-    Raises :class:`RuntimeError` when some canonical element was held by no slot.
+
+def _decode(code: int) -> Tuple[int, int, int]:
+    return code >> (2 * _FIELD_BITS), (code >> _FIELD_BITS) & _FIELD_MASK, code & _FIELD_MASK
+
+
+# ---- ROUNDS ---- #
+
+
+@dataclass
+class _Block:
+    """Rows ``[r0, r1)`` of one slot (less the replicated ones another rank owns), sorted by canonical owner."""
+
+    slot: Slot
+    code: int
+    width: int  # values per row on the wire
+    local: torch.Tensor  # int64: positions in the slot's tensor, grouped by owner
+    rows: torch.Tensor  # int64: their logical rows
+    per_rank: List[int]  # rows for each rank, in rank order
+
+    def cost(self) -> List[int]:
+        return [n * (HEADER_BYTES + _VALUE_BYTES * self.width) for n in self.per_rank]
+
+
+def _blocks(slots: Sequence[Tuple[Slot, int, int]], tables: Mapping[str, Tuple[int, int]], cap: Optional[int],
+            rank: int, world: int, own_replicated: bool) -> Iterator[_Block]:
+    """``(slot, code, width)`` cut into blocks of at most ``cap`` bytes on the wire (None: whole slots).
+
+    ``own_replicated``: a replicated slot contributes only the rows this rank owns (saving: every rank holds
+    them, one sends them); else all its rows (loading: every rank fills its copy).
     """
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dev = _comm_device()
-    names = sorted(tables)
-    index = {n: i for i, n in enumerate(names)}
-    width_max = max([d for _, d in tables.values()] + [1])
-    headers: List[torch.Tensor] = []
-    values: List[torch.Tensor] = []
-    owners: List[torch.Tensor] = []
-    rowwise_tables: Dict[str, bool] = {}
-    for slot in slots:
-        if slot.state != state or slot.table not in index:
-            continue
-        num_rows, _ = tables[slot.table]
-        rowwise_tables[slot.table] = slot.rowwise
-        owner = _owner(slot.rows, num_rows, world)
-        keep = owner == rank if slot.replicated else torch.ones_like(owner, dtype=torch.bool)
-        if not bool(keep.any()):
-            continue
-        rows = slot.rows[keep]
-        vals = _values_2d(slot)[keep]
-        n = rows.numel()
-        headers.append(torch.stack([torch.full((n,), index[slot.table], dtype=torch.int64), rows,
-                                    torch.full((n,), slot.col0, dtype=torch.int64),
-                                    torch.full((n,), slot.width, dtype=torch.int64)], dim=1))
-        padded = torch.zeros(n, width_max, dtype=torch.float32)
-        padded[:, :vals.shape[1]] = vals
-        values.append(padded)
-        owners.append(owner[keep])
-    header = torch.cat(headers) if headers else torch.zeros(0, 4, dtype=torch.int64)
-    value = torch.cat(values) if values else torch.zeros(0, width_max)
-    owner = torch.cat(owners) if owners else torch.zeros(0, dtype=torch.int64)
-    order = torch.argsort(owner, stable=True)
-    header, value = header[order], value[order]
-    send_counts = torch.bincount(owner, minlength=world).tolist()
-    recv_counts = _exchange_counts(send_counts, dev)
-    header = _all_to_all(header, send_counts, recv_counts, dev)
-    value = _all_to_all(value, send_counts, recv_counts, dev)
+    for slot, code, width in slots:
+        n = slot.rows.numel()
+        step = n if cap is None else max(1, cap // (HEADER_BYTES + _VALUE_BYTES * width))
+        for r0 in range(0, n, max(step, 1)):
+            rows = slot.rows[r0:r0 + step]
+            owner = _owner(rows, tables[slot.table][0], world)
+            local = torch.arange(r0, r0 + rows.numel(), dtype=torch.int64)
+            if slot.replicated and own_replicated:
+                keep = owner == rank
+                local, rows, owner = local[keep], rows[keep], owner[keep]
+            if rows.numel() == 0:
+                continue
+            order = torch.argsort(owner, stable=True)
+            yield _Block(slot, code, width, local[order], rows[order],
+                         torch.bincount(owner, minlength=world).tolist())
 
-    # row-wise is a property of the optimizer, the same for every table: agree on it across ranks
-    flag = torch.tensor([1 if any(rowwise_tables.values()) else 0], dtype=torch.int64, device=dev)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    rowwise = state != WEIGHT and bool(flag.item())
 
-    out: Dict[str, torch.Tensor] = {}
-    cols = torch.arange(width_max)
-    for name in names:
-        num_rows, dim = tables[name]
-        lo, hi = row_range(num_rows, rank, world)
-        mine = header[:, 0] == index[name]
-        h, v = header[mine], value[mine]
-        local = h[:, 1] - lo
-        if rowwise:
-            # width-weighted mean of the column shards' row values, in float64 (exact when they agree)
-            num = torch.zeros(hi - lo, dtype=torch.float64).index_add_(0, local, v[:, 0].double() * h[:, 3].double())
-            den = torch.zeros(hi - lo, dtype=torch.float64).index_add_(0, local, h[:, 3].double())
-            if bool((den != dim).any()):
-                _missing(name, state, int((den != dim).sum()), lo)
-            out[name] = (num / den).to(torch.float32)
-            continue
-        full = torch.zeros(hi - lo, dim, dtype=torch.float32)
-        seen = torch.zeros(hi - lo, dim, dtype=torch.int32)
-        mask = cols[None, :] < h[:, 3:4]
-        r_idx = local[:, None].expand(-1, width_max)[mask]
-        c_idx = (h[:, 2:3] + cols[None, :])[mask]
-        full[r_idx, c_idx] = v[mask]
-        seen.index_put_((r_idx, c_idx), torch.ones_like(r_idx, dtype=torch.int32), accumulate=True)
-        if bool((seen != 1).any()):
-            _missing(name, state, int((seen != 1).sum()), lo)
-        out[name] = full
+def _rounds(blocks: Iterator[_Block], cap: Optional[int], world: int, dev: torch.device) -> Iterator[List[_Block]]:
+    """Blocks grouped so that no rank is sent more than ``cap`` bytes a round; every rank runs every round."""
+    pending = next(blocks, None)
+    while True:
+        batch: List[_Block] = []
+        used = [0] * world
+        while pending is not None:
+            cost = pending.cost()
+            if batch and cap is not None and any(u + c > cap for u, c in zip(used, cost)):
+                break
+            batch.append(pending)
+            used = [u + c for u, c in zip(used, cost)]
+            pending = next(blocks, None)
+        yield batch
+        if not _any_rank(pending is not None, dev):
+            return
+
+
+def _per_rank_cap(chunk_bytes: Optional[int], world: int) -> Optional[int]:
+    if chunk_bytes is None:
+        return None
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes={chunk_bytes}: give a positive number of bytes, or None for one round")
+    return max(1, chunk_bytes // world)
+
+
+def _segments(batch: List[_Block], world: int) -> Iterator[Tuple[int, _Block, slice]]:
+    """(destination, block, its rows for it), destination-major: the order rows travel in."""
+    starts = [[0] + torch.tensor(b.per_rank).cumsum(0).tolist() for b in batch]
+    for d in range(world):
+        for b, s in zip(batch, starts):
+            if s[d + 1] > s[d]:
+                yield d, b, slice(s[d], s[d + 1])
+
+
+def _runs(codes: torch.Tensor) -> List[Tuple[int, int, int]]:
+    """(start, end, code) of each stretch of equal codes: rows of one slot arrive together, at one width."""
+    if codes.numel() == 0:
+        return []
+    change = torch.ones(codes.numel(), dtype=torch.bool)
+    change[1:] = codes[1:] != codes[:-1]
+    starts = torch.nonzero(change).flatten().tolist() + [codes.numel()]
+    return [(s, e, int(codes[s])) for s, e in zip(starts[:-1], starts[1:])]
+
+
+# ---- SAVE ---- #
+
+
+def _unset(out: torch.Tensor) -> torch.Tensor:
+    int_dtype, pattern = _UNSET[out.dtype]
+    out.view(int_dtype).fill_(pattern)
     return out
 
 
-def _missing(table: str, state: str, count: int, lo: int) -> None:
-    raise RuntimeError(f"canonical {state} of table {table!r} (rows from {lo}): {count} element(s) held by no "
-                       "slot or by several; the model's layout is not covered by rayemb.checkpoint.layout")
+def _count_unset(out: torch.Tensor, block_rows: int) -> int:
+    int_dtype, pattern = _UNSET[out.dtype]
+    bits = out.view(int_dtype)
+    return sum(int((bits[i:i + block_rows] == pattern).sum()) for i in range(0, out.shape[0], block_rows))
 
 
-def scatter_canonical(slots: Sequence[Slot], canonical: Mapping[str, torch.Tensor],
-                      tables: Mapping[str, Tuple[int, int]], state: str) -> int:
-    """Writes into every slot of ``state`` its rows from the canonical chunks (inverse of :func:`gather_canonical`).
+def gather_canonical(slots: Sequence[Slot], tables: Mapping[str, Tuple[int, int]], state: str,
+                     dtypes: Optional[Mapping[str, torch.dtype]] = None, chunk_bytes: Optional[int] = None
+                     ) -> Dict[str, torch.Tensor]:
+    """This rank's canonical rows of ``state`` for every table that has it: ``[hi-lo, D]`` or ``[hi-lo]`` (row-wise).
 
-    ``canonical``: this rank's ``[hi-lo, D]`` / ``[hi-lo]`` per table (tables
-    absent there leave their slots untouched). A collective. Returns the
-    number of slot rows written on this rank.
+    ``tables``: name -> (num_embeddings, dim), the same on every rank.
+    ``dtypes``: name -> dtype the rows are returned in (fp32 when absent;
+    row-wise state is fp32). ``chunk_bytes``: the most bytes a rank sends in
+    one round (None: one round). A collective: every rank calls it with the
+    same ``tables``, ``state`` and ``chunk_bytes``. Raises :class:`RuntimeError`
+    when some canonical element was held by no slot or by several.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = _comm_device()
     names = sorted(tables)
     index = {n: i for i, n in enumerate(names)}
-    width_max = max([d for _, d in tables.values()] + [1])
-    wanted = [s for s in slots if s.state == state and s.table in index and s.table in canonical]
-    # 1) requests: (table, row, col0, width) to the row's canonical owner
-    req: List[torch.Tensor] = []
-    owners: List[torch.Tensor] = []
-    for slot in wanted:
-        n = slot.rows.numel()
-        req.append(torch.stack([torch.full((n,), index[slot.table], dtype=torch.int64), slot.rows,
-                                torch.full((n,), slot.col0, dtype=torch.int64),
-                                torch.full((n,), slot.width, dtype=torch.int64)], dim=1))
-        owners.append(_owner(slot.rows, tables[slot.table][0], world))
-    request = torch.cat(req) if req else torch.zeros(0, 4, dtype=torch.int64)
-    owner = torch.cat(owners) if owners else torch.zeros(0, dtype=torch.int64)
-    order = torch.argsort(owner, stable=True)
-    send_counts = torch.bincount(owner, minlength=world).tolist()
-    recv_counts = _exchange_counts(send_counts, dev)
-    incoming = _all_to_all(request[order], send_counts, recv_counts, dev)
+    mine = [s for s in slots if s.state == state and s.table in index]
+    # row-wise is a property of the optimizer, the same for every table: agree on it across ranks
+    rowwise = state != WEIGHT and _any_rank(any(s.rowwise for s in mine), dev)
+    bounds = {n: row_range(tables[n][0], rank, world) for n in names}
+    if rowwise:
+        num = {n: torch.zeros(hi - lo, dtype=torch.float64) for n, (lo, hi) in bounds.items()}
+        den = {n: torch.zeros(hi - lo, dtype=torch.float64) for n, (lo, hi) in bounds.items()}
+    else:
+        out = {n: _unset(torch.empty(hi - lo, tables[n][1], dtype=(dtypes or {}).get(n, torch.float32)))
+               for n, (lo, hi) in bounds.items()}
+        # with every element set, a row that received exactly D values received each of its columns once
+        count = {n: torch.zeros(hi - lo, dtype=torch.int32) for n, (lo, hi) in bounds.items()}
+    cap = _per_rank_cap(chunk_bytes, world)
+    sources = [(s, _code(index[s.table], s.col0, s.width), 1 if rowwise else s.width) for s in mine]
+    for batch in _rounds(_blocks(sources, tables, cap, rank, world, True), cap, world, dev):
+        header, values = _pack_rows(batch, world)
+        sent = [(0, 0)] * world
+        for d, b, seg in _segments(batch, world):
+            sent[d] = (sent[d][0] + seg.stop - seg.start, sent[d][1] + (seg.stop - seg.start) * b.width)
+        got = _exchange_counts(sent, dev)
+        header = _all_to_all(header, [r for r, _ in sent], [r for r, _ in got], dev)
+        values = _all_to_all(values, [v for _, v in sent], [v for _, v in got], dev)
+        offset = 0
+        for s, e, code in _runs(header[:, 1]):
+            t, col0, width = _decode(code)
+            name = names[t]
+            local = header[s:e, 0] - bounds[name][0]
+            if rowwise:
+                v = values[offset:offset + e - s]
+                offset += e - s
+                # width-weighted mean of the column shards' row values, in float64 (exact when they agree)
+                num[name].index_add_(0, local, v.double() * width)
+                den[name].index_add_(0, local, torch.full((e - s,), float(width), dtype=torch.float64))
+                continue
+            v = values[offset:offset + (e - s) * width].view(e - s, width)
+            offset += (e - s) * width
+            out[name][local, col0:col0 + width] = v.to(out[name].dtype)
+            count[name].index_add_(0, local, torch.full((e - s,), width, dtype=torch.int32))
 
-    # 2) answers, in the order asked
-    answer = torch.zeros(incoming.shape[0], width_max, dtype=torch.float32)
-    cols = torch.arange(width_max)
+    result: Dict[str, torch.Tensor] = {}
     for name in names:
-        if name not in canonical:
+        lo, dim = bounds[name][0], tables[name][1]
+        if rowwise:
+            if bool((den[name] != dim).any()):
+                _missing(name, state, f"{int((den[name] != dim).sum())} row(s) not covering {dim} columns once", lo)
+            result[name] = (num[name] / den[name]).to(torch.float32)
             continue
-        num_rows, _ = tables[name]
-        lo, _ = row_range(num_rows, rank, world)
-        mine = torch.nonzero(incoming[:, 0] == index[name]).flatten()
-        if mine.numel() == 0:
-            continue
-        chunk = canonical[name].to(torch.float32)
-        local = incoming[mine, 1] - lo
-        if chunk.dim() == 1:
-            answer[mine, 0] = chunk[local]
-            continue
-        c0, w = incoming[mine, 2:3], incoming[mine, 3:4]
-        mask = cols[None, :] < w
-        src_c = torch.where(mask, c0 + cols[None, :], torch.zeros_like(mask, dtype=torch.int64))
-        vals = chunk[local[:, None].expand(-1, width_max), src_c.clamp(max=chunk.shape[1] - 1)]
-        answer[mine] = torch.where(mask, vals, torch.zeros_like(vals))
-    back = _all_to_all(answer, recv_counts, send_counts, dev)
-
-    # 3) into the slots (undo the sort by owner)
-    received = torch.empty_like(back)
-    received[order] = back
-    offset = 0
-    with torch.no_grad():
-        for slot in wanted:
-            n = slot.rows.numel()
-            v = received[offset:offset + n]
-            offset += n
-            t = slot.tensor
-            if t.dim() == 1:
-                t.copy_(v[:, 0].to(t.dtype))
-            elif slot.state != WEIGHT and t.shape[-1] == 1 and slot.width > 1:
-                t.copy_(v[:, :1].to(t.dtype))
-            else:
-                t.copy_(v[:, :t.shape[1]].to(t.dtype))
-    return offset
+        bad = int((count[name] != dim).sum())
+        unset = _count_unset(out[name], max(1, (cap or 2**26) // (_VALUE_BYTES * max(dim, 1))))
+        if bad or unset:
+            _missing(name, state, f"{bad} row(s) given other than {dim} values, {unset} value(s) given by none", lo)
+        result[name] = out[name]
+    return result
 
 
-__all__ = ["gather_canonical", "row_range", "scatter_canonical"]
+def _pack_rows(batch: List[_Block], world: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Headers ``[n, 2]`` and values (flat fp32) of a round, destination-major."""
+    n_rows = sum(sum(b.per_rank) for b in batch)
+    n_vals = sum(sum(b.per_rank) * b.width for b in batch)
+    header = torch.empty(n_rows, 2, dtype=torch.int64)
+    values = torch.empty(n_vals, dtype=torch.float32)
+    r = v = 0
+    for _, b, seg in _segments(batch, world):
+        n = seg.stop - seg.start
+        header[r:r + n, 0] = b.rows[seg]
+        header[r:r + n, 1] = b.code
+        local = b.local[seg].to(b.slot.tensor.device)
+        rows = b.slot.tensor.detach().index_select(0, local).reshape(n, -1)[:, :b.width]
+        values[v:v + n * b.width].view(n, b.width).copy_(rows)
+        r, v = r + n, v + n * b.width
+    return header, values
+
+
+def _missing(table: str, state: str, what: str, lo: int) -> None:
+    raise RuntimeError(f"canonical {state} of table {table!r} (rows from {lo}): {what} (held by no slot or by "
+                       "several); the model's layout is not covered by rayemb.checkpoint.layout")
+
+
+# ---- LOAD ---- #
+
+
+def _answer_width(slot: Slot) -> int:
+    """Values a slot row takes: 1 for 1-D and row-wise ``[n, 1]`` state, else its width."""
+    t = slot.tensor
+    return 1 if t.dim() == 1 else int(t.shape[1])
+
+
+def scatter_canonical(slots: Sequence[Slot], canonical: Mapping[str, torch.Tensor],
+                      tables: Mapping[str, Tuple[int, int]], state: str, chunk_bytes: Optional[int] = None) -> int:
+    """Writes into every slot of ``state`` its rows from the canonical chunks (inverse of :func:`gather_canonical`).
+
+    ``canonical``: this rank's ``[hi-lo, D]`` / ``[hi-lo]`` per table (tables
+    absent there leave their slots untouched; every rank passes the same
+    table names). ``chunk_bytes``: the most bytes of answers a rank is sent
+    in one round (None: one round). A collective. Returns the number of slot
+    rows written on this rank.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = _comm_device()
+    names = sorted(tables)
+    index = {n: i for i, n in enumerate(names)}
+    wanted = [s for s in slots if s.state == state and s.table in index and s.table in canonical]
+    cap = _per_rank_cap(chunk_bytes, world)
+    sources = [(s, _code(index[s.table], s.col0, _answer_width(s)), _answer_width(s)) for s in wanted]
+    written = 0
+    for batch in _rounds(_blocks(sources, tables, cap, rank, world, False), cap, world, dev):
+        # 1) requests (row, code) to each row's canonical owner
+        asked = [(0, 0)] * world
+        for d, b, seg in _segments(batch, world):
+            asked[d] = (asked[d][0] + seg.stop - seg.start, asked[d][1] + (seg.stop - seg.start) * b.width)
+        request = torch.empty(sum(r for r, _ in asked), 2, dtype=torch.int64)
+        r = 0
+        for _, b, seg in _segments(batch, world):
+            request[r:r + seg.stop - seg.start, 0] = b.rows[seg]
+            request[r:r + seg.stop - seg.start, 1] = b.code
+            r += seg.stop - seg.start
+        got = _exchange_counts(asked, dev)
+        incoming = _all_to_all(request, [n for n, _ in asked], [n for n, _ in got], dev)
+        # 2) answers, in the order asked, each row at the width asked
+        answer = torch.empty(sum(v for _, v in got), dtype=torch.float32)
+        offset = 0
+        for s, e, code in _runs(incoming[:, 1]):
+            t, col0, width = _decode(code)
+            chunk = canonical[names[t]]
+            local = incoming[s:e, 0] - row_range(tables[names[t]][0], rank, world)[0]
+            rows = chunk[local] if chunk.dim() == 1 else chunk[local, col0:col0 + width]
+            answer[offset:offset + (e - s) * width].view(e - s, width).copy_(
+                rows.reshape(e - s, -1).expand(-1, width))
+            offset += (e - s) * width
+        back = _all_to_all(answer, [v for _, v in got], [v for _, v in asked], dev)
+        # 3) into the slots, in the order asked
+        offset = 0
+        with torch.no_grad():
+            for _, b, seg in _segments(batch, world):
+                n = seg.stop - seg.start
+                t = b.slot.tensor
+                v = back[offset:offset + n * b.width].view(n, b.width)
+                offset += n * b.width
+                t.index_copy_(0, b.local[seg].to(t.device), v.reshape((n,) + tuple(t.shape[1:])).to(t.device, t.dtype))
+                written += n
+    return written
+
+
+__all__ = ["HEADER_BYTES", "gather_canonical", "row_range", "scatter_canonical"]

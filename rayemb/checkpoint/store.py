@@ -66,6 +66,8 @@ META_FILE = "meta.json"
 STORAGE_TRIES = 5
 STORAGE_RETRY_FIRST_S = 1.0
 STORAGE_RETRY_S = 60.0
+#: MiB of rows a rank sends in one round of a save's or load's exchange (``train.checkpoint_chunk_mib``)
+DEFAULT_CHUNK_MIB = 64
 
 _T = TypeVar("_T")
 
@@ -97,6 +99,10 @@ def _has_state(slots: List[Any], state: str) -> bool:
     return bool(flag.item())
 
 
+def _chunk_bytes(chunk_mib: Optional[float]) -> Optional[int]:
+    return None if chunk_mib is None else max(1, int(chunk_mib * 2**20))
+
+
 def _rng_state() -> str:
     return base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")
 
@@ -115,14 +121,16 @@ def _file_digests(directory: str, names: List[str]) -> Dict[str, Dict[str, Any]]
 
 
 def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
-                 tables: Mapping[str, Tuple[int, int]], meta: Mapping[str, Any]) -> Dict[str, Any]:
+                 tables: Mapping[str, Tuple[int, int]], meta: Mapping[str, Any],
+                 chunk_mib: Optional[float] = DEFAULT_CHUNK_MIB) -> Dict[str, Any]:
     """Writes this rank's part of a logical checkpoint into ``directory`` (a collective; every rank calls it).
 
     ``directory`` may be local to each rank (Ray Train merges the ranks' directories)
     or shared. ``tables``: name -> (num_embeddings, dim) of every table (a raw-id
     table's: its capacity; its ids and rows go to ``raw_ids.<rank>.npz``). ``meta``: epoch, step,
-    position and bookkeeping to record. Rank 0 writes ``meta.json`` last and
-    returns it (other ranks return ``{}``).
+    position and bookkeeping to record. ``chunk_mib``: the most MiB of rows a rank sends
+    in one round of the exchange (``train.checkpoint_chunk_mib``; None: all at once); the
+    files do not depend on it. Rank 0 writes ``meta.json`` last and returns it (other ranks return ``{}``).
     """
     import torch.distributed.checkpoint as dcp
 
@@ -139,10 +147,9 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     slots = model_slots(model_state, optim_state, remapper)
     state: Dict[str, Any] = {}
     states = [WEIGHT] + ([MOMENTUM] if _has_state(slots, MOMENTUM) else [])
-    for name in states:
-        for table, chunk in gather_canonical(slots, tables, name).items():
-            if name == WEIGHT:  # gathered in fp32, which holds fp16 rows exactly: stored as the table is
-                chunk = chunk.to(dtypes[table])
+    for name in states:  # rows travel as fp32, which holds fp16 rows exactly: stored as the table is
+        for table, chunk in gather_canonical(slots, tables, name, dtypes if name == WEIGHT else None,
+                                             _chunk_bytes(chunk_mib)).items():
             state[table_key(table, name)] = _row_sharded(chunk, tables[table][0], rank, world)
     for key, value in dense_entries(model_state, optim_state).items():
         state[key] = value.detach().cpu()
@@ -298,12 +305,14 @@ def _verify_once(directory: str, hashes: bool, shown: Optional[str]) -> Dict[str
 
 
 def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
-                 tables: Mapping[str, Tuple[int, int]], meta: Optional[Mapping[str, Any]] = None
-                 ) -> Dict[str, Any]:
+                 tables: Mapping[str, Tuple[int, int]], meta: Optional[Mapping[str, Any]] = None,
+                 chunk_mib: Optional[float] = DEFAULT_CHUNK_MIB) -> Dict[str, Any]:
     """Loads a logical checkpoint into the live model and optimizer of any plan and world size (a collective).
 
     Tables must have the same rows and dim as in the checkpoint (a
-    :class:`DataError` names the first that does not). Restores this rank's
+    :class:`DataError` names the first that does not). One table's state is
+    read at a time, its rows sent to the slots in rounds of at most
+    ``chunk_mib`` MiB a rank (None: all at once). Restores this rank's
     RNG state when the world size is the one that wrote it. Returns ``meta.json``.
     """
     import torch.distributed.checkpoint as dcp
@@ -337,29 +346,24 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
         logger.warning("checkpoint %s holds no optimizer state for the tables; they start with fresh state",
                        directory)
     rowwise = {s.table: s.rowwise for s in slots if s.state == MOMENTUM}
-    request: Dict[str, Any] = {}
-    for name in states:
-        for table, (rows, dim) in tables.items():
+    for name in states:  # one table's canonical rows in memory at a time; every rank in the same order
+        for table, (rows, dim) in sorted(tables.items()):
             lo, hi = row_range(rows, rank, world)
             tail = [] if name == MOMENTUM and _saved_rowwise(shapes, table, rowwise.get(table)) else [dim]
             key = table_key(table, name)  # read in the stored dtype; the slots cast (exchange.scatter_canonical)
-            request[key] = _row_sharded(torch.zeros([hi - lo] + tail, dtype=saved[key].properties.dtype), rows,
-                                        rank, world)
-    dense = {k: v.detach().cpu().clone() for k, v in dense_entries(model_state, optim_state["state"]).items()}
-    request.update(dense)
+            request = {key: _row_sharded(torch.zeros([hi - lo] + tail, dtype=saved[key].properties.dtype), rows,
+                                         rank, world)}
+            dcp.load(request, storage_reader=reader)
+            shards = request.pop(key).local_shards()
+            canonical = shards[0].tensor if shards else torch.zeros([0] + tail)
+            if name == MOMENTUM and canonical.dim() == 1 and rowwise.get(table) is False:
+                canonical = canonical[:, None].expand(-1, dim)  # row-wise saved, element-wise live
+            if name == MOMENTUM and canonical.dim() == 2 and rowwise.get(table):
+                canonical = canonical.mean(dim=1)  # element-wise saved, row-wise live
+            scatter_canonical(slots, {table: canonical}, tables, name, _chunk_bytes(chunk_mib))
+            del shards, canonical
+    request = {k: v.detach().cpu().clone() for k, v in dense_entries(model_state, optim_state["state"]).items()}
     dcp.load(request, storage_reader=reader)
-    for name in states:
-        canonical = {}
-        for table in tables:
-            shards = request[table_key(table, name)].local_shards()
-            rows, dim = tables[table]
-            lo, hi = row_range(rows, rank, world)
-            canonical[table] = shards[0].tensor if shards else torch.zeros([0] + ([dim] if name == WEIGHT else []))
-            if name == MOMENTUM and canonical[table].dim() == 1 and rowwise.get(table) is False:
-                canonical[table] = canonical[table][:, None].expand(-1, dim)  # row-wise saved, element-wise live
-            if name == MOMENTUM and canonical[table].dim() == 2 and rowwise.get(table):
-                canonical[table] = canonical[table].mean(dim=1)  # element-wise saved, row-wise live
-        scatter_canonical(slots, canonical, tables, name)
     live_dense = dense_entries(model_state, optim_state["state"])
     with torch.no_grad():
         for key, value in live_dense.items():
@@ -446,5 +450,5 @@ def checkpoints_newest_first(parent: str) -> List[str]:
     return [p for _, _, p in sorted(found, reverse=True)]
 
 
-__all__ = ["FORMAT", "META_FILE", "STORAGE_RETRY_S", "STORAGE_TRIES", "checkpoints_newest_first", "load_logical",
+__all__ = ["DEFAULT_CHUNK_MIB", "FORMAT", "META_FILE", "STORAGE_RETRY_S", "STORAGE_TRIES", "checkpoints_newest_first", "load_logical",
            "read_meta", "read_unsharded", "save_logical", "state_shapes", "table_key", "verify", "with_storage_retries"]
