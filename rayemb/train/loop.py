@@ -234,7 +234,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
               for t in table_configs(schema, cfg.model.embedding_dim)}
     tables.update({f.name: (f.num_embeddings, f.embedding_dim) for f in sequence_features(cfg.model, schema)})
     position = restore(model, optimizer, remapper, tables, cfg.data.batch_size, loop_config.get("resume_from"),
-                       loop_config.get("checkpoint_root"))
+                       loop_config.get("checkpoint_root"), chunk_mib=cfg.train.checkpoint_chunk_mib)
     step = position.step
     best = EarlyStopping(cfg.train.early_stopping_patience, position.bookkeeping,
                          RETRIEVAL_METRIC if item else "valid_auc")
@@ -249,7 +249,7 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     def checkpoint(epoch: int, epoch_steps: int, complete: bool, report: Dict[str, Any]) -> None:
         meta = {**ckpt_meta, "epoch": epoch, "step": step, "epoch_complete": complete,
                 "epoch_samples": epoch_steps * global_batch, **best.state()}
-        save_and_report(model, optimizer, remapper, tables, meta, report)
+        save_and_report(model, optimizer, remapper, tables, meta, report, chunk_mib=cfg.train.checkpoint_chunk_mib)
         schedule.saved()
 
     ready_t = time.time()  # the model is sharded and restored: what follows is data, steps and validation

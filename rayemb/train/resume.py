@@ -145,17 +145,19 @@ def _remove_node_copy(path: str, local: str) -> None:
 
 
 def restore(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tuple[int, int]],
-            batch_size: int, resume_from: Optional[str] = None, checkpoint_root: Optional[str] = None) -> Position:
+            batch_size: int, resume_from: Optional[str] = None, checkpoint_root: Optional[str] = None,
+            chunk_mib: Optional[float] = None) -> Position:
     """Loads the newest intact checkpoint (Ray Train's, else ``resume_from``) into this plan; a collective.
 
     Rank 0 picks the checkpoint (size and SHA-256 of every file checked) and
-    tells the others, so all ranks load the same one.
+    tells the others, so all ranks load the same one. ``chunk_mib``: ``train.checkpoint_chunk_mib``
+    (None: :data:`rayemb.checkpoint.store.DEFAULT_CHUNK_MIB`).
     """
     import uuid
 
     import torch.distributed as dist
 
-    from rayemb.checkpoint.store import load_logical, verify
+    from rayemb.checkpoint.store import DEFAULT_CHUNK_MIB, load_logical, verify
     from rayemb.errors import DataError
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -185,7 +187,8 @@ def restore(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tupl
         return Position()
     local = _node_copy(path, nonce)
     try:
-        load_logical(local, model, optimizer, remapper, tables, meta=meta)
+        load_logical(local, model, optimizer, remapper, tables, meta=meta,
+                     chunk_mib=DEFAULT_CHUNK_MIB if chunk_mib is None else chunk_mib)
     except BaseException:  # the job fails: do not leave a download behind (no barrier: others may not get there)
         _remove_node_copy(path, local)
         raise
@@ -208,17 +211,21 @@ def _shown(path: str) -> str:
 
 
 def save_and_report(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tuple[int, int]],
-                    meta: Mapping[str, Any], report: Mapping[str, Any]) -> None:
-    """Writes a logical checkpoint (every rank its part, in a temp dir) and reports it with ``report`` to Ray Train."""
+                    meta: Mapping[str, Any], report: Mapping[str, Any], chunk_mib: Optional[float] = None) -> None:
+    """Writes a logical checkpoint (every rank its part, in a temp dir) and reports it with ``report`` to Ray Train.
+
+    ``chunk_mib``: ``train.checkpoint_chunk_mib`` (None: :data:`rayemb.checkpoint.store.DEFAULT_CHUNK_MIB`).
+    """
     import ray.train
 
-    from rayemb.checkpoint.store import save_logical
+    from rayemb.checkpoint.store import DEFAULT_CHUNK_MIB, save_logical
 
     import time
 
     with tempfile.TemporaryDirectory(prefix="rayemb-ckpt-") as directory:
         t0 = time.perf_counter()
-        doc = save_logical(directory, model, optimizer, remapper, tables, meta)
+        doc = save_logical(directory, model, optimizer, remapper, tables, meta,
+                           chunk_mib=DEFAULT_CHUNK_MIB if chunk_mib is None else chunk_mib)
         seconds = time.perf_counter() - t0
         if doc:  # rank 0: what the checkpoint cost, in the log and the run's metrics
             size = sum(f["bytes"] for f in doc["files"].values())
