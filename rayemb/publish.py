@@ -1,18 +1,47 @@
-"""Output directories that appear whole or not at all, and the one way to find what to read.
+"""Output directories that appear whole or not at all, the one way to find what to read, and versions kept
+until no reader can still be on them.
 
 Writing (:func:`publish_dir`): a finished local staging directory becomes the output at ``dest``.
 
-* A local path (or ``file://``) is renamed into place: one rename, atomic. With
-  ``overwrite`` the old directory is moved aside first and removed after.
 * A URI (``s3://``, ``gs://``, ``hdfs://`` ...): object stores have no rename, and
   uploading file by file over an old output would let a reader see a mix. So the
-  files go under a new version prefix, ``<dest>/_v/<UTC time>-<random>/``; the
-  upload is listed back and checked against the local sizes; then one small object,
-  ``<dest>/_PUBLISHED.json``, names that version with its file list and sizes. It
-  is written last, in one PUT, so a reader sees the previous version or the new
-  one. Only after it are the other versions and the files of an output written
-  before versioning deleted (best effort: a failed delete costs space, not
-  correctness).
+  files go under a new version prefix, ``<dest>/_v/<UTC time>-<random>/``; then
+  one small object, ``<dest>/_PUBLISHED.json``, names that version with its file
+  list and sizes. It is written last, in one PUT, so a reader sees the previous
+  version or the new one.
+* The marker is a compare-and-swap. On S3 it is read with its ETag and written
+  with ``If-Match`` (``If-None-Match: *`` when there was none): of two publishers
+  that read the same marker one writes it, the other is refused, reads the
+  winner's marker and commits on top of it. Just before each attempt the
+  publisher checks that its own version is complete and not retired, so a
+  marker never names a version that is gone (stores without conditional writes,
+  and S3 without boto3, write the marker as is: one writer at a time there).
+* Versions are never deleted at once. A marker lists what it replaced under
+  ``retired`` with the time it stopped being named (the version it replaces, the
+  files of an output written before versioning) and any version that no marker
+  ever named and that started more than the grace period ago (a killed or lost
+  write). Every later publish, and :func:`cleanup`, deletes the entries older
+  than the grace period, only after a marker listing them is in place. A version
+  once retired is never named again, so the version a marker names is never
+  deleted, by anyone.
+* The grace period (:func:`publish_grace_s`: ``$RAYEMB_PUBLISH_GRACE_S``, default
+  7 days) bounds how long a job may go on reading a version after it was
+  replaced: a training run resolves ``data.path`` once and reads those files
+  every epoch. It is a grace period rather than reader leases because leases
+  would need every reader (Ray Data tasks on every node, the MLflow pyfunc model
+  in a serving process, tools other than rayemb) to write and renew an object
+  while it reads, and a reader that dies leaves a lease that only a timeout
+  clears: a grace period again, with a write per reader. Its cost is storage:
+  a replaced dataset stays until the next publish or cleanup after the period.
+* A local path (or ``file://``) is renamed into place: one rename, atomic;
+  publishers into one directory take turns (``flock`` on it). With
+  ``overwrite`` the old directory is moved aside and removed after. A local
+  output has no versions: every tool reads it by its path, so no reader could
+  stay on an old one, and keeping it would only cost disk. Replace a local
+  dataset between jobs, or publish to a bucket when jobs read while it changes.
+* :func:`write_file` (``rayemb schema infer --force``) changes one file of a
+  published output by publishing a new version: the other files copied on the
+  store, committed only if the marker still names the version copied.
 
 Reading (:func:`resolve`): every reader of a published output (training's
 ``data.path``, ``rayemb export``'s dataset, ``rayemb predict``'s model and data,
@@ -33,23 +62,34 @@ Example::
     's3://bucket/criteo/_v/20260101T120000123456Z-9f3a1c2e'
     >>> resolve("s3://bucket/criteo/valid")
     's3://bucket/criteo/_v/20260101T120000123456Z-9f3a1c2e/valid'
+    >>> cleanup("s3://bucket/criteo", grace_s=0)   # what the marker has retired, now
+    ['_v/20251231T090000000000Z-11aa22bb']
 """
 
 from __future__ import annotations
 
+import calendar
+import contextlib
+import fcntl
+import hashlib
 import json
 import logging
+import math
 import os
+import random
 import re
 import secrets
 import shutil
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from rayemb import storage
-from rayemb.errors import DataError
+from rayemb.constants import DEFAULT_PUBLISH_GRACE_S, PUBLISH_GRACE_ENV_VAR
+from rayemb.errors import ConfigError, DataError
 from rayemb.logs import redact_uri
 
 logger = logging.getLogger(__name__)
@@ -59,18 +99,67 @@ MARKER = "_PUBLISHED.json"
 #: the folder under an output that holds its versions
 VERSIONS_DIR = "_v"
 FORMAT = "rayemb-published-v1"
-#: concurrent uploads of one publish (each file is one streamed upload)
+#: concurrent uploads (or copies on the store) of one publish (each file is one streamed upload)
 UPLOAD_THREADS = 8
 #: levels walked up from a missing path to find the published output it lies in
 _MAX_ANCESTORS = 8
+#: tries at the marker before giving up: each refused one means another publisher's marker landed first
+_COMMIT_TRIES = 20
 _VERSION_NAME = re.compile(r"^[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}$")
+_STAMP = "%Y-%m-%dT%H:%M:%SZ"
+#: S3 error codes of a conditional PUT that lost to another writer (409: one still in flight)
+_LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409", "404")
+#: environment that changes what an S3 client connects to (part of the client cache key; values are hashed)
+_CLIENT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+               "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE")
 _warned: set = set()
+_clients: Dict[Tuple[str, str], Any] = {}
+_clients_lock = threading.Lock()
 
 
 def new_version() -> str:
     """``<UTC time to the microsecond>Z-<8 hex>``: names sort by start time, two writers never collide."""
     now = time.time()
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now % 1 * 1e6):06d}Z-{secrets.token_hex(4)}"
+
+
+def publish_grace_s(value: Optional[float] = None) -> float:
+    """Seconds a replaced version is kept after the marker stops naming it: ``value``, else
+    ``$RAYEMB_PUBLISH_GRACE_S``, else 7 days. ``inf`` keeps every version; 0 deletes at the next publish."""
+    where = f"grace_s={value!r}"
+    if value is None:
+        raw = os.environ.get(PUBLISH_GRACE_ENV_VAR, "").strip()
+        if not raw:
+            return float(DEFAULT_PUBLISH_GRACE_S)
+        where = f"${PUBLISH_GRACE_ENV_VAR}={raw!r}"
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+    if not value >= 0:
+        raise ConfigError(f"{where} is not a number of seconds >= 0. Set it to how long a job may go on reading an "
+                          f"output after it is replaced (default {DEFAULT_PUBLISH_GRACE_S} s, 7 days), or unset it.",
+                          category="bad_config")
+    return float(value)
+
+
+def _stamp(t: float) -> str:
+    return time.strftime(_STAMP, time.gmtime(t))
+
+
+def _epoch(stamp: Any) -> float:
+    """Seconds since the epoch of a ``retired`` time; inf (never due) for one that is not a time."""
+    try:
+        return float(calendar.timegm(time.strptime(stamp, _STAMP)))
+    except (TypeError, ValueError):
+        return math.inf
+
+
+def _started(name: str) -> Optional[float]:
+    """When the write of version ``name`` started (its name says), None for a name rayemb did not make."""
+    if not _VERSION_NAME.match(name):
+        return None
+    return calendar.timegm(time.strptime(name[:15], "%Y%m%dT%H%M%S")) + int(name[15:21]) / 1e6
 
 
 # ---- WHAT IS THERE ---- #
@@ -89,6 +178,10 @@ def read_marker(path: str) -> Optional[Dict[str, Any]]:
         raw = storage.read_text(where)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    return _parse_marker(where, raw)
+
+
+def _parse_marker(where: str, raw: str) -> Dict[str, Any]:
     try:
         doc = json.loads(raw)
     except ValueError:
@@ -96,7 +189,8 @@ def read_marker(path: str) -> Optional[Dict[str, Any]]:
     version = doc.get("version", "") if isinstance(doc, dict) else ""
     parts = version.split("/") if isinstance(version, str) else []
     if (not isinstance(doc, dict) or doc.get("format") != FORMAT or len(parts) != 2 or parts[0] != VERSIONS_DIR
-            or not _VERSION_NAME.match(parts[1]) or not isinstance(doc.get("files"), dict)):
+            or not _VERSION_NAME.match(parts[1]) or not isinstance(doc.get("files"), dict)
+            or not isinstance(doc.get("retired", {}), dict)):
         raise DataError(f"{redact_uri(where)!r} is not a marker of format {FORMAT} naming a version under "
                         f"{VERSIONS_DIR}/. It was changed by hand or by another tool; rewrite the output (rerun the "
                         "command that made it, with --overwrite where it has one).", category="bad_output")
@@ -216,13 +310,16 @@ def _under_published(path: str) -> str:
     return path
 
 
+
 # ---- WRITING ---- #
 
 
-def publish_dir(staging: str, dest: str, overwrite: bool = False, keep: bool = False) -> str:
+def publish_dir(staging: str, dest: str, overwrite: bool = False, keep: bool = False,
+                grace_s: Optional[float] = None) -> str:
     """Makes the finished local directory ``staging`` the output at ``dest`` (module docstring); returns the
     directory readers resolve to. ``staging`` is consumed (renamed into place, or removed after the upload)
-    unless ``keep``: then it is copied, e.g. a dataset made locally and published to a bucket as well."""
+    unless ``keep``: then it is copied, e.g. a dataset made locally and published to a bucket as well.
+    ``grace_s``: how long what this publish replaces stays readable (:func:`publish_grace_s`)."""
     if not storage.is_remote(dest):
         if keep:
             local = dest[len("file://"):] if dest.startswith("file://") else dest
@@ -235,59 +332,341 @@ def publish_dir(staging: str, dest: str, overwrite: bool = False, keep: bool = F
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         return _publish_local(staging, dest, overwrite)
+    grace = publish_grace_s(grace_s)
     try:
-        return _publish_remote(staging, dest, overwrite)
+        return _publish_remote(staging, dest, overwrite, grace)
     finally:
         if not keep:
             shutil.rmtree(staging, ignore_errors=True)
 
 
+def publish_revision(dest: str, changes: Mapping[str, bytes], grace_s: Optional[float] = None) -> str:
+    """A new version of the published output at ``dest``: the files of the version its marker names, copied on the
+    store (S3: CopyObject, the bytes stay there), with ``changes`` (``/`` path in the output -> content) written
+    over them or added. Committed only if the marker still names the version copied; the old version stays
+    readable for the grace period like any replaced one. Returns the new version's directory."""
+    grace = publish_grace_s(grace_s)
+    current = read_marker(dest)
+    if current is None:
+        raise DataError(f"{redact_uri(dest)!r} has no {MARKER}: it is not a published output, so there is no version "
+                        "to change. Write the file in place, or publish the output first.", category="bad_output")
+    base = current["version"]
+    source = _checked_version(dest, current)
+    version = f"{VERSIONS_DIR}/{new_version()}"
+    target = storage.join(dest, version)
+    files = {rel: int(size) for rel, size in current["files"].items() if rel not in changes}
+    try:
+        _copy_on_store(source, target, sorted(files))
+        for rel, data in sorted(changes.items()):
+            storage.write_bytes(storage.join(target, rel), data)
+            files[rel] = len(data)
+        doc = _commit(dest, version, files, overwrite=True, grace=grace, base=base)
+    except BaseException:
+        _delete_unless_named(dest, version)
+        raise
+    _delete_due(dest, doc, grace)
+    return target
+
+
+def write_file(path: str, data: bytes, grace_s: Optional[float] = None) -> str:
+    """Writes the file ``path`` whole (:func:`rayemb.storage.write_bytes`); returns where it now is. A path in or
+    under a published output is never written into the version readers check against its marker: the output gets
+    a new version with the file (:func:`publish_revision`), and the path in that version is returned."""
+    where = _published_root(path)
+    if where is None:
+        return storage.write_bytes(path, data)
+    root, rel = where
+    return storage.join(publish_revision(root, {rel: data}, grace_s=grace_s), rel)
+
+
+def cleanup(dest: str, grace_s: Optional[float] = None) -> List[str]:
+    """Deletes what the output at ``dest`` has retired more than the grace period ago, and versions no marker ever
+    named that started longer ago than that (killed writes); returns them (``_v/<name>``, or a name of an output
+    written before versioning). Never the version the marker names; nothing without a marker (a first write may
+    still be uploading) and nothing for a local path (it has no versions)."""
+    grace = publish_grace_s(grace_s)
+    if not storage.is_remote(dest):
+        return []
+    for attempt in range(_COMMIT_TRIES):
+        current, tag = _marker_and_tag(dest)
+        if current is None:
+            return []
+        doc = _next_marker(dest, current, None, {}, grace, time.time())
+        if doc == current or write_marker(dest, doc, tag):
+            return _delete_due(dest, doc, grace)
+        _pause(attempt)
+    raise _contended(dest)
+
+
 def _publish_local(staging: str, dest: str, overwrite: bool) -> str:
     local = dest[len("file://"):] if dest.startswith("file://") else dest
+    parent = os.path.dirname(os.path.abspath(local))
+    os.makedirs(parent, exist_ok=True)
     old = None
-    if os.path.isdir(local) and os.listdir(local):
-        if not overwrite:
-            raise DataError(f"{local!r} appeared while the output was being written; nothing was replaced. Write "
-                            "to a new path.", category="output_exists")
-        old = tempfile.mkdtemp(prefix=os.path.basename(local.rstrip(os.sep)) + ".old-", dir=os.path.dirname(local))
-        os.rename(local, os.path.join(old, "data"))
-    os.replace(staging, local)
+    with _local_turn(parent):
+        if os.path.isdir(local) and os.listdir(local):
+            if not overwrite:
+                raise DataError(f"{local!r} appeared while the output was being written; nothing was replaced. "
+                                "Write to a new path.", category="output_exists")
+            old = tempfile.mkdtemp(prefix=os.path.basename(local.rstrip(os.sep)) + ".old-", dir=parent)
+            os.rename(local, os.path.join(old, "data"))
+        os.replace(staging, local)
     if old:
         shutil.rmtree(old, ignore_errors=True)
     return dest
 
 
-def _publish_remote(staging: str, dest: str, overwrite: bool) -> str:
-    previous = read_marker(dest)
+@contextlib.contextmanager
+def _local_turn(directory: str) -> Iterator[None]:
+    """Publishers into one local directory take turns: without it two overwrites of one path interleave their
+    renames and one fails half done. ``flock`` on the directory itself, so no lock file is left behind."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _publish_remote(staging: str, dest: str, overwrite: bool, grace: float) -> str:
     version = f"{VERSIONS_DIR}/{new_version()}"
     target = storage.join(dest, version)
     files = _local_files(staging)
     try:
         _upload(staging, target, [rel for rel, _ in files])
-        have = _sizes(target)
-        wrong = [rel for rel, size in files if have.get(rel) != size]
-        if wrong:
-            raise DataError(f"The upload to {redact_uri(target)!r} lists {len(wrong)} file(s) missing or of another "
-                            f"size after writing (e.g. {wrong[:3]}). Nothing was published; retry, and check that "
-                            "nothing else writes there.", category="storage")
+        doc = _commit(dest, version, dict(files), overwrite, grace)
     except BaseException:
-        _delete_quietly(target)  # an unmarked version is never read; removing it only saves space
+        _delete_unless_named(dest, version)  # an unmarked version is never read; removing it only saves space
         raise
-    if not overwrite and has_output(dest):
-        _delete_quietly(target)
-        raise DataError(f"{redact_uri(dest)!r} holds an output written while this one was being uploaded; nothing was "
-                        "replaced. Write to a new path.", category="output_exists")
-    doc = {"format": FORMAT, "version": version, "published_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "files": dict(files), "bytes": sum(size for _, size in files),
-           "replaces": previous["version"] if previous else None}
-    write_marker(dest, doc)
-    _remove_others(dest, version)
+    _delete_due(dest, doc, grace)
     return target
 
 
-def write_marker(dest: str, doc: Dict[str, Any]) -> None:
-    """The commit point of a remote publish: one PUT of the marker (visible whole or not at all)."""
-    storage.write_text(storage.join(dest, MARKER), json.dumps(doc, indent=1, sort_keys=True))
+def _commit(dest: str, version: str, files: Dict[str, int], overwrite: bool, grace: float,
+            base: Optional[str] = None) -> Dict[str, Any]:
+    """Writes the marker naming ``version`` on top of the one there now (compare-and-swap, retried when another
+    publisher's lands first); returns it. ``base``: the version the marker must still name (a revision of it)."""
+    target = storage.join(dest, version)
+    for attempt in range(_COMMIT_TRIES):
+        current, tag = _marker_and_tag(dest)
+        if current is not None and current["version"] == version:
+            return current  # an earlier try landed though its answer was lost
+        if current is not None and version in current.get("retired", {}):
+            raise DataError(f"The upload to {redact_uri(target)!r} took longer than the grace period "
+                            f"({grace:.0f} s) and another publish retired it as abandoned; nothing was published. "
+                            f"Rerun it, or raise ${PUBLISH_GRACE_ENV_VAR}.", category="output_conflict")
+        if base is not None and (current is None or current["version"] != base):
+            raise DataError(f"{redact_uri(dest)!r} was replaced while this change to its version {base} was being "
+                            "written; nothing was published. Rerun the command on the output as it is now.",
+                            category="output_conflict")
+        if not overwrite and has_output(dest):
+            raise DataError(f"{redact_uri(dest)!r} holds an output written while this one was being uploaded; "
+                            "nothing was replaced. Write to a new path.", category="output_exists")
+        have = _sizes(target)
+        wrong = [rel for rel, size in sorted(files.items()) if have.get(rel) != size]
+        if wrong:
+            raise DataError(f"The upload to {redact_uri(target)!r} lists {len(wrong)} file(s) missing or of another "
+                            f"size after writing (e.g. {wrong[:3]}). Nothing was published; retry, and check that "
+                            "nothing else writes or deletes there.", category="storage")
+        doc = _next_marker(dest, current, version, files, grace, time.time())
+        if write_marker(dest, doc, tag):
+            return doc
+        _pause(attempt)
+    raise _contended(dest)
+
+
+def _next_marker(dest: str, current: Optional[Dict[str, Any]], version: Optional[str], files: Dict[str, int],
+                 grace: float, now: float) -> Dict[str, Any]:
+    """The marker after ``current``: naming ``version`` (None: the same one, only ``retired`` brought up to date).
+
+    ``retired`` keeps what is still stored, adds the version replaced and the files of an output written before
+    versioning (stamped ``now``), and versions never named that started more than ``grace`` ago (stamped with
+    their start: no reader ever read them)."""
+    names = storage.listdir(dest)
+    versions = storage.listdir(storage.join(dest, VERSIONS_DIR)) if VERSIONS_DIR in names else []
+    present = {f"{VERSIONS_DIR}/{n}" for n in versions} | {n for n in names if n not in (VERSIONS_DIR, MARKER)}
+    retired = {k: t for k, t in (current or {}).get("retired", {}).items() if k in present}
+    named = current["version"] if current else None
+    if version is not None:
+        if named:
+            retired.setdefault(named, _stamp(now))
+        for n in names:
+            if n not in (VERSIONS_DIR, MARKER):
+                retired.setdefault(n, _stamp(now))
+    keep = version or named
+    for n in versions:
+        key, started = f"{VERSIONS_DIR}/{n}", _started(n)
+        if key not in retired and key not in (keep, named) and started is not None and started <= now - grace:
+            retired[key] = _stamp(started)
+    if version is None:
+        return {**current, "retired": retired}
+    return {"format": FORMAT, "version": version, "published_utc": _stamp(now), "files": dict(files),
+            "bytes": sum(files.values()), "replaces": named, "retired": retired}
+
+
+def _delete_due(dest: str, doc: Dict[str, Any], grace: float) -> List[str]:
+    """After ``doc`` is the marker: deletes its ``retired`` entries older than ``grace`` (best effort: a failed
+    delete costs space, and the next publish or cleanup tries again)."""
+    due = sorted(k for k, t in doc.get("retired", {}).items()
+                 if k != doc["version"] and _epoch(t) <= time.time() - grace)
+    for rel in due:
+        _delete_quietly(storage.join(dest, rel))
+    if due:
+        logger.info("%s: deleted %d retired entr%s older than %.0f s: %s", redact_uri(dest), len(due),
+                    "y" if len(due) == 1 else "ies", grace, ", ".join(due[:5]))
+    return due
+
+
+def _pause(attempt: int) -> None:
+    time.sleep(random.uniform(0.0, min(2.0, 0.05 * 2 ** attempt)))  # apart, so the losers do not collide again
+
+
+def _contended(dest: str) -> DataError:
+    return DataError(f"{redact_uri(dest)!r}: {_COMMIT_TRIES} tries at its {MARKER} each lost to another publisher's; "
+                     "nothing was published. Rerun when fewer jobs write this output.", category="output_conflict")
+
+
+def _delete_unless_named(dest: str, version: str) -> None:
+    """Removes a version this process wrote and failed to publish, unless a marker names it after all (a write
+    whose answer was lost): then it is the output, and stays."""
+    try:
+        marker = read_marker(dest)
+    except DataError:
+        return  # cannot tell: leave it, it costs space only
+    if marker is None or marker["version"] != version:
+        _delete_quietly(storage.join(dest, version))
+
+
+def _published_root(path: str) -> Optional[Tuple[str, str]]:
+    """(published output, ``/`` path in it) for a remote ``path`` in a version or under an output with a marker."""
+    if not storage.is_remote(path):
+        return None
+    inside = _inside_version(path)
+    if inside is not None:
+        root, _, rest = inside
+        return (root, rest) if rest else None
+    head, sep, query = path.partition("?")
+    comps = head.rstrip("/").split("/")
+    stop = 3
+    for i in range(len(comps) - 1, max(stop, len(comps) - _MAX_ANCESTORS) - 1, -1):
+        root = "/".join(comps[:i]) + (sep + query)
+        if read_marker(root) is not None:
+            return root, "/".join(comps[i:])
+    return None
+
+
+# ---- THE MARKER: READ WITH ITS TAG, WRITTEN IF UNCHANGED ---- #
+
+
+def write_marker(dest: str, doc: Dict[str, Any], tag: Optional[str] = None) -> bool:
+    """The commit point of a remote publish: one PUT of the marker (visible whole or not at all).
+
+    Where the store has conditional writes (S3) it lands only if the marker is still the one read: ``tag`` is
+    that one's ETag, None when there was none. False: another publisher's marker came first (read it again).
+    Elsewhere the marker is written as it is and this returns True. Tests hold publishers here to order them."""
+    body = json.dumps(doc, indent=1, sort_keys=True).encode("utf-8")
+    where = storage.join(dest, MARKER)
+    client = _conditional_client(dest)
+    if client is None:
+        storage.write_bytes(where, body)
+        return True
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = _bucket_key(where)
+    condition = {"IfMatch": tag} if tag else {"IfNoneMatch": "*"}
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/json", **condition)
+    except ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        if code in _LOST_RACE:
+            return False
+        if code != "NotImplemented":
+            raise _client_error("write", where, e) from None
+        if where not in _warned:
+            _warned.add(where)
+            logger.warning("%s: the S3 server has no conditional writes; the marker is written as is, so run one "
+                           "publisher of this output at a time", redact_uri(where))
+        storage.write_bytes(where, body)
+    except BotoCoreError as e:
+        raise _client_error("write", where, e) from None
+    return True
+
+
+def _marker_and_tag(dest: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """The marker at ``dest`` (None when there is none) and the tag :func:`write_marker` is conditional on."""
+    client = _conditional_client(dest)
+    if client is None:
+        return read_marker(dest), None
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    where = storage.join(dest, MARKER)
+    bucket, key = _bucket_key(where)
+    try:
+        answer = client.get_object(Bucket=bucket, Key=key)
+        raw = answer["Body"].read().decode("utf-8")
+    except ClientError as e:
+        if str(e.response.get("Error", {}).get("Code", "")) in ("NoSuchKey", "404"):
+            return None, None
+        raise _client_error("read", where, e) from None
+    except BotoCoreError as e:
+        raise _client_error("read", where, e) from None
+    return _parse_marker(where, raw), answer["ETag"]
+
+
+def _conditional_client(uri: str) -> Any:
+    """A boto3 S3 client reaching what pyarrow reaches for ``uri`` (credentials and ``endpoint_override`` /
+    ``scheme`` / ``region`` in the URI, else the AWS environment); None for other stores, or without boto3."""
+    if storage.scheme(uri) != "s3":
+        return None
+    try:
+        import boto3
+        import botocore.config
+    except ImportError:
+        if "boto3" not in _warned:
+            _warned.add("boto3")
+            logger.warning("boto3 is not installed: published outputs in S3 get their marker without a conditional "
+                           "write, so run one publisher of an output at a time (pip install boto3 lifts this)")
+        return None
+    parts = urlsplit(uri)
+    env = hashlib.sha256("\0".join(os.environ.get(k, "") for k in _CLIENT_ENV).encode()).hexdigest()
+    cache_key = (f"{parts.netloc}?{parts.query}", env)
+    with _clients_lock:  # boto3 sessions are not safe to create from several threads at once
+        client = _clients.get(cache_key)
+        if client is None:
+            query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+            kwargs: Dict[str, Any] = {}
+            if "@" in parts.netloc:
+                access_key, _, secret = parts.netloc.rsplit("@", 1)[0].partition(":")
+                kwargs.update(aws_access_key_id=unquote(access_key), aws_secret_access_key=unquote(secret))
+            endpoint = query.get("endpoint_override")
+            if endpoint:
+                scheme = query.get("scheme", "https")
+                kwargs["endpoint_url"] = endpoint if "://" in endpoint else f"{scheme}://{endpoint}"
+            elif os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
+                kwargs["endpoint_url"] = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ["AWS_ENDPOINT_URL"]
+            region = query.get("region") or os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
+            if region:
+                kwargs["region_name"] = region
+            config = botocore.config.Config(retries={"mode": "standard"})
+            client = _clients[cache_key] = boto3.session.Session().client("s3", config=config, **kwargs)
+    return client
+
+
+def _bucket_key(uri: str) -> Tuple[str, str]:
+    _, path = storage.filesystem(uri)
+    bucket, _, key = path.partition("/")
+    return bucket, key
+
+
+def _client_error(verb: str, where: str, e: BaseException) -> DataError:
+    from rayemb.logs import redact_text
+
+    detail = redact_text(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)[:300]
+    return DataError(f"Cannot {verb} {redact_uri(where)!r} ({type(e).__name__}: {detail}). Check that this process "
+                     "can reach the store (docs/storage.md).", category="storage")
+
+
+# ---- FILES ---- #
 
 
 def _local_files(staging: str) -> List[Tuple[str, int]]:
@@ -304,26 +683,38 @@ def _upload(staging: str, target: str, rels: List[str]) -> None:
     def one(rel: str) -> None:
         storage.upload_file(os.path.join(staging, *rel.split("/")), storage.join(target, rel))
 
+    _each(one, rels)
+
+
+def _copy_on_store(source: str, target: str, rels: List[str]) -> None:
+    """Copies files from one directory of a store to another; on the store itself where it can (S3 CopyObject),
+    streamed through this process where it cannot (S3 refuses CopyObject over 5 GiB)."""
+    fs, src = storage.filesystem(source)
+    _, dst = storage.filesystem(target)
+
+    def one(rel: str) -> None:
+        a, b = f"{src}/{rel}", f"{dst}/{rel}"
+        try:
+            fs.copy_file(a, b)
+            return
+        except OSError:
+            pass
+        try:
+            with fs.open_input_stream(a) as i, fs.open_output_stream(b) as o:
+                for block in iter(lambda: i.read(1 << 22), b""):
+                    o.write(block)
+        except OSError as e:
+            raise _client_error("copy", storage.join(source, rel), e) from None
+
+    _each(one, rels)
+
+
+def _each(fn: Any, rels: List[str]) -> None:
     if not rels:
         return
     with ThreadPoolExecutor(max_workers=min(UPLOAD_THREADS, len(rels))) as pool:
-        for f in [pool.submit(one, rel) for rel in rels]:
+        for f in [pool.submit(fn, rel) for rel in rels]:
             f.result()
-
-
-def _remove_others(dest: str, version: str) -> None:
-    """After the marker: every other version, and any file of an output written before versioning."""
-    keep = version.split("/", 1)[1]
-    try:
-        others = [storage.join(dest, VERSIONS_DIR, n) for n in storage.listdir(storage.join(dest, VERSIONS_DIR))
-                  if n != keep]
-        others += [storage.join(dest, n) for n in storage.listdir(dest) if n not in (VERSIONS_DIR, MARKER)]
-    except DataError as e:  # published already: what is not deleted is not read either
-        logger.warning("could not list %s to delete what the new version replaces (%s)", redact_uri(dest),
-                       e.category)
-        return
-    for uri in others:
-        _delete_quietly(uri)
 
 
 def _delete_quietly(uri: str) -> None:
@@ -340,5 +731,6 @@ def _delete_quietly(uri: str) -> None:
         logger.warning("could not delete %s (%s); it is not read, only stored", redact_uri(uri), type(e).__name__)
 
 
-__all__ = ["FORMAT", "MARKER", "VERSIONS_DIR", "has_output", "new_version", "publish_dir", "read_marker", "resolve",
-           "resolve_dataset", "write_marker"]
+__all__ = ["FORMAT", "MARKER", "VERSIONS_DIR", "cleanup", "has_output", "new_version", "publish_dir",
+           "publish_grace_s", "publish_revision", "read_marker", "resolve", "resolve_dataset", "write_file",
+           "write_marker"]

@@ -1,7 +1,9 @@
 """``rayemb schema infer DATA``: a schema.yaml for one's own parquet files, so they train without writing one.
 
 ``DATA`` holds ``train/*.parquet`` and ``valid/*.parquet``; a local path or a URI (docs/storage.md). The rules
-are :mod:`rayemb.data.infer`'s (docs/data.md, "Your own parquet")::
+are :mod:`rayemb.data.infer`'s (docs/data.md, "Your own parquet"). A published dataset (docs/storage.md) is never
+changed in place: schema.yaml goes into a new version of it, the other files copied on the store, and the marker
+switches to it once complete::
 
     rayemb schema infer s3://bucket/clicks --label click --exclude request_id
 """
@@ -30,18 +32,18 @@ def schema_main(args: argparse.Namespace) -> int:
     """Infers, prints the schema and each column's rule, writes it. User errors propagate as DataError."""
     from rayemb.data.infer import check_output, default_output, infer_schema, write_inferred
     from rayemb.logs import redact_uri
-    from rayemb.publish import resolve_dataset
+    from rayemb.publish import resolve, resolve_dataset
 
     data = resolve_dataset(args.data)  # a published dataset: the version its marker names, which training reads
     out = args.out or default_output(data)
-    check_output(out, args.force)
+    check_output(resolve(out), args.force)  # --out under a published dataset: the file of its version
     inferred = infer_schema(data, labels=args.label, exclude=args.exclude)
     print(inferred.yaml_text(), end="")
     for note in inferred.notes:
         print(f"note: {note}")
-    write_inferred(inferred, out)
+    written = write_inferred(inferred, out)
     s = inferred.schema
-    print(f"wrote {redact_uri(out)}: {len(s.labels)} label(s), {len(s.dense)} dense, {len(s.sparse)} sparse "
+    print(f"wrote {redact_uri(written)}: {len(s.labels)} label(s), {len(s.dense)} dense, {len(s.sparse)} sparse "
           f"({sum(f.ids == 'raw' for f in s.sparse)} raw-id) columns")
     return 0
 

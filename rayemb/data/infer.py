@@ -387,8 +387,12 @@ def check_output(path: str, force: bool) -> None:
 
 
 def write_inferred(inferred: InferredSchema, path: str) -> str:
-    """Writes schema.yaml whole or not at all (a temp file renamed, or one upload); returns ``path``."""
-    return storage.write_text(path, inferred.yaml_text())
+    """Writes schema.yaml whole or not at all (a temp file renamed, or one upload); returns where it is. In a
+    published dataset it goes into a new version (:func:`rayemb.publish.write_file`): writing into the version
+    its marker lists would make every reader refuse the dataset as damaged."""
+    from rayemb.publish import write_file
+
+    return write_file(path, inferred.yaml_text().encode("utf-8"))
 
 
 __all__ = ["infer_schema", "InferredSchema", "ColumnDecision", "raw_capacity", "column_kind", "decide_ids",

@@ -1,10 +1,10 @@
 """Outputs published to a bucket (moto's S3 server on 127.0.0.1) and read back through ``resolve``.
 
 A remote output is a version under ``<out>/_v/`` that only ``<out>/_PUBLISHED.json`` makes visible:
-read back whole; an overwrite leaves the old version readable until the marker flips and deletes it
-after; a writer killed with SIGKILL mid-upload leaves the previous output what readers get and nothing
-that reads as complete; an output written before versioning is still read, with a warning; and
-training, export and predict read datasets and models through it.
+read back whole; an overwrite leaves the old version readable until the marker flips, and stored for the
+grace period after; a writer killed with SIGKILL mid-upload leaves the previous output what readers get and
+nothing that reads as complete; an output written before versioning is still read, with a warning; and
+training, export and predict read datasets and models through it. Racing publishers: test_publish_concurrent.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from test_storage import BUCKET, moto_server, s3  # noqa: F401  (moto's server a
 from rayemb import publish, storage
 from rayemb.cli import main
 from rayemb.data.schema import load_checked, parquet_files
-from rayemb.errors import DataError
-from rayemb.publish import MARKER, has_output, publish_dir, read_marker, resolve, resolve_dataset
+from rayemb.constants import PUBLISH_GRACE_ENV_VAR
+from rayemb.errors import ConfigError, DataError
+from rayemb.publish import MARKER, cleanup, has_output, publish_dir, read_marker, resolve, resolve_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -126,7 +127,7 @@ def test_a_version_damaged_after_publishing_is_refused_not_read(s3, tmp_path, ca
     assert "is damaged" in capsys.readouterr().err
 
 
-# ---- (2) OVERWRITE: OLD UNTIL THE MARKER FLIPS, GONE AFTER ---- #
+# ---- (2) OVERWRITE: OLD UNTIL THE MARKER FLIPS, KEPT FOR THE GRACE PERIOD AFTER ---- #
 
 
 def test_overwrite_keeps_the_old_version_until_the_marker_flips(s3, tmp_path, monkeypatch):
@@ -143,22 +144,48 @@ def test_overwrite_keeps_the_old_version_until_the_marker_flips(s3, tmp_path, mo
     seen = {}
     real = publish.write_marker
 
-    def at_the_commit_point(dest, doc):
+    def at_the_commit_point(dest, doc, *tag):
         new = storage.join(dest, doc["version"])
         seen["read"] = resolve(dest)
         seen["old"], seen["new"] = _read_all(seen["read"]), _read_all(new)  # the new version is all there...
         with pytest.raises(DataError) as refused:  # ...and not readable: no marker names it yet
             resolve(new)
         seen["refused"] = refused.value.category
-        real(dest, doc)
+        return real(dest, doc, *tag)
 
     monkeypatch.setattr(publish, "write_marker", at_the_commit_point)
     new = publish_dir(_stage(tmp_path / "s3", new_files), out, overwrite=True)
     assert seen == {"read": old, "old": old_files, "new": new_files, "refused": "unpublished_output"}
     assert resolve(out) == new != old and _read_all(new) == new_files
-    assert read_marker(out)["replaces"] == old[len(out) + 1:]
-    assert s3.keys(BUCKET, _key(old) + "/") == []  # removed once the marker named the new version
-    assert storage.listdir(f"{out}/_v") == [new.rsplit("/", 1)[1]]
+    marker = read_marker(out)
+    assert marker["replaces"] == old[len(out) + 1:] and list(marker["retired"]) == [marker["replaces"]]
+    assert _read_all(old) == old_files  # a job that resolved it before the switch reads it to the end
+    assert cleanup(out) == [] and _read_all(old) == old_files  # younger than the grace period: kept
+    assert cleanup(out, grace_s=0) == [marker["replaces"]]
+    assert s3.keys(BUCKET, _key(old) + "/") == [] and storage.listdir(f"{out}/_v") == [new.rsplit("/", 1)[1]]
+    assert resolve(out) == new and _read_all(new) == new_files
+
+
+def test_a_publish_deletes_what_was_retired_longer_ago_than_the_grace_period(s3, tmp_path, monkeypatch):
+    out = f"s3://{BUCKET}/grace/out"
+    first = publish_dir(_stage(tmp_path / "s1", {"a.txt": b"1"}), out)
+    second = publish_dir(_stage(tmp_path / "s2", {"a.txt": b"22"}), out, overwrite=True)
+    assert sorted(storage.listdir(f"{out}/_v")) == sorted(v.rsplit("/", 1)[1] for v in (first, second))
+
+    monkeypatch.setenv(PUBLISH_GRACE_ENV_VAR, "soon")  # bad input: refused before anything is uploaded
+    before = s3.keys(BUCKET, "grace/")
+    with pytest.raises(ConfigError) as e:
+        publish_dir(_stage(tmp_path / "s3", {"a.txt": b"333"}), out, overwrite=True)
+    assert e.value.category == "bad_config" and PUBLISH_GRACE_ENV_VAR in e.value.message
+    assert s3.keys(BUCKET, "grace/") == before
+
+    monkeypatch.setenv(PUBLISH_GRACE_ENV_VAR, "0")
+    third = publish_dir(_stage(tmp_path / "s4", {"a.txt": b"4444"}), out, overwrite=True)
+    assert storage.listdir(f"{out}/_v") == [third.rsplit("/", 1)[1]] and _read_all(resolve(out)) == {"a.txt": b"4444"}
+    assert sorted(read_marker(out)["retired"]) == [first[len(out) + 1:], second[len(out) + 1:]]
+    fourth = publish_dir(_stage(tmp_path / "s5", {"a.txt": b"5"}), out, overwrite=True)
+    assert list(read_marker(out)["retired"]) == [third[len(out) + 1:]]  # what is gone is no longer listed
+    assert storage.listdir(f"{out}/_v") == [fourth.rsplit("/", 1)[1]]
 
 
 def test_a_failed_upload_leaves_the_published_version_and_removes_its_own(s3, tmp_path, monkeypatch):
@@ -213,15 +240,18 @@ def test_a_writer_killed_mid_upload_leaves_the_previous_output(s3, tmp_path):
         resolve_dataset(fresh)
     assert e.value.category == "unpublished_output" and "interrupted" in e.value.message
     assert run("criteo", "--input", day0, "--out", fresh, "--hash-buckets", 5) == 0  # no --overwrite needed
-    assert len(storage.listdir(f"{fresh}/_v")) == 1 and _rows(resolve_dataset(fresh))
+    assert len(storage.listdir(f"{fresh}/_v")) == 2 and _rows(resolve_dataset(fresh))  # the killed one: not read
 
     # rerunning the killed overwrite publishes it and clears what the killed one left
     assert run("criteo", "--input", day0, "--out", out, "--hash-buckets", 5, "--rows-per-file", 10,
                "--overwrite") == 0
     final = resolve_dataset(out)
-    assert storage.listdir(f"{out}/_v") == [final.rsplit("/", 1)[1]] and partial[0] not in final
+    assert len(storage.listdir(f"{out}/_v")) == 3 and partial[0] not in final
     assert len(uploaded) < len(read_marker(out)["files"])  # the killed upload really was partial
     assert load_checked(final).sparse[0].num_embeddings == 5 and len(_rows(final)) == len(first_rows)
+    # a cleanup past the grace period removes the replaced version and the killed one, never the published one
+    assert sorted(cleanup(out, grace_s=0)) == sorted([first[len(out) + 1:], f"_v/{partial[0]}"])
+    assert storage.listdir(f"{out}/_v") == [final.rsplit("/", 1)[1]] and resolve_dataset(out) == final
 
 
 # ---- (4) AN OUTPUT WRITTEN BEFORE VERSIONING ---- #
@@ -242,9 +272,12 @@ def test_an_output_without_a_marker_still_loads_with_a_warning(s3, tmp_path, cap
         assert resolve(f"{out}/valid") == f"{out}/valid"  # plain parquet input (predict --data): no warning
     assert not caplog.text
 
-    # an overwrite publishes a version and removes the old files only after its marker
+    # an overwrite publishes a version; the old files are retired by its marker, removed after the grace period
     assert run("criteo", "--input", day0, "--out", out, "--hash-buckets", 5, "--overwrite") == 0
     version = read_marker(out)["version"]
+    old_names = {"convert_summary.json", "schema.yaml", "train", "valid"}
+    assert set(read_marker(out)["retired"]) == old_names and load_checked(out).sparse[0].num_embeddings == 97
+    assert sorted(cleanup(out, grace_s=0)) == sorted(old_names)
     left = [k for k in s3.keys(BUCKET, "old/criteo/") if k != "old/criteo/"]  # pyarrow's directory marker
     assert {k.split("/", 3)[2] for k in left} == {MARKER, "_v"}
     assert all(k.startswith(f"old/criteo/{version}/") for k in s3.keys(BUCKET, "old/criteo/_v/"))
