@@ -25,6 +25,10 @@ MIN_SYNTH_CARDINALITY = 3
 #: the local head script sets it to the repository so `ray job submit` jobs find data.
 WORKSPACE_ENV_VAR = "RAYEMB_WORKSPACE"
 TRACKING_URI_ENV_VAR = "MLFLOW_TRACKING_URI"
+#: a published output's replaced version is kept this long after the marker stops naming it, so a job that
+#: resolved it before the switch reads it to the end (rayemb.publish); a week outlasts a long training run
+PUBLISH_GRACE_ENV_VAR = "RAYEMB_PUBLISH_GRACE_S"
+DEFAULT_PUBLISH_GRACE_S = 7 * 24 * 3600  # 7 days
 
 # ---- DATA ---- #
 #: a split of at most this many rows (from the parquet footers) is read in the driver, for the statistics pass and
