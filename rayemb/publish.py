@@ -84,7 +84,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from rayemb import storage
@@ -547,8 +547,7 @@ def _published_root(path: str) -> Optional[Tuple[str, str]]:
         return (root, rest) if rest else None
     head, sep, query = path.partition("?")
     comps = head.rstrip("/").split("/")
-    stop = 3
-    for i in range(len(comps) - 1, max(stop, len(comps) - _MAX_ANCESTORS) - 1, -1):
+    for i in range(len(comps) - 1, max(3, len(comps) - _MAX_ANCESTORS) - 1, -1):  # never the scheme or host
         root = "/".join(comps[:i]) + (sep + query)
         if read_marker(root) is not None:
             return root, "/".join(comps[i:])
@@ -709,7 +708,7 @@ def _copy_on_store(source: str, target: str, rels: List[str]) -> None:
     _each(one, rels)
 
 
-def _each(fn: Any, rels: List[str]) -> None:
+def _each(fn: Callable[[str], None], rels: List[str]) -> None:
     if not rels:
         return
     with ThreadPoolExecutor(max_workers=min(UPLOAD_THREADS, len(rels))) as pool:
