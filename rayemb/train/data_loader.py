@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterator, List, Optional
 
 import numpy as np
 
+from rayemb.batch_shape import BatchShape
 from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
@@ -66,7 +67,7 @@ class DataStarvedError(DataError):
 def split_steps(train_rows: int, valid_rows: int, cfg: Any, data_dir: str) -> int:
     """Train steps per epoch at the job's size (``JobConfig``); a :class:`DataError` when the train split has less
     than one global batch or the valid split no row (validation pads its last batch: one row is enough)."""
-    steps = train_rows // cfg.scaling.num_workers // cfg.data.batch_size
+    steps = BatchShape(cfg.data.batch_size, cfg.scaling.num_workers).full_steps(train_rows)
     if steps < 1:
         raise DataError(
             f"The {TRAIN_SPLIT} split of {redact_uri(data_dir)!r} has {train_rows} rows, fewer than one global batch "

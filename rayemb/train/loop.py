@@ -26,6 +26,7 @@ from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 if TYPE_CHECKING:
     from rayemb.config import JobConfig
     from rayemb.data.schema import DatasetSchema
+    from rayemb.train.worker_job import WorkerJob
 
 logger = logging.getLogger(__name__)
 
@@ -143,25 +144,27 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     return model, CombinedOptimizer(optimizers), remapper
 
 
-def steps_for_world(train_rows: int, world: int, cfg: JobConfig) -> int:
-    """Steps per epoch for ``world`` ranks (the driver's check made sure the largest world has one)."""
-    steps = max(1, train_rows // world // cfg.data.batch_size)
-    return min(steps, cfg.train.max_steps_per_epoch) if cfg.train.max_steps_per_epoch else steps
-
-
-def _shard(loop_config: Dict[str, Any], split: str, rank: int, world: int) -> Any:
+def _shard(job: WorkerJob, split: str, rank: int, world: int) -> Any:
     """The rank's rows of ``split``: held by the driver or read by the rank itself (an in-memory shard), else Ray
     Data's shard."""
     import ray.train
 
-    held = (loop_config.get("held_splits") or {}).get(split)
+    held = job.held_splits.get(split)
     if held is not None:  # the train split in equal shares, the valid split whole (rayemb.train.held_splits)
         return held.shard(rank, world, equal=split != VALID_SPLIT)
     return ray.train.get_dataset_shard(split)
 
 
-def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
+def worker_loop(job_ref: Any) -> None:
+    """Ray Train's loop of every worker: the driver's :class:`~rayemb.train.worker_job.WorkerJob` (by reference)."""
     loop_t0 = time.time()  # the worker process is up: what follows is imports, the process group, the model
+    import ray
+
+    train_loop_per_worker(ray.get(job_ref), loop_t0)
+
+
+def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> None:
+    loop_t0 = time.time() if loop_t0 is None else loop_t0
     import ray.train
     import ray.train.torch
     import torch
@@ -184,26 +187,30 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
 
     quiet_third_party_logs()
 
-    cfg: JobConfig = loop_config["job"]  # the frozen config object itself, pickled by Ray
-    schema: DatasetSchema = loop_config["schema"]
+    cfg: JobConfig = job.cfg
+    schema: DatasetSchema = job.schema
     # Step metrics go straight to the driver's queue: ray.train.report is a slow barrier across ranks, so it is
     # kept for epoch ends.
-    metrics_queue = loop_config.get("metrics_queue")
+    metrics_queue = job.metrics_queue
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
-    steps_per_epoch = steps_for_world(loop_config["train_rows"], world, cfg)
+    shape = job.batch(world)
+    steps_per_epoch = job.steps_per_epoch(world)
     torch.manual_seed(cfg.train.seed)
     # intra-op threads = the CPUs Ray granted this worker (Ray's OMP_NUM_THREADS rule), said once
-    threads = max(1, int(loop_config.get("cpus_per_worker") or 1))
+    threads = max(1, int(job.cpus_per_worker or 1))
     torch.set_num_threads(threads)
     if rank == 0:
         logger.info("%d ranks, %d torch thread(s) each, device %s", world, threads, device)
 
     # an elastic group restarted on fewer ranks takes the plan made for its size (hot set and shards)
-    plans = ray.get(loop_config["plans"])  # both plans travel as object-store references (trainer._ray_trainer)
-    job_plan = plans[world] if world in plans else ray.get(loop_config["plan"])
-    spec = ray.get(loop_config["model"]) if loop_config.get("model") is not None else None  # a ModelSpec
+    plans = ray.get(job.plans)  # the plans travel as an object-store reference (rayemb.train.worker_job)
+    if world not in plans:
+        raise RuntimeError(f"no plan for {world} ranks (planned: {sorted(plans)}): the driver plans every world size "
+                           "of scaling.num_workers")
+    job_plan = plans[world]
+    spec = ray.get(job.model) if job.model is not None else None  # a ModelSpec
     model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device, model_spec=spec)
     apply_train_compile(model, cfg.train, log=rank == 0)  # train.compile: dense (the probes step eagerly)
     instrument_ddp(model)
@@ -212,37 +219,37 @@ def train_loop_per_worker(loop_config: Dict[str, Any]) -> None:
     prefetch = prefetch if prefetch is not None and prefetch.enabled else None
     item = item_feature_of(model)  # a retrieval model's item feature, else None
     loss_fn = job_loss(schema, cfg.train.task_weights, spec.loss if spec is not None else None, item,
-                       loop_config.get("table_stats"))
+                       job.table_stats)
     converter = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap,
                                sequence=cfg.model.sequence_tower != "none", keep_ids=item)
-    data_args = dict(in_memory=bool(loop_config.get("in_memory")), first_batch_timeout_s=cfg.data.first_batch_timeout_s,
-                     rank=rank, cpus_per_worker=loop_config.get("cpus_per_worker"), seed=cfg.train.seed)
+    data_args = dict(in_memory=job.in_memory, first_batch_timeout_s=cfg.data.first_batch_timeout_s,
+                     rank=rank, cpus_per_worker=job.cpus_per_worker, seed=cfg.train.seed)
     # on a GPU the first epoch trains as the shard is converted (the step leaves the CPU free; a CPU step needs its
     # cores itself), and batches are pinned where they are converted, so that their copies are asynchronous
-    train_data = RankBatches(_shard(loop_config, TRAIN_SPLIT, rank, world), cfg.data.batch_size,
+    train_data = RankBatches(_shard(job, TRAIN_SPLIT, rank, world), cfg.data.batch_size,
                              pinned(converter) if device.type == "cuda" else converter,
                              split=TRAIN_SPLIT, overlap_first_epoch=device.type == "cuda", **data_args)
     # every validation row is scored: the last batch is padded to the full size, padding is masked out
-    valid_data = RankBatches(_shard(loop_config, VALID_SPLIT, rank, world), cfg.data.batch_size,
+    valid_data = RankBatches(_shard(job, VALID_SPLIT, rank, world), cfg.data.batch_size,
                              functools.partial(converter, pad_to=cfg.data.batch_size), split=VALID_SPLIT,
                              shuffle=False, drop_last=False, **data_args)
     valid_data.preload()  # in memory: read while the train split is, ready for the first validation
-    global_batch = cfg.data.batch_size * world
+    global_batch = shape.global_size
     log_every = cfg.train.log_every_n_steps
 
     tables = {t.name: (int(t.num_embeddings), int(t.embedding_dim))
               for t in table_configs(schema, cfg.model.embedding_dim)}
     tables.update({f.name: (f.num_embeddings, f.embedding_dim) for f in sequence_features(cfg.model, schema)})
-    position = restore(model, optimizer, remapper, tables, cfg.data.batch_size, loop_config.get("resume_from"),
-                       loop_config.get("checkpoint_root"), chunk_mib=cfg.train.checkpoint_chunk_mib)
+    position = restore(model, optimizer, remapper, tables, shape, job.resume_from, job.checkpoint_root,
+                       chunk_mib=cfg.train.checkpoint_chunk_mib)
     step = position.step
     best = EarlyStopping(cfg.train.early_stopping_patience, position.bookkeeping,
                          RETRIEVAL_METRIC if item else "valid_auc")
     retrieval = None if item is None else {"candidates": converter.candidates, "batch_size": cfg.data.batch_size,
                                            "num_items": schema.feature(item).num_embeddings}
-    fault = loop_config.get("fault_injection")
+    fault = job.fault_injection
     schedule = CheckpointSchedule(cfg.train.checkpoint_every_n_steps, cfg.train.checkpoint_every_s, rank)
-    ckpt_meta = {"plan_fingerprint": loop_config.get("plan_fingerprint"), "global_batch": global_batch,
+    ckpt_meta = {"plan_fingerprint": job.plan_fingerprint, "global_batch": global_batch,
                  "placements": {n: str(getattr(tp.placement, "value", tp.placement))
                                 for n, tp in job_plan.placements.items()}, "world_size_planned": world}
 

@@ -35,6 +35,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from rayemb.batch_shape import BatchShape
+
 logger = logging.getLogger(__name__)
 
 
@@ -49,14 +51,13 @@ class Position:
     source: Optional[str] = None  # the checkpoint loaded
 
 
-def position_from_meta(meta: Mapping[str, Any], world_size: int, batch_size: int) -> Position:
-    """The :class:`Position` a checkpoint's meta.json leads to for a job of ``world_size`` ranks."""
+def position_from_meta(meta: Mapping[str, Any], shape: BatchShape) -> Position:
+    """The :class:`Position` a checkpoint's meta.json leads to for a job of batch ``shape``."""
     epoch, step = int(meta.get("epoch", 0)), int(meta.get("step", 0))
     bookkeeping = {k: v for k, v in meta.items() if k.startswith("best_") or k == "epochs_without_gain"}
     if meta.get("epoch_complete", True):
         return Position(step, epoch + 1, 0, bookkeeping)
-    samples = int(meta.get("epoch_samples", 0))
-    return Position(step, epoch, samples // (world_size * batch_size), bookkeeping)
+    return Position(step, epoch, shape.steps_in(int(meta.get("epoch_samples", 0))), bookkeeping)
 
 
 def _checkpoint_uri(checkpoint: Any, checkpoint_root: Optional[str]) -> Optional[str]:
@@ -145,7 +146,7 @@ def _remove_node_copy(path: str, local: str) -> None:
 
 
 def restore(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tuple[int, int]],
-            batch_size: int, resume_from: Optional[str] = None, checkpoint_root: Optional[str] = None,
+            shape: BatchShape, resume_from: Optional[str] = None, checkpoint_root: Optional[str] = None,
             chunk_mib: Optional[float] = None) -> Position:
     """Loads the newest intact checkpoint (Ray Train's, else ``resume_from``) into this plan; a collective.
 
@@ -160,7 +161,10 @@ def restore(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tupl
     from rayemb.checkpoint.store import DEFAULT_CHUNK_MIB, load_logical, verify
     from rayemb.errors import DataError
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
+    if shape.world != dist.get_world_size():
+        raise ValueError(f"restore: the batch shape is for {shape.world} ranks, the process group has "
+                         f"{dist.get_world_size()}")
     choice: List[Any] = [None, None, None]
     if rank == 0:
         candidates, fallback = _candidates(resume_from, checkpoint_root)
@@ -195,7 +199,7 @@ def restore(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tupl
     if local != path:
         dist.barrier()  # every rank of the node has read the copy
         _remove_node_copy(path, local)
-    pos = position_from_meta(meta, world, batch_size)
+    pos = position_from_meta(meta, shape)
     pos.source = path
     if rank == 0:
         logger.info("resumed from %s (written by %d ranks at epoch %d, step %d): continuing at epoch %d after %d "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import os
 import sys
@@ -60,6 +61,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any
     ``model``: a :class:`~rayemb.model.factory.ModelSpec` (None: the config's ``model`` section names it).
     The job is ``cfg.name`` in its output folder: an unfinished run of it is continued, a finished one returned
     as it is, unless ``new_run`` (:mod:`rayemb.train.job_record`)."""
+    from rayemb.train.attempt import claim_attempt, finished_result
     from rayemb.train.job_record import Heartbeat
     from rayemb.train.phases import JobPhases
 
@@ -89,81 +91,6 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any
             "run_id": result.run_id, "metrics": result.metrics, "best_checkpoint": result.best_checkpoint,
             "last_checkpoint": result.last_checkpoint, "tracking_uri": redact_uri(result.tracking_uri)})
     return result
-
-
-def claim_attempt(inputs: JobInputs, new_run: bool = False) -> JobInputs:
-    """This driver's attempt of the job (:func:`rayemb.train.job_record.claim`), and for a continued run the
-    newest intact checkpoint of its own folder to resume from (its tables checked like ``--resume-from``)."""
-    from rayemb.checkpoint.store import checkpoints_newest_first, read_meta
-    from rayemb.train.job_record import claim
-
-    cfg = inputs.cfg
-    attempt = claim(cfg, inputs.schema, inputs.out_dir, new_run)
-    inputs = dataclasses.replace(inputs, attempt=attempt)
-    if attempt.finished is not None or not attempt.resuming:
-        return inputs
-    root = JobOutputs.of(inputs.out_dir, attempt.job_id).checkpoint_root
-    resume = None
-    for i, path in enumerate(checkpoints_newest_first(root) if _exists(root) else []):
-        meta = read_meta(path) or {}
-        if i == 0 and meta.get("epoch_complete", True) and int(meta.get("epoch", -1)) + 1 >= cfg.train.epochs:
-            return dataclasses.replace(inputs, attempt=_trained_already(inputs, path))
-        try:
-            resume = check_resume_from(cfg.replace(train=dataclasses.replace(cfg.train, resume_from=path)),
-                                       inputs.schema)
-            break
-        except DataError as e:
-            if e.category == "storage":
-                raise
-            print(f"rayemb: WARNING: {e.message}", flush=True)  # damaged, or nothing left to train: the one before
-    where = (f"checkpoint {redact_uri(resume[0])} (epoch {int(resume[1]['epoch']) + 1}, step {int(resume[1]['step'])})"
-             if resume else "the start (no intact checkpoint was written)")
-    print(f"rayemb: job {cfg.name!r}: attempt {attempt.attempt} of run {attempt.job_id} continues from {where}",
-          flush=True)
-    return dataclasses.replace(inputs, resume=resume)
-
-
-def _trained_already(inputs: JobInputs, checkpoint: str) -> Any:
-    """A run whose driver stopped after its last epoch's checkpoint: nothing is left to train, so it ends
-    FINISHED (record and MLflow run) with that checkpoint as its last."""
-    from rayemb.train.job_record import FINISHED, write_record
-
-    attempt, rec = inputs.attempt, inputs.attempt.record
-    print(f"rayemb: job {rec.name!r}: run {rec.job_id} trained all {inputs.cfg.train.epochs} epoch(s) before its "
-          f"driver stopped (last checkpoint {redact_uri(checkpoint)}); marking it FINISHED", flush=True)
-    if rec.run_id:
-        try:
-            from mlflow import MlflowClient
-
-            uri = job_tracking_uri(inputs.cfg.tracking.tracking_uri, inputs.out_dir)
-            MlflowClient(uri).set_terminated(rec.run_id, FINISHED)
-        except Exception as e:  # noqa: BLE001 - the record says it; the MLflow run is only bookkeeping
-            print(f"rayemb: WARNING: could not mark MLflow run {rec.run_id} FINISHED ({type(e).__name__})", flush=True)
-    rec.status, rec.pid = FINISHED, 0
-    rec.result = {"run_id": rec.run_id, "last_checkpoint": checkpoint, "metrics": {}}
-    rec.attempts[-1]["ended"] = FINISHED
-    write_record(inputs.out_dir, rec)
-    return dataclasses.replace(attempt, finished=rec)
-
-
-def _exists(path: str) -> bool:
-    from rayemb import storage
-
-    return storage.isdir(path)
-
-
-def finished_result(inputs: JobInputs) -> TrainResult:
-    """What a rerun of a finished job returns: the run as it ended, nothing trained."""
-    from rayemb.train.job_record import record_path
-
-    rec, out_dir = inputs.attempt.finished, inputs.out_dir
-    print(f"rayemb: job {rec.name!r} FINISHED already (run {rec.job_id}, MLflow run {rec.run_id}); its record is "
-          f"{redact_uri(record_path(out_dir, rec.name))}. Nothing to train: --new-run starts another run "
-          "(Python: fit(new_run=True)).", flush=True)
-    r = rec.result
-    return TrainResult(run_id=r.get("run_id", rec.run_id), tracking_uri=r.get("tracking_uri", ""), status="FINISHED",
-                       metrics=dict(r.get("metrics", {})), best_checkpoint=r.get("best_checkpoint"),
-                       last_checkpoint=r.get("last_checkpoint"))
 
 
 # ---- STAGE 1: CHECK INPUTS (no Ray) ---- #
@@ -496,7 +423,8 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
     from rayemb.train.backend import RayembTorchConfig
     from rayemb.train.held_splits import FileSplit, HeldSplit
     from rayemb.tracking.callback import ReportForwarder
-    from rayemb.train.loop import train_loop_per_worker
+    from rayemb.train.loop import worker_loop
+    from rayemb.train.worker_job import WorkerJob
     from rayemb.train.validation import ValidationDataConfig
 
     cfg, data_dir = inputs.cfg, inputs.data_dir
@@ -505,21 +433,15 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
                          rows={"train": inputs.train_rows, "valid": inputs.valid_rows}, in_memory=resources.in_memory)
     # small ones in the object store, in-memory ones read by each rank: neither is a Ray Dataset
     held = {name: s for name, s in splits.items() if isinstance(s, (HeldSplit, FileSplit))}
+    job = WorkerJob(
+        cfg=cfg, schema=inputs.schema, plans=ray.put(planned.plans_by_world),
+        model=ray.put(inputs.model) if inputs.model is not None else None, train_rows=inputs.train_rows,
+        plan_fingerprint=planned.fingerprint, checkpoint_root=tracking.outputs.checkpoint_root,
+        resume_from=planned.resume[0] if planned.resume else None, in_memory=resources.in_memory,
+        cpus_per_worker=resources.cpus_per_worker, held_splits=held, table_stats=dict(planned.stats.tables),
+        metrics_queue=queue, fault_injection=fault_injection())
     return TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={
-            # by reference: Ray Train's controller unpickles this config, and the plans would import TorchRec there
-            "job": cfg, "schema": inputs.schema, "plan": ray.put(planned.job_plan), "model": ray.put(inputs.model),
-            "plans": ray.put(planned.plans_by_world),
-            # a retrieval model's logQ correction reads its item table's counts (rayemb.train.retrieval)
-            "table_stats": dict(planned.stats.tables),
-            "train_rows": inputs.train_rows,
-            "checkpoint_root": tracking.outputs.checkpoint_root,
-            "metrics_queue": queue, "fault_injection": fault_injection(), "plan_fingerprint": planned.fingerprint,
-            "resume_from": planned.resume[0] if planned.resume else None,
-            "in_memory": resources.in_memory, "cpus_per_worker": resources.cpus_per_worker,
-            "held_splits": held,
-        },
+        functools.partial(worker_loop, ray.put(job)),  # one typed object, by reference (rayemb.train.worker_job)
         torch_config=RayembTorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=((cfg.scaling.min_workers, inputs.world_size)
                                                   if cfg.scaling.min_workers else inputs.world_size),

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from _servers import MotoS3Server, free_port
 from _tiny_checkpoint import tiny_model
 
+from rayemb.batch_shape import BatchShape
 from rayemb import storage
 from rayemb.checkpoint import store
 from rayemb.checkpoint.store import checkpoints_newest_first, read_meta, save_logical, verify
@@ -196,7 +197,7 @@ def test_resume_falls_back_past_damaged_checkpoints_but_not_past_an_unreachable_
 
     model, opt = tiny_model(0)
     with caplog.at_level(logging.WARNING):
-        pos = restore(model, opt, None, TABLES, batch_size=4, checkpoint_root=root)
+        pos = restore(model, opt, None, TABLES, BatchShape(4, 1), checkpoint_root=root)
     assert (pos.step, pos.source) == (10, root + "/checkpoint_10")
     assert torch.equal(model.top.weight, weights[10])
     assert f"checkpoint {root}/checkpoint_30 is not usable" in caplog.text  # hash check failed: fell back
@@ -204,7 +205,7 @@ def test_resume_falls_back_past_damaged_checkpoints_but_not_past_an_unreachable_
     caplog.clear()
     s3.stop()
     with caplog.at_level(logging.WARNING), pytest.raises(DataError) as e:
-        restore(model, opt, None, TABLES, batch_size=4, checkpoint_root=root)
+        restore(model, opt, None, TABLES, BatchShape(4, 1), checkpoint_root=root)
     assert e.value.category == "storage" and f"Checkpoint '{root}' could not be read" in e.value.message
     assert "starting from scratch" not in caplog.text
 
@@ -231,7 +232,7 @@ def test_a_restarted_group_handed_a_corrupt_newest_checkpoint_falls_back_to_the_
 
     model, opt = tiny_model(0)
     with caplog.at_level(logging.WARNING):
-        pos = restore(model, opt, None, TABLES, batch_size=4, checkpoint_root=str(tmp_path / "job"))
+        pos = restore(model, opt, None, TABLES, BatchShape(4, 1), checkpoint_root=str(tmp_path / "job"))
     assert (pos.step, pos.source) == (20, str(tmp_path / "job" / "checkpoint_20"))
     assert torch.equal(model.top.weight, weights[20])
     assert f"checkpoint {newest} is not usable" in caplog.text and "resuming from the older checkpoint" in caplog.text

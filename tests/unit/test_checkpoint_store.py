@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from rayemb.batch_shape import BatchShape
 from rayemb.checkpoint.exchange import row_range
 from rayemb.checkpoint.store import FORMAT, checkpoints_newest_first, verify
 from rayemb.config import load_config
@@ -73,13 +74,13 @@ def test_canonical_row_ranges_tile_the_table(rows, world):
 
 def test_position_after_an_epoch_end_and_mid_epoch_at_another_world_size():
     end = {"epoch": 1, "step": 140, "epoch_complete": True, "best_valid_auc": 0.7, "best_epoch": 1}
-    pos = position_from_meta(end, world_size=3, batch_size=256)
+    pos = position_from_meta(end, BatchShape(256, 3))
     assert (pos.step, pos.epoch, pos.skip_steps) == (140, 2, 0) and pos.bookkeeping["best_epoch"] == 1
     # 2 ranks x 256 x 30 steps = 15,360 samples of epoch 1 done; 3 ranks skip 15,360 // 768 = 20 steps
     mid = {"epoch": 1, "step": 100, "epoch_complete": False, "epoch_samples": 30 * 512}
-    pos = position_from_meta(mid, world_size=3, batch_size=256)
+    pos = position_from_meta(mid, BatchShape(256, 3))
     assert (pos.step, pos.epoch, pos.skip_steps) == (100, 1, 20)
-    assert position_from_meta(mid, world_size=2, batch_size=256).skip_steps == 30
+    assert position_from_meta(mid, BatchShape(256, 2)).skip_steps == 30
 
 
 def test_elastic_num_workers_and_its_errors():

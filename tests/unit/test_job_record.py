@@ -122,7 +122,8 @@ def test_a_damaged_record_is_an_error_naming_it(job):
 def test_a_run_that_trained_every_epoch_before_its_driver_died_ends_finished(job):
     from tests._tiny_checkpoint import write_checkpoint
 
-    from rayemb.train.trainer import check_inputs, claim_attempt
+    from rayemb.train.attempt import claim_attempt
+    from rayemb.train.trainer import check_inputs
 
     cfg, schema, out = job
     rec = _record(out, cfg(), schema, pid=_dead_pid(), host=socket.gethostname())

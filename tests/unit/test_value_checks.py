@@ -8,6 +8,7 @@ import math
 import pyarrow as pa
 import pytest
 
+from rayemb.batch_shape import BatchShape
 from rayemb.config import config_from_dict, load_config
 from rayemb.data.checks import ValueSummary, check_values
 from rayemb.errors import ConfigError, DataError, RayembError, TrainingError, find_user_error
@@ -157,7 +158,7 @@ def test_early_stopping_restores_from_state():
     from rayemb.train.resume import position_from_meta
 
     meta = {"epoch": 0, "step": 10, "epoch_complete": True, **hits.state()}
-    again = EarlyStopping(patience=2, resumed=position_from_meta(meta, 2, 4).bookkeeping, metric="valid_hit_rate_at_50")
+    again = EarlyStopping(patience=2, resumed=position_from_meta(meta, BatchShape(4, 2)).bookkeeping, metric="valid_hit_rate_at_50")
     assert (again.best, again.best_epoch) == (0.3, 0)
 
 
