@@ -41,6 +41,8 @@ LOCK_SECTIONS = {
 #: exact pins pyproject.toml keeps, and why: everything else is a range, so rayemb installs into an
 #: existing Ray image without moving its packages
 EXACT_PINS_ALLOWED = {"torchmetrics": "torchrec 1.8 requires exactly 1.0.3"}
+#: the CPython versions rayemb is tested on (scripts/install.sh accepts them, .ci/run runs the unit tests on both)
+TESTED_PYTHONS = ("3.11", "3.12")
 PACKAGE = "rayemb"
 # Extras that provide runtime code (the fbgemm build); `test` is not one of them.
 RUNTIME_EXTRAS = ("cpu", "gpu")
@@ -273,11 +275,137 @@ def test_install_sh_uses_the_gpu_lock_where_nvidia_smi_sees_a_gpu(tmp_path, gpu)
             assert f"from {(GPU_LOCK if gpu else LOCK).name}" in p.stdout, p.stdout
 
 
-def test_requires_python_admits_this_interpreter():
+def test_requires_python_admits_this_interpreter_and_the_tested_versions():
     from packaging.specifiers import SpecifierSet
 
     spec = SpecifierSet(_pyproject()["project"]["requires-python"])
     assert spec.contains(f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}")
+    assert all(spec.contains(f"{v}.0") for v in TESTED_PYTHONS) and not spec.contains("3.13.0"), spec
+
+
+def test_license_is_apache_2_and_the_built_metadata_carries_it(tmp_path):
+    """LICENSE holds the Apache License 2.0 (as TorchRec's dependencies Ray and MLflow), pyproject.toml names it,
+    and setuptools puts both into the distribution's metadata."""
+    text = (REPO / "LICENSE").read_text()
+    for needle in ("Apache License", "Version 2.0, January 2004", "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND",
+                   "9. Accepting Warranty or Additional Liability.", "END OF TERMS AND CONDITIONS"):
+        assert needle in text, f"LICENSE lacks {needle!r}: not the full Apache-2.0 text"
+    project = _pyproject()["project"]
+    assert project.get("license") == "Apache-2.0" and project.get("license-files") == ["LICENSE"], \
+        (project.get("license"), project.get("license-files"))
+
+    # the metadata of a copy of the project, as pip builds it (no code needed for that)
+    src = tmp_path / "src"
+    (src / PACKAGE).mkdir(parents=True)
+    (src / PACKAGE / "__init__.py").touch()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, src / name)
+    (tmp_path / "meta").mkdir()
+    p = _run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+              "print(b.prepare_metadata_for_build_wheel(sys.argv[1]))", str(tmp_path / "meta")],
+             cwd=src, timeout=300)
+    dist_info = tmp_path / "meta" / p.stdout.split()[-1]
+    metadata = (dist_info / "METADATA").read_text()
+    assert "License-Expression: Apache-2.0" in metadata.splitlines(), metadata[:2000]
+    assert "License-File: LICENSE" in metadata.splitlines(), metadata[:2000]
+    assert (dist_info / "licenses" / "LICENSE").read_text() == text
+
+
+def _python(version: str):
+    """An interpreter of that version that runs: on PATH, or pyenv's (its shims fail for versions it has not
+    selected, and CI empties HOME, so $PYENV_ROOT/versions is looked at directly); None when there is none."""
+    import glob
+
+    roots = [os.environ.get("PYENV_ROOT", ""), os.path.expanduser("~/.pyenv")]
+    candidates = [shutil.which(f"python{version}")]
+    for root in filter(None, roots):
+        candidates += sorted(glob.glob(os.path.join(root, "versions", f"{version}.*", "bin", f"python{version}")))
+    for exe in filter(None, candidates):
+        p = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                           capture_output=True, text=True, timeout=60)
+        if p.returncode == 0 and p.stdout.strip() == version:
+            return exe
+    return None
+
+
+def _simple_index(root: Path, wheels: Iterable[str]) -> str:
+    """A PEP 503 index on disk serving ``torch`` with these wheel file names (the files need not exist: pip only
+    reads the listing to see what it offers)."""
+    (root / "torch").mkdir(parents=True)
+    links = "".join(f'<a href="../files/{w}">{w}</a>\n' for w in wheels)
+    (root / "torch" / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
+    return root.as_uri()
+
+
+def _install_dry_run(tmp_path: Path, python: str, **env) -> subprocess.CompletedProcess:
+    """``install.sh --dry-run`` on a CPU machine with pip kept off the network: no configuration, an empty index,
+    find-links and RAYEMB_TORCH_INDEX_URL as given (None: unset)."""
+    empty = tmp_path / "empty-index"
+    empty.mkdir(exist_ok=True)
+    no_gpu = tmp_path / "bin-no-gpu"
+    no_gpu.mkdir(exist_ok=True)
+    (no_gpu / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")  # sees no GPU, even on a GPU machine: the CPU lock
+    (no_gpu / "nvidia-smi").chmod(0o755)
+    run_env = {"PATH": f"{no_gpu}:/usr/bin:/bin", "HOME": str(tmp_path),
+               "PYTHON": python, "RAYEMB_VENV": str(tmp_path / "no-venv"),
+               "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": empty.as_uri()}
+    run_env.update({k: v for k, v in env.items() if v is not None})
+    return subprocess.run(["bash", str(REPO / "scripts" / "install.sh"), "--dry-run"],
+                          capture_output=True, text=True, env=run_env, timeout=300)
+
+
+#: a wheel any interpreter takes, named as the CPU lock's torch build
+def _torch_cpu_wheel() -> str:
+    return f"torch-{_lock()['torch']}-py3-none-any.whl"
+
+
+def test_install_sh_adds_the_torch_cpu_index_only_where_pip_cannot_find_the_build(tmp_path):
+    """PyPI serves no +cpu torch: install.sh adds RAYEMB_TORCH_INDEX_URL (PyTorch's CPU index by default) only
+    when pip's own find-links and indexes lack the CPU lock's build, and says so; empty never adds one."""
+    pin = _lock()["torch"]
+    assert pin.endswith("+cpu")
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / _torch_cpu_wheel()).touch()
+    # another build of the same version in find-links is not the pinned one
+    (tmp_path / "links-other").mkdir()
+    (tmp_path / "links-other" / f"torch-{pin.split('+')[0]}-py3-none-any.whl").touch()
+    serving = _simple_index(tmp_path / "torch-index", [_torch_cpu_wheel()])
+    lacking = _simple_index(tmp_path / "other-index", [f"torch-{pin.split('+')[0]}-py3-none-any.whl"])
+
+    # found in pip's find-links (a local wheel, offline): no index added, even with one named
+    p = _install_dry_run(tmp_path, sys.executable, PIP_FIND_LINKS=str(links), RAYEMB_TORCH_INDEX_URL=serving)
+    assert p.returncode == 0 and f"torch=={pin} for Python" in p.stderr, (p.stdout, p.stderr)
+    assert "pip finds it as configured (no extra index)" in p.stderr, p.stderr
+
+    # not found: the index named by RAYEMB_TORCH_INDEX_URL is added, and it serves the build
+    p = _install_dry_run(tmp_path, sys.executable, PIP_FIND_LINKS=str(tmp_path / "links-other"),
+                         RAYEMB_TORCH_INDEX_URL=serving)
+    assert p.returncode == 0 and f"from the extra index {serving}" in p.stderr, (p.stdout, p.stderr)
+
+    # not found, and the named index lacks the build too: exit 3 before anything is installed, naming the variable
+    p = _install_dry_run(tmp_path, sys.executable, RAYEMB_TORCH_INDEX_URL=lacking)
+    assert p.returncode == 3 and f"RAYEMB_TORCH_INDEX_URL={lacking}" in p.stderr, (p.stdout, p.stderr)
+
+    # empty: never an index; the message says what the default would have been
+    p = _install_dry_run(tmp_path, sys.executable, RAYEMB_TORCH_INDEX_URL="")
+    assert p.returncode == 3 and "RAYEMB_TORCH_INDEX_URL is empty" in p.stderr, (p.stdout, p.stderr)
+    assert "https://download.pytorch.org/whl/cpu" in p.stderr, p.stderr
+    assert not (tmp_path / "no-venv").exists()
+
+
+@pytest.mark.parametrize("version,accepted", [("3.12", True), ("3.13", False)])
+def test_install_sh_accepts_python_3_11_and_3_12_only(tmp_path, version, accepted):
+    python = _python(version)
+    if python is None:
+        pytest.skip(f"no Python {version} on this machine")
+    p = _install_dry_run(tmp_path, python, PIP_FIND_LINKS=str(tmp_path))
+    if accepted:
+        # the version passes; whether a +cpu torch wheel exists for it (exit 3) is the index's matter
+        assert p.returncode in (0, 3) and "needs Python" not in p.stderr, (p.stdout, p.stderr)
+        assert f"with Python {version}." in p.stdout, p.stdout
+    else:
+        assert p.returncode == 1 and "needs Python 3.11 or 3.12" in p.stderr, (p.stdout, p.stderr)
 
 
 def _run(cmd, **kw) -> subprocess.CompletedProcess:
@@ -293,7 +421,7 @@ def test_clean_venv_installs_from_lock_and_runs(tmp_path):
     # Install from a copy of the project, so that building it leaves nothing in the work tree.
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, src / name)
     shutil.copytree(REPO / PACKAGE, src / PACKAGE, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
