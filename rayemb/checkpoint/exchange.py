@@ -66,6 +66,13 @@ def _all_to_all(tensor: torch.Tensor, send_counts: List[int], recv_counts: List[
     return out.cpu()
 
 
+def exchange_counts(send: List[int], dev: torch.device) -> List[int]:
+    """What each rank sends this one, for ``send[r]`` this rank sends rank ``r`` (one count each)."""
+    recv = torch.empty(len(send), dtype=torch.int64, device=dev)
+    dist.all_to_all_single(recv, torch.tensor(send, dtype=torch.int64, device=dev))
+    return [int(x) for x in recv.cpu().tolist()]
+
+
 def _exchange_counts(send: List[Tuple[int, int]], dev: torch.device) -> List[Tuple[int, int]]:
     """(rows, values) each rank sends this one, for (rows, values) this rank sends each rank."""
     recv = torch.empty(2 * len(send), dtype=torch.int64, device=dev)

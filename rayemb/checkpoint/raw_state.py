@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rayemb.checkpoint.exchange import _all_to_all, _comm_device, _exchange_counts
+from rayemb.checkpoint.exchange import _all_to_all, _comm_device, exchange_counts
 from rayemb.checkpoint.layout import MOMENTUM, WEIGHT
 from rayemb.embedding.raw_ids import EMPTY_KEY, keys_to_raw_ids, raw_ids_to_keys
 from rayemb.embedding.raw_tables import LAST_ACCESS_S, RawIdMCH, key_owner, raw_id_modules
@@ -123,7 +123,7 @@ def _route(payloads: List[np.ndarray], owner: np.ndarray, world: int) -> List[to
     dev = _comm_device()
     order = np.argsort(owner, kind="stable")
     send = np.bincount(owner, minlength=world).tolist()
-    recv = _exchange_counts(send, dev)
+    recv = exchange_counts(send, dev)
     return [_all_to_all(torch.from_numpy(np.ascontiguousarray(p[order])), send, recv, dev) for p in payloads]
 
 
