@@ -422,6 +422,253 @@ def test_kuberay_checks_catch_a_broken_manifest(name, path, breakage):
 
 
 # --------------------------------------------------------------------------------------------- #
+# KubeRay manifests against KubeRay's own CRDs
+# --------------------------------------------------------------------------------------------- #
+
+CRD_DIR = ROOT / "tests" / "fixtures" / "kuberay_crd"
+#: the oldest KubeRay release the manifests are written for ("KubeRay v1.6 or newer" in their headers);
+#: its CRD files are vendored unchanged under CRD_DIR, each after one line naming where it came from
+KUBERAY_CRD_RELEASE = "v1.6.2"
+CRD_FILES = {"RayCluster": "ray.io_rayclusters.yaml", "RayJob": "ray.io_rayjobs.yaml"}
+
+
+def strict_schema(node: Any) -> Any:
+    """A CRD's OpenAPI v3 schema as a JSON Schema that the API server's checks would agree with.
+
+    Unknown fields are errors (``kubectl apply`` validates fields strictly by default; the API server
+    would otherwise drop them without a word) unless the schema preserves them; ``nullable`` admits
+    null. The CRD's CEL rules (``x-kubernetes-validations``) are not evaluated.
+    """
+    if isinstance(node, list):
+        return [strict_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: (v if k in ("enum", "default", "example") else strict_schema(v))
+           for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if "properties" in out:
+        # property names are data, not keywords: only their schemas are converted
+        out["properties"] = {name: strict_schema(sub) for name, sub in node["properties"].items()}
+        if "additionalProperties" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+_CRD_VALIDATORS: Dict[str, Any] = {}
+
+
+def crd_validator(kind: str):
+    """jsonschema validator of the ``v1`` openAPIV3Schema in the vendored CRD of ``kind``."""
+    if kind not in _CRD_VALIDATORS:
+        import jsonschema
+
+        text = (CRD_DIR / CRD_FILES[kind]).read_text()
+        source = text.splitlines()[0]
+        assert source.startswith(f"# KubeRay {KUBERAY_CRD_RELEASE} CRD, vendored unchanged") and \
+            "https://github.com/ray-project/kuberay/blob/" in source, source
+        crd = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        assert crd["kind"] == "CustomResourceDefinition" and crd["spec"]["names"]["kind"] == kind
+        v1 = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+        assert v1["served"] and v1["storage"]
+        schema = strict_schema(v1["schema"]["openAPIV3Schema"])
+        jsonschema.Draft7Validator.check_schema(schema)
+        _CRD_VALIDATORS[kind] = jsonschema.Draft7Validator(schema)
+    return _CRD_VALIDATORS[kind]
+
+
+def crd_problems(doc: Dict[str, Any]) -> List[str]:
+    """Where ``doc`` breaks its kind's CRD schema, one line each (``spec.a.b: message``)."""
+    errors = sorted(crd_validator(doc["kind"]).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))
+    return [f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in errors]
+
+
+@pytest.mark.parametrize("name,kind", [("raycluster.yaml", "RayCluster"), ("rayjob.yaml", "RayJob")])
+def test_kuberay_manifest_is_valid_against_kuberays_crd(name, kind):
+    problems = crd_problems(the_doc(name, kind))
+    assert not problems, f"{name} breaks KubeRay {KUBERAY_CRD_RELEASE}'s {kind} CRD:\n  " + "\n  ".join(problems)
+
+
+def _rayjob_worker(doc):
+    return doc["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+
+
+CRD_REJECTS = {
+    # a misspelt field: the API server's strict field validation refuses it (or drops it, unvalidated)
+    "misspelt redisAddress": ("raycluster.yaml", lambda d: d["spec"]["gcsFaultToleranceOptions"].__setitem__(
+        "redisAdress", d["spec"]["gcsFaultToleranceOptions"].pop("redisAddress")),
+        "spec.gcsFaultToleranceOptions: Additional properties are not allowed ('redisAdress' was unexpected)"),
+    "misspelt submitter backoffLimit": ("rayjob.yaml", lambda d: d["spec"]["submitterConfig"].__setitem__(
+        "backOffLimit", 4), "spec.submitterConfig: Additional properties are not allowed ('backOffLimit'"),
+    "backoffLimit a string": ("rayjob.yaml", lambda d: d["spec"].__setitem__("backoffLimit", "2"),
+                              "spec.backoffLimit: '2' is not of type 'integer'"),
+    "worker group without groupName": ("rayjob.yaml", lambda d: _rayjob_worker(d).pop("groupName"),
+                                       "spec.rayClusterSpec.workerGroupSpecs.0: 'groupName' is a required property"),
+    "container without name": ("raycluster.yaml",
+                               lambda d: d["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0].pop("name"),
+                               "spec.headGroupSpec.template.spec.containers.0: 'name' is a required property"),
+    "GPU limit not a quantity": ("rayjob.yaml", lambda d: _ray_container(_rayjob_worker(d)["template"])["resources"][
+        "limits"].__setitem__("nvidia.com/gpu", "four"), "limits.nvidia.com/gpu: 'four' does not match"),
+    "redis password as a list": ("raycluster.yaml", lambda d: d["spec"]["gcsFaultToleranceOptions"].__setitem__(
+        "redisPassword", ["secret"]), "spec.gcsFaultToleranceOptions.redisPassword: ['secret'] is not of type"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(CRD_REJECTS))
+def test_crd_check_catches_a_broken_field(breakage):
+    name, mutate, expected = CRD_REJECTS[breakage]
+    doc = copy.deepcopy(load_docs(name)[0])
+    assert crd_problems(doc) == []
+    mutate(doc)
+    problems = crd_problems(doc)
+    assert any(expected in p for p in problems), problems
+
+
+# --------------------------------------------------------------------------------------------- #
+# Head pod loss: GCS fault tolerance (RayCluster) and resubmission (RayJob)
+# --------------------------------------------------------------------------------------------- #
+
+
+def _secret_ref(env_or_value: Dict[str, Any]) -> Dict[str, Any]:
+    return ((env_or_value or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
+
+
+def gcs_ft_problems(rc: Dict[str, Any], redis_docs: List[Dict[str, Any]]) -> List[str]:
+    """The standing RayCluster keeps its GCS in the Redis of redis.yaml, as KubeRay v1.6 accepts it."""
+    problems: List[str] = []
+    spec = rc.get("spec") or {}
+    ft = spec.get("gcsFaultToleranceOptions")
+    if not isinstance(ft, dict):
+        return ["spec.gcsFaultToleranceOptions is missing: a head pod restart would lose the cluster's state "
+                "and restart every worker pod"]
+    service = next((d for d in redis_docs if d.get("kind") == "Service"), {})
+    deployment = next((d for d in redis_docs if d.get("kind") == "Deployment"), {})
+    ports = {p.get("port") for p in (service.get("spec") or {}).get("ports") or []}
+    host, _, port = str(ft.get("redisAddress", "")).rpartition(":")
+    if host != (service.get("metadata") or {}).get("name") or not port.isdigit() or int(port) not in ports:
+        problems.append(f"redisAddress {ft.get('redisAddress')!r} is not the Service of redis.yaml "
+                        f"({(service.get('metadata') or {}).get('name')}:{sorted(ports)})")
+    password = ft.get("redisPassword") or {}
+    ref = _secret_ref(password)
+    if "value" in password or not ref.get("name") or not ref.get("key"):
+        problems.append(f"redisPassword must come from a Secret (valueFrom.secretKeyRef), not {password!r}")
+    pod = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+    redis_refs = [_secret_ref(e) for c in pod.get("containers") or [] for e in c.get("env") or []]
+    if ref and {"name": ref.get("name"), "key": ref.get("key")} not in \
+            [{"name": r.get("name"), "key": r.get("key")} for r in redis_refs]:
+        problems.append(f"redisPassword's Secret {ref.get('name')}/{ref.get('key')} is not the one Redis reads "
+                        f"({redis_refs})")
+    # what KubeRay v1.6 refuses beside gcsFaultToleranceOptions (ray-operator/controllers/ray/utils/validation.go)
+    head = spec.get("headGroupSpec") or {}
+    if {"redis-password", "redis-username"} & set(head.get("rayStartParams") or {}):
+        problems.append("redis-password/redis-username in the head's rayStartParams: use gcsFaultToleranceOptions")
+    env = [e.get("name") for c in ((head.get("template") or {}).get("spec") or {}).get("containers") or []
+           for e in c.get("env") or []]
+    for name in ("REDIS_PASSWORD", "RAY_REDIS_ADDRESS", "REDIS_USERNAME"):
+        if name in env:
+            problems.append(f"{name} in the head's env: KubeRay refuses it with gcsFaultToleranceOptions")
+    annotations = (rc.get("metadata") or {}).get("annotations") or {}
+    for key in ("ray.io/ft-enabled", "ray.io/external-storage-namespace"):
+        if key in annotations:
+            problems.append(f"annotation {key}: KubeRay refuses it with gcsFaultToleranceOptions")
+    return problems
+
+
+def rayjob_resubmission_problems(job: Dict[str, Any]) -> List[str]:
+    """A RayJob that runs its entrypoint again after a head pod loss, as the same rayemb job."""
+    problems: List[str] = []
+    spec = job.get("spec") or {}
+    if spec.get("submissionMode", "K8sJobMode") != "K8sJobMode":
+        problems.append(f"submissionMode {spec.get('submissionMode')!r}: the submitter Job's retries resubmit "
+                        "to a restarted head only in K8sJobMode")
+    if int((spec.get("submitterConfig") or {}).get("backoffLimit", 2)) < 1:
+        problems.append("submitterConfig.backoffLimit < 1: a lost head ends the submitter for good")
+    if not isinstance(spec.get("backoffLimit"), int) or spec["backoffLimit"] < 1:
+        problems.append(f"backoffLimit {spec.get('backoffLimit')!r}: a failed job is never run again on a new cluster")
+    if (spec.get("rayClusterSpec") or {}).get("gcsFaultToleranceOptions") is not None:
+        problems.append("rayClusterSpec.gcsFaultToleranceOptions: a restarted head would keep the dead job's "
+                        "submission id, so the submitter's retry would not resubmit it")
+    if spec.get("jobId"):
+        problems.append("jobId is fixed: a retry on a new cluster needs a fresh submission id")
+    argv = shlex.split(spec.get("entrypoint") or "")
+    names = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--set" and argv[i + 1].startswith("name=")]
+    if len(names) != 1 or not re.fullmatch(r"name=[A-Za-z0-9][A-Za-z0-9._-]*", names[0]):
+        problems.append(f"the entrypoint must fix the job's name with one literal `--set name=...` (its identity: "
+                        f"a resubmission continues that job's run), not {names}")
+    if "--new-run" in argv or "--resume-from" in argv:
+        problems.append("--new-run / --resume-from in the entrypoint: every resubmission would start over")
+    return problems
+
+
+def test_raycluster_keeps_its_gcs_in_the_redis_of_redis_yaml():
+    redis = load_docs("redis.yaml")
+    assert {d["kind"] for d in redis} == {"Service", "Deployment", "PersistentVolumeClaim"}
+    assert gcs_ft_problems(the_doc("raycluster.yaml", "RayCluster"), redis) == []
+    assert not HEX_TOKEN.search((KUBERAY / "redis.yaml").read_text()), "redis.yaml: a password-like hex string"
+    deployment = the_doc("redis.yaml", "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert the_doc("redis.yaml", "Service")["spec"]["selector"].items() <= labels.items()
+
+
+def test_rayjob_runs_its_entrypoint_again_after_a_head_loss():
+    assert rayjob_resubmission_problems(the_doc("rayjob.yaml", "RayJob")) == []
+
+
+GCS_FT_REJECTS = {
+    "no GCS fault tolerance": (lambda rc, r: rc["spec"].pop("gcsFaultToleranceOptions"),
+                               "gcsFaultToleranceOptions is missing"),
+    "another Redis host": (lambda rc, r: rc["spec"]["gcsFaultToleranceOptions"].__setitem__(
+        "redisAddress", "redis:6379"), "is not the Service of redis.yaml"),
+    "password in the manifest": (lambda rc, r: rc["spec"]["gcsFaultToleranceOptions"].__setitem__(
+        "redisPassword", {"value": "hunter2"}), "must come from a Secret"),
+    "Redis reads another Secret": (lambda rc, r: _secret_ref(next(d for d in r if d["kind"] == "Deployment")[
+        "spec"]["template"]["spec"]["containers"][0]["env"][0]).__setitem__("name", "other"), "is not the one Redis"),
+    "REDIS_PASSWORD in the head env": (lambda rc, r: _ray_container(rc["spec"]["headGroupSpec"]["template"])[
+        "env"].append({"name": "REDIS_PASSWORD", "value": "x"}), "REDIS_PASSWORD in the head's env"),
+    "ft-enabled annotation": (lambda rc, r: rc["metadata"].setdefault("annotations", {}).__setitem__(
+        "ray.io/ft-enabled", "true"), "annotation ray.io/ft-enabled"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(GCS_FT_REJECTS))
+def test_gcs_ft_checks_catch_a_broken_manifest(breakage):
+    rc, redis = copy.deepcopy(the_doc("raycluster.yaml", "RayCluster")), copy.deepcopy(load_docs("redis.yaml"))
+    mutate, expected = GCS_FT_REJECTS[breakage]
+    mutate(rc, redis)
+    assert any(expected in p for p in gcs_ft_problems(rc, redis)), gcs_ft_problems(rc, redis)
+
+
+def _set_entrypoint(job, old, new):
+    assert old in job["spec"]["entrypoint"]
+    job["spec"]["entrypoint"] = job["spec"]["entrypoint"].replace(old, new)
+
+
+RESUBMISSION_REJECTS = {
+    "no RayJob retries": (lambda j: j["spec"].pop("backoffLimit"), "backoffLimit None"),
+    "no submitter retries": (lambda j: j["spec"]["submitterConfig"].__setitem__("backoffLimit", 0),
+                             "submitterConfig.backoffLimit < 1"),
+    "HTTP mode": (lambda j: j["spec"].__setitem__("submissionMode", "HTTPMode"), "only in K8sJobMode"),
+    "GCS FT in the job's cluster": (lambda j: j["spec"]["rayClusterSpec"].__setitem__(
+        "gcsFaultToleranceOptions", {"redisAddress": "rayemb-redis:6379"}), "keep the dead job's submission id"),
+    "a fixed jobId": (lambda j: j["spec"].__setitem__("jobId", "rayemb-train-1"), "jobId is fixed"),
+    "no job name": (lambda j: _set_entrypoint(j, "--set name=rayemb-train ", ""), "must fix the job's name"),
+    "a per-submission name": (lambda j: _set_entrypoint(j, "name=rayemb-train", "name=rayemb-$(date +%s)"),
+                              "must fix the job's name"),
+    "a new run every time": (lambda j: _set_entrypoint(j, "--set name=rayemb-train", "--set name=rayemb-train --new-run"),
+                             "every resubmission would start over"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(RESUBMISSION_REJECTS))
+def test_resubmission_checks_catch_a_broken_rayjob(breakage):
+    job = copy.deepcopy(the_doc("rayjob.yaml", "RayJob"))
+    mutate, expected = RESUBMISSION_REJECTS[breakage]
+    mutate(job)
+    assert any(expected in p for p in rayjob_resubmission_problems(job)), rayjob_resubmission_problems(job)
+
+
+# --------------------------------------------------------------------------------------------- #
 # Dockerfile
 # --------------------------------------------------------------------------------------------- #
 
