@@ -12,9 +12,12 @@
 # (no constraints, so the newest releases the ranges allow) with the `cpu` and
 # `test` extras plus the --no-deps packages of [tool.rayemb] install-no-deps
 # (torchrec), then writes `pip freeze --all` of that venv. Run it on a machine
-# without a GPU where pip finds the CPU build of torch (here: the wheel in pip's
-# find-links; elsewhere add PyTorch's CPU wheel index with PIP_EXTRA_INDEX_URL):
-# the script refuses a lock whose torch is not a `+cpu` build.
+# without a GPU. torch's CPU build comes from pip's own find-links and indexes
+# or from $RAYEMB_TORCH_INDEX_URL (default PyTorch's CPU wheel index
+# https://download.pytorch.org/whl/cpu, added as an extra index; empty: none),
+# as in scripts/install.sh: the script refuses a lock whose torch is not a
+# `+cpu` build. Every pin must have wheels for Python 3.11 and 3.12, the tested
+# versions (docs/testing.md): check a new lock on both.
 #
 # GPU lock: pip's resolver, without installing anything (`pip install --dry-run
 # --report`, metadata read with HTTP range requests), for the `gpu` and `test`
@@ -35,6 +38,7 @@ LOCK="$ROOT/requirements/lock-cpu.txt"
 GPU_LOCK="$ROOT/requirements/lock-gpu.txt"
 PY="${PYTHON:-python3}"
 GPU_INDEX="${RAYEMB_GPU_INDEX_URL:-https://pypi.org/simple}"
+TORCH_INDEX="${RAYEMB_TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}"
 MODE=fresh
 mapfile -t NODEPS < <("$PY" -c '
 import sys, tomllib
@@ -62,7 +66,8 @@ if [[ "$MODE" != gpu ]]; then
     "$PY" -m venv "$VENV"
     PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
     "${PIP[@]}" install -q --upgrade pip wheel setuptools
-    "${PIP[@]}" install -q "$ROOT[cpu,test]"
+    # X+cpu sorts above X (a local version label): offered both, pip takes the +cpu build
+    "${PIP[@]}" install -q ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} "$ROOT[cpu,test]"
     "${PIP[@]}" install -q --no-deps "${NODEPS[@]}"
     HOW="a fresh venv: pip install \".[cpu,test]\" (no constraints) + pip install --no-deps ${NODEPS[*]}, then pip freeze --all (scripts/update_lock.sh)"
   fi
