@@ -629,7 +629,7 @@ def _conditional_client(uri: str) -> Any:
     parts = urlsplit(uri)
     env = hashlib.sha256("\0".join(os.environ.get(k, "") for k in _CLIENT_ENV).encode()).hexdigest()
     cache_key = (f"{parts.netloc}?{parts.query}", env)
-    with _clients_lock:  # boto3 sessions are not safe to create from several threads at once
+    with _clients_lock:  # creating boto3 clients is not thread-safe
         client = _clients.get(cache_key)
         if client is None:
             query = {k: v[-1] for k, v in parse_qs(parts.query).items()}

@@ -46,7 +46,7 @@ BANNED: List[Tuple[str, "re.Pattern[str]"]] = [
 #: legitimate uses of the same words, removed from a line before it is searched
 ALLOWED = re.compile("|".join([
     r"\w*_session\w*", r"\bsession_\w*", r"\w*_SESSION_\w*",   # identifiers: start_new_session, session_latest, ...
-    r"\bSparkSession\b",
+    r"\bSparkSession\b", r"\bboto3\.session\.Session\b",
     r"scope=\"session\"", r"\bpytest session\b",                # pytest's session-scoped fixtures
     r"\bRay(?:'s)? (?:own )?sessions?\b",                       # a Ray session: its temp dir, logs and sockets
     r"\bsessions, (?:unix )?sockets\b",                         # what Ray keeps in RAY_TMPDIR
