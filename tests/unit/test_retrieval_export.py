@@ -62,7 +62,8 @@ def test_scores_and_vectors_are_the_two_towers(exported, valid):
     ids = valid.column("item").to_numpy()
     np.testing.assert_allclose(items[ids], candidate, rtol=0, atol=1e-6)  # the candidate is the item's alone
     np.testing.assert_allclose(scores, (users.astype(np.float64) * items[ids]).sum(-1), rtol=0, atol=1e-5)
-    np.testing.assert_array_equal(loaded.item_embeddings([3, 0, 3]), items[[3, 0, 3]])
+    # the item tower on 3 ids, not on all: equal up to the float32 rounding of its kernels at another batch size
+    np.testing.assert_allclose(loaded.item_embeddings([3, 0, 3]), items[[3, 0, 3]], rtol=0, atol=1e-6)
     np.testing.assert_array_equal(loaded.item_ids(valid), ids)
 
     info = json.loads(open(os.path.join(exported["out"], "model.json")).read())
