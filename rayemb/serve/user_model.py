@@ -19,7 +19,10 @@ that file is not::
                                     __init__.py: that whole package, without __pycache__)
 
 model.json's ``code`` lists it; loading puts ``DIR/code`` first on ``sys.path``
-before it imports the factory by its ``module:function`` name. A factory defined
+before it imports the factory by its ``module:function`` name, so loading an
+export runs the code it carries. That folder must lie inside the export, symlinks
+resolved (:func:`code_dir`): a model.json naming any other cannot make a load run
+code from elsewhere on the machine. A factory defined
 in a script (module ``__main__``) has no file to copy: exporting it is an error
 naming the fix.
 """
@@ -32,8 +35,10 @@ import shutil
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from rayemb.errors import BAD_FACTORY, ConfigError
+from rayemb.errors import BAD_FACTORY, ConfigError, DataError
 
+#: the category of the error about an export whose code folder is not its own
+BAD_EXPORT_CODE = "bad_export_code"
 #: the folder of an export that holds the factory's code
 CODE_DIR = "code"
 #: where the DLRM holds its embedding modules
@@ -144,9 +149,47 @@ def copy_factory_code(factory: str, directory: str) -> Optional[Dict[str, Any]]:
 
 
 def code_dir(directory: str, info: Mapping[str, Any]) -> Optional[str]:
-    """The export's code folder when model.json lists one."""
+    """The export's code folder when model.json lists one; :class:`DataError` (``bad_export_code``) unless it and
+    everything in it lie inside the export.
+
+    Loading imports from this folder, so an export whose model.json pointed elsewhere (``../x``, an absolute path,
+    a symlink out) would run code the export does not carry: refused before anything is imported."""
     code = info.get("code")
-    return os.path.join(directory, code.get("dir", CODE_DIR)) if code else None
+    if not code:
+        return None
+    rel = code.get("dir", CODE_DIR) if isinstance(code, Mapping) else None
+    parts = str(rel).replace("\\", "/").split("/") if isinstance(rel, str) else []
+    root = os.path.realpath(directory)
+
+    def refuse(why: str) -> DataError:
+        return DataError(f"The export {directory!r} names in model.json's code.dir the folder {rel!r}, which {why}. "
+                         "An export's code folder is a sub-folder of the export itself (code.dir: \"code\"), "
+                         "because loading it imports and runs that code: re-export the model with `rayemb export`, "
+                         "and load only exports from a source you trust.", category=BAD_EXPORT_CODE)
+
+    if not isinstance(rel, str) or not rel.strip("/\\. "):
+        raise refuse("is not a folder name")
+    if os.path.isabs(rel) or rel.startswith(("/", "\\")) or os.path.splitdrive(rel)[0]:
+        raise refuse("is an absolute path")
+    if ".." in parts:
+        raise refuse("climbs out of the export ('..')")
+    folder = os.path.join(directory, rel)
+    if not _inside(os.path.realpath(folder), root):
+        raise refuse(f"resolves (through a symlink) to {os.path.realpath(folder)!r}, outside the export")
+    if not os.path.isdir(folder):
+        raise refuse("does not exist in the export")
+    inner = os.path.realpath(folder)
+    for d, dirs, names in os.walk(folder):  # symlinks are not followed: each is checked as an entry
+        for n in dirs + names:
+            if not _inside(os.path.realpath(os.path.join(d, n)), inner):
+                raise refuse(f"holds {os.path.relpath(os.path.join(d, n), folder)!r}, a symlink to "
+                             f"{os.path.realpath(os.path.join(d, n))!r} outside the folder")
+    return folder
+
+
+def _inside(path: str, root: str) -> bool:
+    """Whether the resolved ``path`` is ``root`` or lies under it."""
+    return os.path.commonpath([path, root]) == root
 
 
 def put_on_path(folder: Optional[str]) -> None:
@@ -185,5 +228,5 @@ def write_code(files: Mapping[str, bytes]) -> Optional[str]:
     return folder
 
 
-__all__ = ["CODE_DIR", "DLRM_PATHS", "build_factory_model", "check_exportable", "code_dir", "copy_factory_code",
+__all__ = ["BAD_EXPORT_CODE", "CODE_DIR", "DLRM_PATHS", "build_factory_model", "check_exportable", "code_dir", "copy_factory_code",
            "is_dlrm", "model_name", "pooled_module", "put_on_path", "read_code", "sequence_parts", "write_code"]
