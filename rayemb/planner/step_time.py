@@ -135,6 +135,8 @@ class Calibration:
     #: measured by :func:`rayemb.train.calibrate_probes.add_probes` (``ddp/wrapped`` - ``ddp/local``); 0: not measured (older calibrations, and
     #: then the probes' fixed costs still hold it)
     ddp_step_s: float = 0.0
+    #: seconds between its measurement and this job, when kept from an earlier job (``source`` "cached"; else 0)
+    age_s: float = 0.0
 
     def summary(self) -> str:
         """One line: the links' α and bandwidth, the dense step, the fused lookup."""

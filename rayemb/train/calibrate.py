@@ -20,9 +20,10 @@ compute figures averaged), recorded in plan.json and MLflow.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rayemb.planner.step_time import Calibration, LinkCost, normalize_probes
 from rayemb.train.calibrate_probes import PROBE_DP_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_ROWS, Interleaved
@@ -43,6 +44,14 @@ REPEATS = 7
 COLLECTIVE_ATTEMPTS = 3
 #: each retry's large message this many times the last one's
 COLLECTIVE_GROWTH = 4
+#: bytes one rank sends in the link fingerprint's all-to-all: well above a shaped link's burst (tc's bucket holds
+#: about one timer tick of data, 50 KB at 100 Mbit/s), so that the link's rate sets the time, not its bucket
+FINGERPRINT_BYTES = 2**20
+#: timed all-to-alls of the link fingerprint, its best kept (a busy host only ever slows one down)
+FINGERPRINT_ROUNDS = 5
+#: 100 Mbit/s Ethernet's payload rate in MB/s (84 ns/B, the all-to-all's β measured on the emulated 100 Mbit/s
+#: link, docs/planner.md): the centre of link band 0
+LINK_BAND_ANCHOR_MB_S = 11.9
 
 
 def _timed(fn: Callable[[], Any], sync: Callable[[], None], repeats: int = REPEATS,
@@ -266,14 +275,116 @@ def _on_rank(fn: Callable[..., Any], rank: int, world: int, master: str, backend
         dist.destroy_process_group()
 
 
-def calibrate_rank(device: Any, world: int, shape: Dict[str, Any]) -> Dict[str, Any]:
-    """One rank's measurements, every rank's compute figures gathered (the calibration actors' work)."""
+def cpu_model() -> str:
+    """This host's CPU model (``/proc/cpuinfo``'s ``model name``; elsewhere the platform's processor name)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def bandwidth_band(mb_s: float) -> int:
+    """The band of a host-to-host bandwidth in MB/s: bands a factor of sqrt(10) wide, centred on Ethernet's
+    payload rates (100 Mbit/s: :data:`LINK_BAND_ANCHOR_MB_S`, band 0; 1 Gbit/s band 2; 10 Gbit/s band 4).
+
+    Coarse on purpose: a kept calibration is keyed by it, so the same link measured again (its best of a few
+    transfers moves by tens of percent) lands in the same band, while a link 4x faster or slower never does. A
+    reading near a band's edge that crosses it costs a calibration, never the reuse of another link's."""
+    return int(round(2.0 * math.log10(max(mb_s, 1e-6) / LINK_BAND_ANCHOR_MB_S)))
+
+
+def _host() -> str:
+    """This rank's node: its Ray node in a Ray worker (emulated nodes share a host name, not a network), else the
+    host's name."""
+    import socket
+
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - outside Ray: the host's name
+        pass
+    return socket.gethostname()
+
+
+def fingerprint_rank(device: Any, world: int) -> Dict[str, Any]:
+    """The link and the CPUs the job's ranks run on (a collective): ``{"hosts": n, "all_to_all_mb_s": ...,
+    "cpus": [model, ...]}``.
+
+    The bandwidth is a host's, whatever its ranks: one rank per host (its first) runs a FINGERPRINT_BYTES
+    all-to-all with the others' (best of FINGERPRINT_ROUNDS, the slowest host's best). Ranks on one host share
+    no network (their loopback's speed is the host's, which drifts 2x under load): there it is not measured
+    (None). ``cpus``: the distinct CPU models of the ranks' hosts, sorted."""
+    import torch
     import torch.distributed as dist
 
+    mine: List[Any] = [None] * world
+    dist.all_gather_object(mine, (_host(), cpu_model()))
+    hosts = sorted({host for host, _ in mine})
+    out = {"hosts": len(hosts), "all_to_all_mb_s": None, "cpus": sorted({cpu for _, cpu in mine})}
+    if len(hosts) == 1:
+        return out
+    leaders = [next(r for r, (h, _) in enumerate(mine) if h == host) for host in hosts]
+    group = dist.new_group(sorted(leaders))  # every rank creates it; the leaders use it
+    best, n = 0.0, max(FINGERPRINT_BYTES // 4 // len(hosts), 1) * len(hosts)
+    if dist.get_rank() in leaders:
+        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        x = torch.ones(n, dtype=torch.float32, device=device)
+        y = torch.empty_like(x)
+        dist.all_to_all_single(y, x, group=group)  # warm-up: the connections are set up on first use
+        sync()
+        best = math.inf
+        for _ in range(FINGERPRINT_ROUNDS):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            dist.all_to_all_single(y, x, group=group)
+            sync()
+            best = min(best, time.perf_counter() - t0)
+    slowest = torch.tensor([best], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    dist.destroy_process_group(group)
+    sent = (len(hosts) - 1) / len(hosts) * n * 4  # what one host sends, and receives, in one call
+    out["all_to_all_mb_s"] = sent / max(float(slowest.item()), 1e-9) / 1e6
+    return out
+
+
+#: a kept calibration's link when every rank runs on one host
+ONE_HOST = "one host"
+
+
+def hardware_key(fingerprint: Mapping[str, Any]) -> Dict[str, Any]:
+    """What a kept calibration's key holds of :func:`fingerprint_rank`'s figures: the link's band (not its
+    bandwidth) or :data:`ONE_HOST`, and the CPU models."""
+    mb_s = fingerprint.get("all_to_all_mb_s")
+    return {"link": ONE_HOST if mb_s is None else f"all-to-all band {bandwidth_band(float(mb_s))}",
+            "cpus": list(fingerprint["cpus"])}
+
+
+def link_fingerprint(world: int, cpus_per_worker: float, use_gpu: bool, strategy: str = "PACK",
+                     timeout_s: float = 60.0) -> Dict[str, Any]:
+    """:func:`hardware_key` of :func:`fingerprint_rank` on ``world`` ranks placed like the Train workers (the
+    ranks' start, and across hosts a few 1 MiB all-to-alls: 3 s on a busy 2-core host, most of it the ranks'
+    start)."""
+    return hardware_key(run_on_ranks(fingerprint_rank, (), world, cpus_per_worker, use_gpu, timeout_s, strategy)[0])
+
+
+def calibrate_rank(device: Any, world: int, shape: Dict[str, Any]) -> Dict[str, Any]:
+    """One rank's measurements, every rank's compute figures gathered, and the ranks' :func:`fingerprint_rank`
+    (measured first, on idle ranks, as :func:`link_fingerprint` measures it) (the calibration actors' work)."""
+    import torch.distributed as dist
+
+    fingerprint = fingerprint_rank(device, world) if world > 1 else None
     measured = measure_rank(device, world, shape)
     parts: List[Any] = [None] * world
     dist.all_gather_object(parts, measured["compute"])
-    return {"links": measured["links"], "compute": parts}
+    return {"links": measured["links"], "compute": parts, "fingerprint": fingerprint}
 
 
 def measure_rank(device: Any, world: int, shape: Dict[str, Any]) -> Dict[str, Any]:
@@ -402,10 +513,21 @@ def run_on_ranks(fn: Callable[..., Any], args: Sequence[Any], world: int, cpus_p
 def calibrate_cluster(world: int, cpus_per_worker: float, use_gpu: bool, num_nodes: int, shape: Dict[str, Any],
                       timeout_s: float = 180.0, strategy: str = "PACK") -> Calibration:
     """Runs :func:`calibrate_rank` on ``world`` ranks placed like the Train workers; returns the calibration."""
+    return calibrate_and_fingerprint(world, cpus_per_worker, use_gpu, num_nodes, shape, timeout_s, strategy)[0]
+
+
+def calibrate_and_fingerprint(world: int, cpus_per_worker: float, use_gpu: bool, num_nodes: int,
+                              shape: Dict[str, Any], timeout_s: float = 180.0, strategy: str = "PACK"
+                              ) -> Tuple[Calibration, Optional[Dict[str, Any]]]:
+    """(:func:`calibrate_cluster`'s calibration, the ranks' :func:`hardware_key` measured by the same ranks;
+    None on one rank)."""
     t0 = time.monotonic()
     results = run_on_ranks(calibrate_rank, (shape,), world, cpus_per_worker, use_gpu, timeout_s, strategy)
-    return combine(results, "nccl" if use_gpu else "gloo", num_nodes, time.monotonic() - t0, shape)
+    cal = combine(results, "nccl" if use_gpu else "gloo", num_nodes, time.monotonic() - t0, shape)
+    fingerprint = results[0].get("fingerprint")
+    return cal, None if fingerprint is None else hardware_key(fingerprint)
 
 
-__all__ = ["calibrate_cluster", "calibrate_rank", "combine", "measure_collectives", "measure_compute", "measure_rank",
+__all__ = ["calibrate_cluster", "calibrate_and_fingerprint", "calibrate_rank", "link_fingerprint", "fingerprint_rank",
+           "hardware_key", "bandwidth_band", "cpu_model", "ONE_HOST", "combine", "measure_collectives", "measure_compute", "measure_rank",
            "run_on_ranks", "job_shape"]

@@ -1,25 +1,35 @@
 """The job's calibration (a driver stage): measured on the live cluster, or kept from an earlier job of the same
-shape on the same cluster.
+shape on the same hardware.
 
 Measuring the step-time model's constants takes seconds to tens of seconds at every job start, and a job
 resubmitted with another learning rate measures the same thing again. A calibration is stored under the
 job's output storage (``tracking.output_dir``, local or a URI)::
 
-    <output_dir>/calibrations/<key>.json    {"key_fields": {...}, "measured_at": <unix s>, "measured": {...}}
+    <output_dir>/calibrations/<shape key>/<key>.json    {"key_fields": {...}, "measured_at": <unix s>,
+                                                         "measured": {...}}
 
 ``key`` hashes everything the measurement depends on: the ranks (count, CPUs each, GPU or not, nodes,
 placement strategy), the cluster's nodes (CPUs, GPUs and accelerator type of each), the job's local batch,
-dense and sparse feature counts, dim, MLPs, input prefetch, the model (name and arguments) and the versions of
-torch, fbgemm, TorchRec and rayemb. A stored calibration younger than ``planner.calibration_max_age_h`` is
-used instead of measuring (plan.json's ``calibration.source`` says ``cached``, with its age);
-``planner.recalibrate: true`` measures anew and replaces it. The plan probe's step times are kept the same way,
-keyed also by its candidate plans (:func:`rayemb.train.plan_probe.choose_by_probe`).
+dense and sparse feature counts, dim, MLPs, input prefetch, the model (name and arguments), the versions of
+torch, fbgemm, TorchRec, Ray and rayemb, and the hardware (``hardware``): the CPU model of the ranks' hosts
+and the link between them, as the factor-of-2 band of a 1 MiB all-to-all's bandwidth
+(:func:`rayemb.train.calibrate.link_fingerprint`; ranks on one host: ``one host``). So another cluster of the
+same shape sharing the output storage, or the same cluster after its network changed, measures anew. The
+``<shape key>`` is the key without the hardware: the hardware is measured (about a second, with the ranks'
+start) only when a calibration of the job's shape is kept, else it comes with the calibration.
+
+A stored calibration younger than ``planner.calibration_max_age_h`` is used instead of measuring (plan.json's
+``calibration.source`` says ``cached``, its ``age_s`` how long ago it was measured); one whose figures are
+missing, not finite or negative where they cannot be is ignored with a warning naming its file, and measured
+anew. ``planner.recalibrate: true`` measures anew and replaces it. The plan probe's step times are kept the
+same way, keyed also by its candidate plans (:func:`rayemb.train.plan_probe.choose_by_probe`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -33,7 +43,7 @@ def _versions() -> Dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for dist in ("torch", "torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu", "rayemb"):
+    for dist in ("torch", "torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu", "ray", "rayemb"):
         try:
             out[dist] = version(dist)
         except PackageNotFoundError:
@@ -55,66 +65,146 @@ def cluster_nodes() -> List[Tuple[float, float, str]]:
     return sorted(nodes)
 
 
-def key_fields(shape: Mapping[str, Any], ranks: Mapping[str, Any], nodes: List[Tuple[float, float, str]]) -> Dict[str, Any]:
-    """What a calibration depends on (module docstring), as plain JSON values."""
+def key_fields(shape: Mapping[str, Any], ranks: Mapping[str, Any], nodes: List[Tuple[float, float, str]],
+               hardware: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """What a calibration depends on (module docstring), as plain JSON values. ``hardware``: the ranks' link and
+    CPU models (:func:`rayemb.train.calibrate.hardware_key`; None: not measured yet, the shape's fields only)."""
     model = shape.get("model")
     schema = shape.get("schema")
     plain = {k: v for k, v in shape.items() if k not in ("model", "schema")}
-    return {"shape": plain, "model": None if model is None else {"name": model.name, "args": dict(model.args)},
-            "labels": None if schema is None else len(schema.labels), "ranks": dict(ranks),
-            "nodes": [list(n) for n in nodes], "versions": _versions()}
+    out = {"shape": plain, "model": None if model is None else {"name": model.name, "args": dict(model.args)},
+           "labels": None if schema is None else len(schema.labels), "ranks": dict(ranks),
+           "nodes": [list(n) for n in nodes], "versions": _versions()}
+    if hardware is not None:
+        out["hardware"] = dict(hardware)
+    return out
 
 
 def cache_key(fields: Mapping[str, Any]) -> str:
     return hashlib.sha1(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def cache_path(out_dir: str, key: str) -> str:
-    return storage.join(out_dir, CACHE_DIR, f"{key}.json")
+def shape_dir(out_dir: str, fields: Mapping[str, Any]) -> str:
+    """Where the measurements of ``fields``' shape are kept, whatever the hardware."""
+    return storage.join(out_dir, CACHE_DIR, cache_key({k: v for k, v in fields.items() if k != "hardware"}))
+
+
+def cache_path(out_dir: str, fields: Mapping[str, Any]) -> str:
+    return storage.join(shape_dir(out_dir, fields), f"{cache_key(fields)}.json")
+
+
+def any_kept(out_dir: str, fields: Mapping[str, Any]) -> bool:
+    """Whether a measurement of ``fields``' shape (``hardware`` left aside) is kept, on any hardware."""
+    try:
+        return bool(storage.list_files(shape_dir(out_dir, fields), ".json"))
+    except Exception:  # noqa: BLE001 - unlistable storage: nothing to reuse, measuring is the way out
+        return False
+
+
+def _ignored(path: str, why: str) -> None:
+    from rayemb.logs import redact_uri
+
+    print(f"rayemb: WARNING: ignoring the kept measurement {redact_uri(path)} ({why}); measuring anew", flush=True)
 
 
 def load_kept(out_dir: str, fields: Mapping[str, Any], max_age_s: float,
               now: Optional[float] = None) -> Optional[Tuple[Dict[str, Any], float, str]]:
     """(the kept measurement, its age in seconds, where) of these ``fields`` when younger than ``max_age_s``, else
-    None (also for an unreadable or foreign file: measuring is always the way out)."""
+    None: measuring is always the way out. A file that cannot be read is ignored with a warning naming it."""
     if max_age_s <= 0:
         return None
-    path = cache_path(out_dir, cache_key(fields))
+    path = cache_path(out_dir, fields)
     try:
         if not storage.exists(path):
             return None
         doc = json.loads(storage.read_text(path))
         if doc.get("key_fields") != json.loads(json.dumps(fields, sort_keys=True, default=str)):
             return None  # a hash collision or a hand-edited file
-        age = (time.time() if now is None else now) - float(doc["measured_at"])
-        if not 0 <= age <= max_age_s:
-            return None
-        return dict(doc["measured"]), age, path
-    except Exception:  # noqa: BLE001 - a damaged entry is a miss, not a failed job
+        measured_at = float(doc["measured_at"])
+        measured = doc["measured"]
+        if not math.isfinite(measured_at) or not isinstance(measured, dict):
+            raise ValueError("no measurement time or no measurement")
+    except Exception as e:  # noqa: BLE001 - a damaged entry is a miss, not a failed job
+        _ignored(path, f"{type(e).__name__}: {e}")
         return None
+    age = (time.time() if now is None else now) - measured_at
+    if not 0 <= age <= max_age_s:
+        return None
+    return dict(measured), age, path
 
 
 def store_kept(out_dir: str, fields: Mapping[str, Any], measured: Mapping[str, Any], now: Optional[float] = None) -> str:
     """Keeps ``measured`` (JSON values) as the measurement of ``fields``; returns where."""
-    path = cache_path(out_dir, cache_key(fields))
+    path = cache_path(out_dir, fields)
     doc = {"key_fields": fields, "measured_at": time.time() if now is None else now, "measured": dict(measured)}
     storage.write_text(path, json.dumps(doc, sort_keys=True, indent=1, default=str))
     return path
 
 
+def _finite(value: Any, name: str, low: float = -math.inf, strict: bool = False) -> float:
+    """``value`` as a float, when a finite number above ``low`` (at least ``low`` unless ``strict``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} is {value!r}, not a number")
+    x = float(value)
+    if not math.isfinite(x) or x < low or (strict and x <= low):
+        raise ValueError(f"{name} is {x!r}; it must be a finite number {'>' if strict else '>='} {low:g}")
+    return x
+
+
+#: a calibration's figures that a measurement never makes 0: every step and every module group costs time
+_POSITIVE = ("dense_step_s", "group_overhead_s")
+#: figures that are slopes or shares, clamped at 0 when measured
+_NON_NEGATIVE = ("lookup_s", "dense_lookup_s", "replicated_elem_s", "pool_s", "seconds", "dense_sync_bytes",
+                 "ddp_step_s", "age_s", "probe_hot_share", "probe_hot_rows", "world_size", "num_nodes")
+#: the probes' table sizes: a per-table figure is netted of their rows
+_COUNTS = ("probe_rows", "probe_dp_rows")
+
+
+def check_calibration(d: Mapping[str, Any]) -> Any:
+    """The :class:`~rayemb.planner.step_time.Calibration` a kept dict holds; ``ValueError`` naming the figure when
+    one is missing, unknown, not finite, or negative (0 too, for a step's and a module group's time)."""
+    from dataclasses import MISSING, fields
+
+    from rayemb.planner.step_time import Calibration
+
+    known = {f.name: f for f in fields(Calibration)}
+    missing = sorted(n for n, f in known.items() if n not in d and f.default is MISSING
+                     and f.default_factory is MISSING)
+    if missing:
+        raise ValueError(f"missing {missing}")
+    if set(d) - set(known):
+        raise ValueError(f"unknown {sorted(set(d) - set(known))}")
+    for link in ("all_reduce", "all_to_all"):
+        if not isinstance(d[link], dict) or set(d[link]) != {"latency_s", "seconds_per_byte"}:
+            raise ValueError(f"{link} is {d[link]!r}, not {{latency_s, seconds_per_byte}}")
+        for k, v in d[link].items():
+            _finite(v, f"{link}.{k}", 0.0)
+    for name in _POSITIVE:
+        _finite(d[name], name, 0.0, strict=True)
+    for name in _NON_NEGATIVE + _COUNTS:
+        if name in d:
+            _finite(d[name], name, 0.0, strict=name in _COUNTS)
+    for kind, pair in dict(d.get("groups") or {}).items():
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError(f"groups.{kind} is {pair!r}, not (fixed seconds, seconds per table)")
+        _finite(pair[0], f"groups.{kind} fixed")
+        _finite(pair[1], f"groups.{kind} per table", 0.0)
+    return Calibration.from_dict(d)
+
+
 def load_calibration(out_dir: str, fields: Mapping[str, Any], max_age_s: float,
                      now: Optional[float] = None) -> Optional[Tuple[Any, float, str]]:
     """(calibration, its age in seconds, where) kept for these ``fields`` (:func:`load_kept`), else None."""
-    from rayemb.planner.step_time import Calibration
-
     kept = load_kept(out_dir, fields, max_age_s, now)
     if kept is None:
         return None
+    measured, age, path = kept
     try:
-        cal = Calibration.from_dict(kept[0])
-    except Exception:  # noqa: BLE001 - an entry of another layout is a miss
+        cal = check_calibration(measured)
+    except Exception as e:  # noqa: BLE001 - damaged or of another layout: measured anew
+        _ignored(path, f"{type(e).__name__}: {e}")
         return None
-    return replace(cal, source="cached", seconds=0.0), kept[1], kept[2]
+    return replace(cal, source="cached", seconds=0.0, age_s=age), age, path
 
 
 def store_calibration(out_dir: str, fields: Mapping[str, Any], cal: Any, now: Optional[float] = None) -> str:
@@ -140,10 +230,27 @@ def kept_max_age_s(cfg: Any) -> float:
     return 0.0 if cfg.planner.recalibrate else 3600.0 * cfg.planner.calibration_max_age_h
 
 
+def job_hardware(inputs: Any, resources: Any) -> Dict[str, Any]:
+    """The ranks' :func:`~rayemb.train.calibrate.hardware_key`: on a one-node cluster this driver's host is theirs
+    (nothing to start), else measured by ranks placed like the Train workers
+    (:func:`~rayemb.train.calibrate.link_fingerprint`)."""
+    import ray
+
+    from rayemb.train.calibrate import cpu_model, hardware_key, link_fingerprint
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    if len(alive) == 1 and alive[0].get("NodeID") == ray.get_runtime_context().get_node_id():
+        return hardware_key({"all_to_all_mb_s": None, "cpus": [cpu_model()]})
+    cfg = inputs.cfg
+    return link_fingerprint(inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,
+                            cfg.scaling.placement_strategy)
+
+
 def calibrate(inputs: Any, topology: Any, resources: Any) -> Tuple[Any, Optional[Dict[str, Any]]]:
     """The step-time model's constants for the job (None: not asked for, nothing to choose, or failed): a stored
     calibration of the same key when recent enough, else measured on the live cluster and stored; and that key's
-    fields (:func:`job_key_fields`, for the plan probe's kept result; None without a calibration)."""
+    fields (:func:`job_key_fields` with the ``hardware``, for the plan probe's kept result; None without a
+    calibration)."""
     from rayemb.logs import redact_uri
     from rayemb.train.sharding import placement_choice
 
@@ -155,25 +262,38 @@ def calibrate(inputs: Any, topology: Any, resources: Any) -> Tuple[Any, Optional
         print(f"rayemb: {no_choice}: no placement to choose, no calibration nor plan probe; the step time is "
               "predicted with the built-in constants", flush=True)
         return None, None
-    from rayemb.train.calibrate import calibrate_cluster, job_shape
+    from rayemb.train.calibrate import calibrate_and_fingerprint, job_shape
 
     shape = job_shape(cfg, inputs.schema, inputs.model)
     fields = job_key_fields(inputs, topology, resources, shape)
-    kept = load_calibration(inputs.out_dir, fields, kept_max_age_s(cfg))
-    if kept is not None:
-        cal, age, path = kept
-        print(f"rayemb: calibration of this shape and cluster from {redact_uri(path)}, measured "
-              f"{age / 3600:.1f} h ago (planner.recalibrate=true measures anew): {cal.summary()}", flush=True)
-        return cal, fields
+    max_age_s = kept_max_age_s(cfg)
+    hardware = None
+    if max_age_s > 0 and any_kept(inputs.out_dir, fields):  # else nothing to look up: the calibration brings it
+        try:
+            hardware = job_hardware(inputs, resources)
+        except Exception as e:  # noqa: BLE001 - without the hardware nothing kept can be trusted: measure
+            print(f"rayemb: WARNING: could not fingerprint the ranks' link ({type(e).__name__}: {e}); calibrating",
+                  flush=True)
+        kept = None if hardware is None else load_calibration(inputs.out_dir, {**fields, "hardware": hardware},
+                                                              max_age_s)
+        if kept is not None:
+            cal, age, path = kept
+            print(f"rayemb: calibration of this shape and hardware ({hardware['link']}) from {redact_uri(path)}, "
+                  f"measured {age / 3600:.1f} h ago (planner.recalibrate=true measures anew): {cal.summary()}",
+                  flush=True)
+            return cal, {**fields, "hardware": hardware}
     print(f"rayemb: calibrating the step-time model on {inputs.world_size} ranks ...", flush=True)
     try:
-        cal = calibrate_cluster(inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,
-                                topology.num_nodes, shape, strategy=cfg.scaling.placement_strategy)
+        cal, measured_hardware = calibrate_and_fingerprint(
+            inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu, topology.num_nodes, shape,
+            strategy=cfg.scaling.placement_strategy)
     except Exception as e:  # noqa: BLE001 - planning goes on with the defaults, said loudly
         print(f"rayemb: WARNING: calibration failed ({type(e).__name__}: {e}); planning with the built-in "
               "constants (planner.calibrate=false skips it)", flush=True)
         return None, None
     print(f"rayemb: calibrated in {cal.seconds:.1f}s: {cal.summary()}", flush=True)
+    # the fingerprint looked up with, when there was one: the next job of this hardware measures the same
+    fields = {**fields, "hardware": hardware or measured_hardware}
     try:
         store_calibration(inputs.out_dir, fields, cal)
     except Exception as e:  # noqa: BLE001 - the job goes on; the next one measures again
@@ -181,5 +301,6 @@ def calibrate(inputs: Any, topology: Any, resources: Any) -> Tuple[Any, Optional
     return cal, fields
 
 
-__all__ = ["calibrate", "key_fields", "job_key_fields", "kept_max_age_s", "load_kept", "store_kept", "cache_key",
-           "load_calibration", "store_calibration", "cluster_nodes", "CACHE_DIR"]
+__all__ = ["calibrate", "key_fields", "job_key_fields", "job_hardware", "kept_max_age_s", "load_kept", "store_kept",
+           "cache_key", "cache_path", "any_kept", "check_calibration", "load_calibration", "store_calibration",
+           "cluster_nodes", "CACHE_DIR"]

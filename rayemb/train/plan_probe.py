@@ -25,7 +25,10 @@ model freed before the next is built: every candidate is timed either way.
 plan.json keeps the two figures apart: ``predicted_step_time_s`` is the
 step-time model's for the trained plan (computed when the plan was made, before
 any probe, for every candidate alike), ``probed_step_time_s`` the probe's median
-step of it; ``plan_probe`` records both for every candidate.
+step of it; ``plan_probe`` records both for every candidate, and where the step
+times come from: ``source`` "measured" by this job, or "cached" from an earlier
+job of the same key (:mod:`rayemb.train.calibration_store`), ``age_s`` seconds
+old.
 """
 
 from __future__ import annotations
@@ -259,13 +262,43 @@ class ProbeResult:
     chosen: int
     seconds: float
     interleaved: bool = True
+    #: "measured" by this job, or "cached": kept from an earlier job of the same key, measured ``age_s`` ago
+    source: str = "measured"
+    age_s: float = 0.0
 
     def to_dict(self, plans: Sequence[Any]) -> Dict[str, Any]:
-        return {"chosen": self.chosen, "seconds": self.seconds,
+        return {"chosen": self.chosen, "seconds": self.seconds, "source": self.source, "age_s": self.age_s,
                 "schedule": "interleaved" if self.interleaved else "sequential", "candidates": [
                     {"placements": placement_counts(p.summary), "probed_step_time_s": s,
                      "predicted_step_time_s": p.summary.get("predicted_step_time_s")}
                     for p, s in zip(plans, self.step_s)]}
+
+    def kept(self) -> Dict[str, Any]:
+        """What is kept for later jobs (:func:`from_kept` reads it back)."""
+        return {"step_s": list(self.step_s), "chosen": self.chosen, "seconds": self.seconds,
+                "interleaved": self.interleaved}
+
+    @classmethod
+    def from_kept(cls, d: Any, candidates: int, age_s: float) -> "ProbeResult":
+        """The result kept for ``candidates`` plans, ``age_s`` old (``source`` "cached"); ``ValueError`` naming
+        what is wrong when it is not one: another number of step times, one not finite and positive, a chosen
+        plan that is not the fastest."""
+        import math
+
+        if not isinstance(d, dict) or set(d) != {"step_s", "chosen", "seconds", "interleaved"}:
+            raise ValueError(f"holds {sorted(d) if isinstance(d, dict) else type(d).__name__}, not step_s, chosen, "
+                             "seconds and interleaved")
+        step_s = d["step_s"]
+        if not isinstance(step_s, list) or len(step_s) != candidates or not all(
+                isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s > 0
+                for s in step_s):
+            raise ValueError(f"step_s is {step_s!r}; {candidates} finite positive seconds expected")
+        chosen = d["chosen"]
+        if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen != int(np.argmin(step_s)):
+            raise ValueError(f"chosen is {chosen!r}, not the fastest of step_s")
+        if not isinstance(d["interleaved"], bool):
+            raise ValueError(f"interleaved is {d['interleaved']!r}, not true or false")
+        return cls([float(s) for s in step_s], chosen, 0.0, d["interleaved"], source="cached", age_s=float(age_s))
 
 
 def placement_counts(summary: Dict[str, Any]) -> Dict[str, int]:
@@ -369,10 +402,16 @@ def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any
     fields = None if kept is None else {**kept[1], "probe": {
         "steps": cfg.planner.probe_steps, "plans": [_plan_fingerprint(c.summary) for c in candidates]}}
     hit = None if kept is None else load_kept(kept[0], fields, kept[2])
+    result = None
     if hit is not None:
-        result = ProbeResult(**hit[0])
+        try:
+            result = ProbeResult.from_kept(hit[0], len(candidates), hit[1])
+        except ValueError as e:  # a damaged entry: probed anew, and replaced
+            print(f"rayemb: WARNING: ignoring the kept plan probe {redact_uri(hit[2])} ({e}); probing anew",
+                  flush=True)
+    if result is not None:
         print(f"rayemb: plan probe of these {len(candidates)} plan(s) from {redact_uri(hit[2])}, measured "
-              f"{hit[1] / 3600:.1f} h ago (planner.recalibrate=true probes anew)", flush=True)
+              f"{result.age_s / 3600:.1f} h ago (planner.recalibrate=true probes anew)", flush=True)
     else:
         print(f"rayemb: probing {len(candidates)} plan(s) for {cfg.planner.probe_steps} steps on {world} ranks ...",
               flush=True)
@@ -385,7 +424,7 @@ def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any
             return job_plan
         if kept is not None:
             try:
-                store_kept(kept[0], fields, dataclasses.asdict(result))
+                store_kept(kept[0], fields, result.kept())
             except Exception as e:  # noqa: BLE001 - the job goes on; the next one probes again
                 print(f"rayemb: WARNING: could not keep the plan probe ({type(e).__name__}: {e})", flush=True)
     for plan, step_s in zip(candidates, result.step_s):

@@ -30,13 +30,13 @@ def test_the_next_job_of_the_same_shape_reuses_the_kept_calibration(ray_2_cpus, 
 
     first = stage()
     assert first.source == "measured" and first.seconds > 0
-    kept = glob.glob(str(tmp_path / "runs" / "calibrations" / "*.json"))
+    kept = glob.glob(str(tmp_path / "runs" / "calibrations" / "*" / "*.json"))
     assert len(kept) == 1
     measured_at = json.loads(open(kept[0]).read())["measured_at"]
     second = stage("train.dense_lr=0.01")  # another learning rate: the same measurement
-    assert second.source == "cached" and second.seconds == 0
-    assert {k: v for k, v in second.to_dict().items() if k not in ("source", "seconds")} == \
-        {k: v for k, v in first.to_dict().items() if k not in ("source", "seconds")}
+    assert second.source == "cached" and second.seconds == 0 and 0 < second.age_s < 3600
+    assert {k: v for k, v in second.to_dict().items() if k not in ("source", "seconds", "age_s")} == \
+        {k: v for k, v in first.to_dict().items() if k not in ("source", "seconds", "age_s")}
     assert "measured 0.0 h ago (planner.recalibrate=true measures anew)" in capsys.readouterr().out
     third = stage("planner.recalibrate=true")
     assert third.source == "measured"
