@@ -9,12 +9,18 @@ multi-task model's has one column per label, ``prediction_<label>``. A
 retrieval model's takes ``params={"output": "score" | "user_embedding" |
 "item_embedding"}`` and returns ``score`` (the default), or a column of float
 lists (:mod:`rayemb.serve.columns`). The
-class is pickled by reference, so loading needs ``rayemb`` importable (it is
-listed first in the model's pip requirements); a model factory's own module is
-inside the artifact (the export's ``code/``, put on ``sys.path`` by
+class is pickled by reference, so loading needs ``rayemb`` importable. No
+package index serves rayemb, so the model carries it: a wheel of the installed
+copy (:mod:`rayemb.serve.own_wheel`) is its artifact
+``artifacts/rayemb-<version>-py3-none-any.whl``, and the model's requirements
+(requirements.txt, conda.yaml; python_env.yaml reads requirements.txt) name it
+first by that path, relative to the model folder, where MLflow's environment
+builders run pip: ``mlflow models serve`` builds the environment from the
+model alone. A model factory's own module is inside the export artifact (its
+``code/``, put on ``sys.path`` by
 :meth:`~rayemb.serve.model.InferenceModel.load`), so it needs no install. The
-requirements are given explicitly (the installed versions), so logging never
-resolves packages over the network.
+other requirements are given explicitly (the installed versions), so logging
+never resolves packages over the network.
 
 Example::
 
@@ -41,8 +47,12 @@ from rayemb.serve.columns import ITEM_EMBEDDING, SCORE, USER_EMBEDDING, output_t
 
 #: name of the export directory among the pyfunc model's artifacts
 ARTIFACT_KEY = "rayemb_model"
+#: name of rayemb's own wheel among the pyfunc model's artifacts
+WHEEL_KEY = "rayemb_wheel"
 #: the logged model's name (``runs:/<run id>/model``)
 MODEL_NAME = "model"
+#: the folder of an MLflow pyfunc model that holds its artifacts, each under its own base name
+_ARTIFACTS_DIR = "artifacts"
 #: distributions whose installed versions the model's requirements pin (rayemb first: it holds the class)
 _REQUIREMENTS = ("rayemb", "torch", "torchrec", "fbgemm-gpu-cpu", "fbgemm-gpu", "mlflow", "numpy", "pandas",
                  "pyarrow", "pyyaml")
@@ -66,10 +76,11 @@ class RayembPyfuncModel(mlflow.pyfunc.PythonModel):
                                  for name, col in zip(table.column_names, table.columns)})
 
 
-def pip_requirements() -> List[str]:
-    """``name==version`` of the installed distributions the model needs (local metadata, no network)."""
-    out = []
-    for name in _REQUIREMENTS:
+def pip_requirements(wheel: Optional[str] = None) -> List[str]:
+    """``name==version`` of the installed distributions the model needs (local metadata, no network); rayemb as
+    ``wheel`` when given (its path relative to the model folder: pip resolves it there)."""
+    out = [wheel] if wheel else []
+    for name in _REQUIREMENTS[1:] if wheel else _REQUIREMENTS:
         try:
             out.append(f"{name}=={importlib.metadata.version(name).split('+')[0]}")
         except importlib.metadata.PackageNotFoundError:
@@ -142,12 +153,15 @@ def log_pyfunc(model_dir: str, schema: Any, tracking_uri: str, run_id: str, inpu
     import json
 
     from rayemb.serve.model import INFO_FILE, uses_sequence
+    from rayemb.serve.own_wheel import build_wheel
 
     with open(os.path.join(model_dir, INFO_FILE)) as f:
         exported = json.load(f)
     sequence = uses_sequence(exported.get("model", {}))
     item_feature = (exported.get("retrieval") or {}).get("item_feature")
-    with tracking(tracking_uri):
+    with tracking(tracking_uri), tempfile.TemporaryDirectory(prefix="rayemb-wheel-") as wheels:
+        wheel = build_wheel(wheels)
+        carried = f"{_ARTIFACTS_DIR}/{os.path.basename(wheel)}"
         client = mlflow.MlflowClient(tracking_uri)
         # made here, in the run's experiment: Model.log alone would file it under the active (default) experiment
         logged = client.create_logged_model(client.get_run(run_id).info.experiment_id, name=MODEL_NAME,
@@ -155,10 +169,14 @@ def log_pyfunc(model_dir: str, schema: Any, tracking_uri: str, run_id: str, inpu
         info = Model.log(
             artifact_path=None, name=MODEL_NAME, flavor=mlflow.pyfunc, flavor_name="pyfunc.CustomPythonModel",
             run_id=run_id, model_id=logged.model_id, python_model=RayembPyfuncModel(),
-            artifacts={ARTIFACT_KEY: os.path.abspath(model_dir)}, signature=signature(schema, sequence, item_feature),
-            input_example=input_example, pip_requirements=pip_requirements(), step=int(step),
-            await_registration_for=0,
+            artifacts={ARTIFACT_KEY: os.path.abspath(model_dir), WHEEL_KEY: wheel},
+            signature=signature(schema, sequence, item_feature), input_example=input_example,
+            pip_requirements=pip_requirements(carried), step=int(step), await_registration_for=0,
         )
+        saved = info.flavors["python_function"]["artifacts"][WHEEL_KEY]["path"]
+        if saved != carried:  # the requirements would name a file the model does not hold
+            raise RuntimeError(f"MLflow saved rayemb's wheel as {saved!r}, not {carried!r} as the model's "
+                               f"requirements name it (logged model {info.model_uri})")
         if client.get_logged_model(logged.model_id).status != LoggedModelStatus.READY:
             client.finalize_logged_model(logged.model_id, LoggedModelStatus.READY)
         return info
@@ -228,5 +246,5 @@ def local_model_dir(model: str, tracking_uri: Optional[str], scratch: Optional[s
     return resolve(model), os.path.abspath(model)
 
 
-__all__ = ["ARTIFACT_KEY", "MODEL_NAME", "RayembPyfuncModel", "is_mlflow_uri",
+__all__ = ["ARTIFACT_KEY", "MODEL_NAME", "RayembPyfuncModel", "WHEEL_KEY", "is_mlflow_uri",
            "local_model_dir", "log_pyfunc", "pip_requirements", "register", "signature", "tracking"]
