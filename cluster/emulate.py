@@ -529,25 +529,28 @@ class EmulatedCluster:
 
     def _start_nodes(self, state: dict, timeout_s: float) -> None:
         for k in range(self.nodes):
-            for attempt in range(1, START_ATTEMPTS + 1):
-                _log(f"starting ray {'head' if k == 0 else 'worker'} node {k} in {self.ns(k)} at"
-                     f" {self.node_ip(k)} (attempt {attempt}/{START_ATTEMPTS})")
-                log_path = self.state_dir / "logs" / f"n{k}.log"
-                offset = log_path.stat().st_size if log_path.exists() else 0
-                proc = self._launch(k, attempt)
-                self._children.append(proc)
-                rec = {"pid": proc.pid, "pgid": proc.pid, "start_time": _proc_start_time(proc.pid),
-                       "attempt": attempt}
-                state["node"][k]["procs"].append(rec)
-                self._save_state(state)
-                why = self._wait_started(proc, log_path, offset + 1, max(timeout_s, NODE_START_TIMEOUT_S))
-                if why is None:
-                    break
-                _log(f"node {k} did not start: {why}")
-                self._stop_node(state["node"][k], grace_s=10)
-                if attempt == START_ATTEMPTS:
-                    raise EmulateError(f"ray node {k} did not start after {START_ATTEMPTS} attempts ({why});"
-                                       f" see {log_path} and {self.node_tmp(k)}/session_latest/logs")
+            self._start_node(state, k, timeout_s)
+
+    def _start_node(self, state: dict, k: int, timeout_s: float) -> None:
+        for attempt in range(1, START_ATTEMPTS + 1):
+            _log(f"starting ray {'head' if k == 0 else 'worker'} node {k} in {self.ns(k)} at"
+                 f" {self.node_ip(k)} (attempt {attempt}/{START_ATTEMPTS})")
+            log_path = self.state_dir / "logs" / f"n{k}.log"
+            offset = log_path.stat().st_size if log_path.exists() else 0
+            proc = self._launch(k, attempt)
+            self._children.append(proc)
+            rec = {"pid": proc.pid, "pgid": proc.pid, "start_time": _proc_start_time(proc.pid),
+                   "attempt": attempt}
+            state["node"][k]["procs"].append(rec)
+            self._save_state(state)
+            why = self._wait_started(proc, log_path, offset + 1, max(timeout_s, NODE_START_TIMEOUT_S))
+            if why is None:
+                return
+            _log(f"node {k} did not start: {why}")
+            self._stop_node(state["node"][k], grace_s=10)
+            if attempt == START_ATTEMPTS:
+                raise EmulateError(f"ray node {k} did not start after {START_ATTEMPTS} attempts ({why});"
+                                   f" see {log_path} and {self.node_tmp(k)}/session_latest/logs")
 
     @staticmethod
     def _wait_started(proc: subprocess.Popen, log_path: Path, offset: int, timeout_s: float) -> Optional[str]:
@@ -606,6 +609,55 @@ class EmulatedCluster:
         raise EmulateError(f"the head's dashboard (:{DASHBOARD_PORT}) or dashboard agent (:{AGENT_PORT}) on"
                            f" {self.head_ip} did not answer within {left:.0f} s; see"
                            f" {self.node_tmp(0)}/session_latest/logs/dashboard*.log")
+
+    # ---- losing and restarting nodes
+    def _up_state(self, k: int) -> dict:
+        _require_root()
+        state = self._load_state()
+        if not state or state.get("status") != "up":
+            raise EmulateError(f"cluster {self.name!r} is not up (no state in {self.state_path}): start it with"
+                               " `up` first")
+        if not 0 <= k < len(state["node"]):
+            raise EmulateError(f"node {k}: cluster {self.name!r} has nodes 0..{len(state['node']) - 1}")
+        return state
+
+    def kill_node(self, k: int) -> List[int]:
+        """SIGKILLs every process of node k at once, as a machine that loses power: no process shuts down,
+        nothing is flushed. For the head that is the GCS, raylet, dashboard, every Ray worker and every driver
+        or job running in its namespace. Its namespace and link stay: :meth:`start_node` starts Ray there
+        again. Returns the PIDs it killed (none when the node was down already).
+        """
+        state = self._up_state(k)
+        node = state["node"][k]
+
+        def pids() -> List[int]:
+            for child in self._children:
+                child.poll()  # reap
+            return self._node_pids(node)
+
+        killed = pids()
+        _log(f"killing node {k} ({self.ns(k)}): {len(killed)} processes")
+        for pid in killed:
+            _signal(pid, signal.SIGKILL)
+        if not _wait_gone(pids, 10.0):
+            raise EmulateError(f"processes {pids()} of node {k} of cluster {self.name!r} survived SIGKILL")
+        return killed
+
+    def start_node(self, k: int, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Starts node k's Ray again, in its namespace at its address, after :meth:`kill_node`.
+
+        A head started again is a new head: its GCS starts empty (no external store), so the other nodes'
+        raylets belong to a cluster that is gone; kill and start them too. Once every node runs again, waits
+        as :meth:`up` does until the GCS lists them all alive and the head's dashboard and agent answer.
+        """
+        state = self._up_state(k)
+        live = self._node_pids(state["node"][k])
+        if live:
+            raise EmulateError(f"node {k} of cluster {self.name!r} is running ({len(live)} processes): stop it with"
+                               f" kill_node({k}) first")
+        self._start_node(state, k, timeout_s)
+        if all(any(self._proc_alive(r) for r in n["procs"]) for n in state["node"]):
+            self._wait_ready(timeout_s)
 
     # ---- stopping
     def _stop_node(self, node: dict, grace_s: float = STOP_GRACE_S) -> None:

@@ -71,11 +71,13 @@ class MotoS3Server:
     """moto's S3 server on 127.0.0.1, on a free port, in a thread of this process; ``stop()`` ends it.
 
     ``env`` is what a process needs to reach it with pyarrow or boto3: fake credentials,
-    a region and ``AWS_ENDPOINT_URL``. Nothing leaves 127.0.0.1.
+    a region and ``AWS_ENDPOINT_URL``. Nothing leaves 127.0.0.1, unless ``host`` names another local address
+    (the bridge of an emulated cluster, which its network namespaces reach the host on).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._server = None
+        self.host, self.port = host, port
         self.endpoint = ""
 
     def start(self) -> "MotoS3Server":
@@ -84,7 +86,7 @@ class MotoS3Server:
         from moto.server import ThreadedMotoServer
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server = ThreadedMotoServer(ip_address=self.host, port=self.port, verbose=False)
         self._server.start()
         host, port = self._server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"
