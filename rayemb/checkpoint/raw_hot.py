@@ -7,9 +7,15 @@ statistics' heavy hitters) in fixed rows of the hybrid module's replicated
 whatever the placement: the ids it holds, each with its row, optimizer state
 and eviction metadata (:mod:`rayemb.checkpoint.raw_state`). So the hot rows
 are entries too, written once (rank 0's part: every rank holds the same rows)
-and given the highest eviction priority of the table (the largest value of
-each metadata its managed entries have on any rank), since they are its most
-frequent ids.
+and given the highest eviction priority of the table, since they are its most
+frequent ids: each metadata at the largest value its managed entries have on
+any rank, and at least the table's counter now, as if looked up at the save.
+TorchRec's LRU evicts the smallest ``last_access_iter`` (the table's pass
+counter at an id's last lookup) first and LFU the smallest ``counts``; a TTL
+drops an id whose ``last_access_s`` (the table's clock) is older than the TTL.
+So an empty table's hot entries get the pass counter (LRU's clock, and for LFU
+a count of one lookup a pass) and the clock: reloaded as managed rows they are
+the last the table evicts, not the first, and a TTL starts at the save.
 
 On load the split is the loading job's: an entry whose id is hot there goes to
 its hot row on every rank, any other to the managed-collision table. A job on
@@ -19,7 +25,7 @@ read the same files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
@@ -37,6 +43,19 @@ class HotHalf:
     ids: np.ndarray  # int64 [K], sorted: hot row k holds raw id ids[k]
     weight: torch.Tensor  # [K, D], the live rows (written in place on load)
     states: Dict[str, torch.Tensor]  # MOMENTUM -> [K] / [K, 1] / [K, D], the live optimizer state
+    #: metadata name (``meta.<name>``) -> the least value the hot entries get: the table's counter now
+    #: (:func:`table_counters`)
+    floor: Dict[str, int] = field(default_factory=dict)
+
+
+def table_counters(mcm: Any) -> Dict[str, int]:
+    """``meta.<name>`` -> the managed-collision module ``mcm``'s counter for that metadata now: its pass counter
+    for LRU's ``last_access_iter`` and LFU's ``counts``, its clock for a TTL's ``last_access_s``."""
+    from rayemb.embedding.raw_tables import LAST_ACCESS_S
+
+    passes = int(mcm._current_iter_tensor.item())
+    now = {"last_access_iter": passes, "counts": passes, LAST_ACCESS_S: int(mcm._clock())}
+    return {META + name: now[name] for name in mcm.metadata() if name in now}
 
 
 def _remappers(model: torch.nn.Module) -> List[Any]:
@@ -50,7 +69,10 @@ def hot_halves(model: torch.nn.Module, model_state: Mapping[str, Any],
     ``model_state`` / ``optimizer_state``: ``model.state_dict()`` and ``optimizer.state_dict()["state"]``,
     whose tensors of a replicated table are the live ones.
     """
+    from rayemb.embedding.raw_tables import raw_id_modules
+
     hot_ids = {t: r.hot_ids(t) for r in _remappers(model) for t in r.raw_tables if t in r.hybrid_tables()}
+    managed = raw_id_modules(model)
     out: Dict[str, HotHalf] = {}
     for key, value in model_state.items():
         parsed = embedding_key(key)
@@ -59,16 +81,18 @@ def hot_halves(model: torch.nn.Module, model_state: Mapping[str, Any],
         table = parsed[1]
         states = {MOMENTUM: s for name, s in optimizer_state.get(key, {}).items()
                   if is_momentum_state(name) and isinstance(s, torch.Tensor)}
-        out[table] = HotHalf(hot_ids[table], value, states)
+        out[table] = HotHalf(hot_ids[table], value, states,
+                             table_counters(managed[table]) if table in managed else {})
     return out
 
 
 def top_metadata(part: Mapping[str, Mapping[str, np.ndarray]], halves: Mapping[str, HotHalf]
                  ) -> Dict[str, Dict[str, int]]:
-    """Table -> metadata name -> its largest value over every rank's managed entries (a collective over the
-    ranks, each with its own ``part``), at least 1: what the hot entries are given."""
+    """Table -> metadata name -> its largest value over every rank's managed entries and the table's counter
+    (``HotHalf.floor``) on every rank (a collective over the ranks, each with its own ``part``), at least 1:
+    what the hot entries are given."""
     names = [(t, k) for t in sorted(halves) for k in sorted(part[t]) if k.startswith(META)]
-    local = [int(part[t][k].max()) if part[t][k].size else 0 for t, k in names]
+    local = [max(int(part[t][k].max()) if part[t][k].size else 0, halves[t].floor.get(k, 0)) for t, k in names]
     top = torch.tensor(local + [0], dtype=torch.int64)
     dist.all_reduce(top, op=dist.ReduceOp.MAX)
     out: Dict[str, Dict[str, int]] = {t: {} for t in halves}
@@ -133,4 +157,4 @@ def take_hot_entries(entries: List[Dict[str, np.ndarray]], half: HotHalf) -> Lis
     return rest
 
 
-__all__ = ["HotHalf", "add_hot_entries", "hot_halves", "take_hot_entries", "top_metadata"]
+__all__ = ["HotHalf", "add_hot_entries", "hot_halves", "table_counters", "take_hot_entries", "top_metadata"]
