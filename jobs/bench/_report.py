@@ -149,7 +149,8 @@ def auto_plan_line(check: Mapping[str, Any]) -> str:
 
 def row_problem(row: Optional[Mapping[str, Any]], min_runs: int, needs_prediction: bool) -> Optional[str]:
     """Why a row cannot carry a verdict, or None: it is missing, a run of it failed, none succeeded, it has
-    fewer runs than ``min_runs``, or (``needs_prediction``) it has no predicted-over-measured step."""
+    fewer runs than ``min_runs``, or (``needs_prediction``) fewer than ``min_runs`` of its runs have a
+    predicted-over-measured step (``predicted_runs``): a median ratio over 1 run of 5 is 1 run's figure."""
     if row is None:
         return "missing"
     if row.get("failed"):
@@ -159,6 +160,10 @@ def row_problem(row: Optional[Mapping[str, Any]], min_runs: int, needs_predictio
         return "no run"
     if runs < min_runs:
         return f"{runs} run(s), fewer than the {min_runs} it needs"
-    if needs_prediction and row.get("predicted_over_measured") is None:
-        return "no predicted step time"
+    if needs_prediction:
+        predicted = int(row.get("predicted_runs") or 0) if row.get("predicted_over_measured") is not None else 0
+        if predicted == 0:
+            return "no predicted step time"
+        if predicted < min_runs:
+            return f"{predicted} of {runs} run(s) with a predicted step time, fewer than the {min_runs} it needs"
     return None

@@ -37,7 +37,7 @@ shared 2-core machine, more than the 5 % the auto target asks.
 Acceptance (printed; exit 0 unless ``--check``), per bandwidth: hybrid >= 1.3x the best pooled row (at <=
 100 mbit); auto within 5 % of the best rayemb row; the model's prediction within 20 % of the measured step
 on every rayemb row. A verdict FAILs when a row it rests on is missing, had a failed run, has no run, has
-fewer runs than a judged row needs, or has no prediction. Reported, not judged: auto vs torchrec, whether
+fewer runs than a judged row needs, or (rayemb rows) fewer runs with a prediction than that. Reported, not judged: auto vs torchrec, whether
 auto chose the fastest row's plan, and auto's own runs against forced runs of that same plan.
 
 The default run (100 mbit; auto, no_hybrid, hybrid, table_wise, row_wise, column_wise x 5 runs and torchrec x 3)
@@ -308,7 +308,8 @@ def row_of(run: Mapping[str, Any], bandwidth: float) -> Dict[str, Any]:
 def median_row(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     """One table row from the runs (:func:`row_of`) of one variant at one bandwidth: medians with min-max of
     throughput and of the prediction's and probe's ratios to the measured step (each run calibrates and plans
-    anew, so each has its own), medians of the rest; ``runs`` that succeeded, ``failed`` the others."""
+    anew, so each has its own), medians of the rest; ``runs`` that succeeded, ``failed`` the others,
+    ``predicted_runs`` the succeeded runs with a prediction."""
     import statistics
 
     ok = [r for r in rows if r.get("samples_per_s") and not r.get("error")]
@@ -319,6 +320,8 @@ def median_row(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     for key in ("samples_per_s", "predicted_over_measured", "probed_over_measured"):
         s = spread(r.get(key) for r in ok)
         out[key], out[f"{key}_min"], out[f"{key}_max"] = s["median"], s["min"], s["max"]
+        if key == "predicted_over_measured":
+            out["predicted_runs"] = s["n"]  # the runs the prediction's verdict rests on
     for key in ("step_ms", "predicted_ms", "probed_ms", "bytes_per_step", "mb_per_step", "ranks_cpu",
                 "others_cpu", "idle_cpu", "canary_ms"):
         vals = [r[key] for r in ok if r.get(key) is not None]

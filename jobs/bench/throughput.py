@@ -38,7 +38,7 @@ Acceptance (printed PASS/FAIL; exit 0 unless ``--check``), on the rows' medians:
 * the model's prediction within 20 % of the measured step on every rayemb row.
 
 A verdict FAILs when a row it rests on is missing, had a failed run, has fewer than 5 runs, or (rayemb rows)
-has no prediction: ``--quick`` (one run per side) is a smoke run whose verdicts FAIL. Reported beside
+fewer than 5 runs with a prediction: ``--quick`` (one run per side) is a smoke run whose verdicts FAIL. Reported beside
 them: whether auto trained the fastest row's plan, and auto's own runs against the forced runs of that plan.
 The default run (8 sides x 5 runs of 200 steps) takes 45-90 min on a 2-core host, depending on its speed.
 
@@ -232,7 +232,8 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
         row.update(runs=len(v), samples_per_s=sps["median"], samples_per_s_min=sps["min"],
                    samples_per_s_max=sps["max"], samples_per_s_runs=v,
                    predicted_over_measured=pred["median"], predicted_over_measured_min=pred["min"],
-                   predicted_over_measured_max=pred["max"], probed_over_measured=probed["median"],
+                   predicted_over_measured_max=pred["max"], predicted_runs=pred["n"],
+                   probed_over_measured=probed["median"],
                    probed_over_measured_min=probed["min"], probed_over_measured_max=probed["max"])
         if phases:
             row["time_s"] = {p: statistics.median(ph[p] for ph in phases if ph.get(p) is not None)

@@ -39,7 +39,8 @@ def _row(bw, variant, sps, pred_ms=None, runs=5, failed=0):
     """A table row as median_row makes it: ``runs`` good runs, ``failed`` failed ones."""
     step = 1024 / sps * 1e3
     return {"bandwidth_mbit": bw, "variant": variant, "samples_per_s": sps, "step_ms": step, "runs": runs,
-            "failed": failed, "predicted_over_measured": (pred_ms / step) if pred_ms else None}
+            "failed": failed, "predicted_over_measured": (pred_ms / step) if pred_ms else None,
+            "predicted_runs": runs if pred_ms else 0}
 
 
 def _complete(bw, **sps_pred):
@@ -90,6 +91,12 @@ def test_a_missing_failed_empty_short_or_unpredicted_row_fails_the_verdicts():
         assert acc["per_bandwidth"]["100"]["row_problems"] == {"table_wise": problem}
         assert acc["rows_pass"] is False and acc["auto_vs_best_pass"] is False
         assert acc["hybrid_vs_pooled_pass"] is False and acc["prediction_pass"] is False
+    # a median ratio over the one run of five that has a prediction is no verdict
+    changed = [dict(r, predicted_runs=1) if r["variant"] == "table_wise" else r for r in rows]
+    acc = mn.acceptance(changed)
+    assert acc["per_bandwidth"]["100"]["row_problems"] == {
+        "table_wise": "1 of 5 run(s) with a predicted step time, fewer than the 5 it needs"}
+    assert acc["prediction_pass"] is False and acc["auto_vs_best_pass"] is False and acc["rows_pass"] is False
     # the torchrec row is reported beside the verdicts: 3 runs are enough, and it needs no prediction
     acc = mn.acceptance([dict(r, runs=2) if r["variant"] == "torchrec" else r for r in rows])
     assert acc["rows_pass"] is False and acc["hybrid_vs_pooled_pass"] and acc["prediction_pass"]
@@ -117,6 +124,11 @@ def test_runs_make_one_row_of_medians_with_min_max():
                                                                                         pytest.approx(1.5))
     assert row["probed_over_measured"] == pytest.approx(0.040 / 0.044)  # of 0.9, 1.025 and 0.909
     assert row["plans"] == ["a", "b"] and row["variant"] == "auto"
+    assert row["predicted_runs"] == 3
+    one = mn.median_row([runs[0]] + [dict(r, predicted_step_time_s=None, predicted_over_measured=None)
+                                     for r in runs[1:]])
+    assert one["runs"] == 3 and one["predicted_runs"] == 1 and one["predicted_over_measured"] == pytest.approx(1.2)
+    assert mn.row_problem(one, 3, True) == "1 of 3 run(s) with a predicted step time, fewer than the 3 it needs"
     failed = mn.median_row([mn.row_of({"variant": "hybrid", "samples_per_s": None, "error": "x"}, 50.0)])
     assert failed["samples_per_s"] is None and failed["runs"] == 0 and failed["failed"] == 1
     assert mn.row_problem(failed, 5, True) == "1 failed run(s)"

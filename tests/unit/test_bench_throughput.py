@@ -202,6 +202,15 @@ def test_a_missing_failed_short_or_unpredicted_row_fails_the_verdicts():
     unpredicted = [dict(r, predicted_step_time_s=None) if r["variant"] == "data_parallel" else r for r in _complete()]
     acc = tp.acceptance(tp.aggregate(unpredicted), forced)
     assert acc["row_problems"] == {"data_parallel": "no predicted step time"} and acc["prediction_pass"] is False
+    # one run of five with a prediction: its ratio is one run's figure, not a verdict's
+    once = [dict(r, predicted_step_time_s=None) if r["variant"] == "data_parallel" else r for r in _complete()]
+    once[2] = dict(once[2], predicted_step_time_s=0.021)
+    rows = tp.aggregate(once)
+    assert rows["data_parallel"]["predicted_runs"] == 1 and rows["data_parallel"]["predicted_over_measured"] is not None
+    acc = tp.acceptance(rows, forced)
+    assert acc["row_problems"] == {
+        "data_parallel": "1 of 5 run(s) with a predicted step time, fewer than the 5 it needs"}
+    assert acc["prediction_pass"] is False and acc["auto_vs_best_pure_pass"] is False
 
 
 def test_table_rows_order_ratios_and_format():
