@@ -20,12 +20,18 @@ straight into the canonical tensors, in the table's stored dtype. Ranks run
 rounds until none has rows left (an ``all_reduce`` a round).
 ``chunk_bytes=None`` is one round with everything. Works on gloo (CPU
 tensors) and nccl (the current CUDA device).
+
+The canonical rows themselves need not be anonymous memory: a save makes its
+canonical tensors (and their per-row bookkeeping) with the ``zeros`` it is
+given (:class:`rayemb.checkpoint.staging.Staging`: memory-mapped files), and a
+load reads rows from any :class:`CanonicalRows` (:class:`rayemb.checkpoint.mapped.MappedRows`:
+the stored pieces, memory-mapped), a round's rows at a time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -40,6 +46,32 @@ _FIELD_MASK = (1 << _FIELD_BITS) - 1
 #: a canonical element no slot has written yet: signalling NaNs, which no arithmetic or cast produces
 _UNSET = {torch.float32: (torch.int32, 0x7FA5A5A5), torch.float16: (torch.int16, 0x7D5A),
           torch.bfloat16: (torch.int16, 0x7FA5)}
+#: rows of the canonical tensors a check or a conversion touches at once when there is no round size
+_WINDOW_BYTES = 64 * 2**20
+
+#: makes a zero-filled tensor of (shape, dtype): where a save keeps the canonical rows it gathers
+Allocator = Callable[[Sequence[int], torch.dtype], torch.Tensor]
+
+
+class CanonicalRows(Protocol):
+    """A rank's canonical rows of one table's state that are read a few at a time (e.g. memory-mapped)."""
+
+    def dim(self) -> int:
+        """1 for row-wise state ``[hi-lo]``, 2 for ``[hi-lo, D]``."""
+
+    def rows_at(self, local: torch.Tensor, col0: int, width: int) -> torch.Tensor:
+        """Rows ``local`` (0 = the rank's first canonical row): ``[n]``, or columns ``[col0, col0+width)`` ``[n, width]``."""
+
+
+def _zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(tuple(shape), dtype=dtype)
+
+
+def _windows(num_rows: int, cap: Optional[int], row_bytes: int) -> Iterator[slice]:
+    """``[0, num_rows)`` in slices of at most ``cap`` (or :data:`_WINDOW_BYTES`) bytes of rows."""
+    step = max(1, (cap or _WINDOW_BYTES) // max(row_bytes, 1))
+    for i in range(0, num_rows, step):
+        yield slice(i, min(i + step, num_rows))
 
 
 def row_range(num_rows: int, rank: int, world_size: int) -> Tuple[int, int]:
@@ -193,26 +225,35 @@ def _unset(out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _count_unset(out: torch.Tensor, block_rows: int) -> int:
+def _count_unset(out: torch.Tensor, cap: Optional[int]) -> int:
     int_dtype, pattern = _UNSET[out.dtype]
     bits = out.view(int_dtype)
-    return sum(int((bits[i:i + block_rows] == pattern).sum()) for i in range(0, out.shape[0], block_rows))
+    return sum(int((bits[w] == pattern).sum()) for w in _windows(out.shape[0], cap, _VALUE_BYTES * out.shape[1]))
+
+
+def _count_not(values: torch.Tensor, expected: float, cap: Optional[int]) -> int:
+    """Elements of the 1-D ``values`` other than ``expected``, a window at a time (no mask of the whole)."""
+    return sum(int((values[w] != expected).sum()) for w in _windows(values.shape[0], cap, 8))
 
 
 def gather_canonical(slots: Sequence[Slot], tables: Mapping[str, Tuple[int, int]], state: str,
-                     dtypes: Optional[Mapping[str, torch.dtype]] = None, chunk_bytes: Optional[int] = None
-                     ) -> Dict[str, torch.Tensor]:
+                     dtypes: Optional[Mapping[str, torch.dtype]] = None, chunk_bytes: Optional[int] = None,
+                     zeros: Optional[Allocator] = None) -> Dict[str, torch.Tensor]:
     """This rank's canonical rows of ``state`` for every table that has it: ``[hi-lo, D]`` or ``[hi-lo]`` (row-wise).
 
     ``tables``: name -> (num_embeddings, dim), the same on every rank.
     ``dtypes``: name -> dtype the rows are returned in (fp32 when absent;
     row-wise state is fp32). ``chunk_bytes``: the most bytes a rank sends in
-    one round (None: one round). A collective: every rank calls it with the
+    one round (None: one round). ``zeros``: makes the returned tensors and the
+    per-row bookkeeping (``torch.zeros`` when absent; a save passes
+    :meth:`rayemb.checkpoint.staging.Staging.zeros`); nothing else this call
+    holds grows with the table. A collective: every rank calls it with the
     same ``tables``, ``state`` and ``chunk_bytes``. Raises :class:`RuntimeError`
     when some canonical element was held by no slot or by several.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = _comm_device()
+    zeros = zeros or _zeros
     names = sorted(tables)
     index = {n: i for i, n in enumerate(names)}
     mine = [s for s in slots if s.state == state and s.table in index]
@@ -220,13 +261,13 @@ def gather_canonical(slots: Sequence[Slot], tables: Mapping[str, Tuple[int, int]
     rowwise = state != WEIGHT and _any_rank(any(s.rowwise for s in mine), dev)
     bounds = {n: row_range(tables[n][0], rank, world) for n in names}
     if rowwise:
-        num = {n: torch.zeros(hi - lo, dtype=torch.float64) for n, (lo, hi) in bounds.items()}
-        den = {n: torch.zeros(hi - lo, dtype=torch.float64) for n, (lo, hi) in bounds.items()}
+        num = {n: zeros((hi - lo,), torch.float64) for n, (lo, hi) in bounds.items()}
+        den = {n: zeros((hi - lo,), torch.float64) for n, (lo, hi) in bounds.items()}
     else:
-        out = {n: _unset(torch.empty(hi - lo, tables[n][1], dtype=(dtypes or {}).get(n, torch.float32)))
+        out = {n: _unset(zeros((hi - lo, tables[n][1]), (dtypes or {}).get(n, torch.float32)))
                for n, (lo, hi) in bounds.items()}
         # with every element set, a row that received exactly D values received each of its columns once
-        count = {n: torch.zeros(hi - lo, dtype=torch.int32) for n, (lo, hi) in bounds.items()}
+        count = {n: zeros((hi - lo,), torch.int32) for n, (lo, hi) in bounds.items()}
     cap = _per_rank_cap(chunk_bytes, world)
     sources = [(s, _code(index[s.table], s.col0, s.width), 1 if rowwise else s.width) for s in mine]
     for batch in _rounds(_blocks(sources, tables, cap, rank, world, True), cap, world, dev):
@@ -256,14 +297,19 @@ def gather_canonical(slots: Sequence[Slot], tables: Mapping[str, Tuple[int, int]
 
     result: Dict[str, torch.Tensor] = {}
     for name in names:
-        lo, dim = bounds[name][0], tables[name][1]
+        (lo, hi), dim = bounds[name], tables[name][1]
         if rowwise:
-            if bool((den[name] != dim).any()):
-                _missing(name, state, f"{int((den[name] != dim).sum())} row(s) not covering {dim} columns once", lo)
-            result[name] = (num[name] / den[name]).to(torch.float32)
+            bad = _count_not(den[name], float(dim), cap)
+            if bad:
+                _missing(name, state, f"{bad} row(s) not covering {dim} columns once", lo)
+            mean = zeros((hi - lo,), torch.float32)
+            for w in _windows(hi - lo, cap, 8):
+                mean[w] = (num[name][w] / den[name][w]).to(torch.float32)
+            del num[name], den[name]
+            result[name] = mean
             continue
-        bad = int((count[name] != dim).sum())
-        unset = _count_unset(out[name], max(1, (cap or 2**26) // (_VALUE_BYTES * max(dim, 1))))
+        bad = _count_not(count[name], dim, cap)
+        unset = _count_unset(out[name], cap)
         if bad or unset:
             _missing(name, state, f"{bad} row(s) given other than {dim} values, {unset} value(s) given by none", lo)
         result[name] = out[name]
@@ -302,13 +348,21 @@ def _answer_width(slot: Slot) -> int:
     return 1 if t.dim() == 1 else int(t.shape[1])
 
 
-def scatter_canonical(slots: Sequence[Slot], canonical: Mapping[str, torch.Tensor],
+def _rows_of(chunk: Union[torch.Tensor, CanonicalRows], local: torch.Tensor, col0: int, width: int) -> torch.Tensor:
+    if isinstance(chunk, torch.Tensor):
+        return chunk[local] if chunk.dim() == 1 else chunk[local, col0:col0 + width]
+    return chunk.rows_at(local, col0, width)
+
+
+def scatter_canonical(slots: Sequence[Slot], canonical: Mapping[str, Union[torch.Tensor, CanonicalRows]],
                       tables: Mapping[str, Tuple[int, int]], state: str, chunk_bytes: Optional[int] = None) -> int:
     """Writes into every slot of ``state`` its rows from the canonical chunks (inverse of :func:`gather_canonical`).
 
-    ``canonical``: this rank's ``[hi-lo, D]`` / ``[hi-lo]`` per table (tables
+    ``canonical``: this rank's ``[hi-lo, D]`` / ``[hi-lo]`` per table, as a
+    tensor or a :class:`CanonicalRows` read a round's rows at a time (tables
     absent there leave their slots untouched; every rank passes the same
-    table names). ``chunk_bytes``: the most bytes of answers a rank is sent
+    table names). A 1-D (row-wise) chunk gives every column of an
+    element-wise slot its row's value. ``chunk_bytes``: the most bytes of answers a rank is sent
     in one round (None: one round). A collective. Returns the number of slot
     rows written on this rank.
     """
@@ -338,9 +392,8 @@ def scatter_canonical(slots: Sequence[Slot], canonical: Mapping[str, torch.Tenso
         offset = 0
         for s, e, code in _runs(incoming[:, 1]):
             t, col0, width = _decode(code)
-            chunk = canonical[names[t]]
             local = incoming[s:e, 0] - row_range(tables[names[t]][0], rank, world)[0]
-            rows = chunk[local] if chunk.dim() == 1 else chunk[local, col0:col0 + width]
+            rows = _rows_of(canonical[names[t]], local, col0, width)
             answer[offset:offset + (e - s) * width].view(e - s, width).copy_(
                 rows.reshape(e - s, -1).expand(-1, width))
             offset += (e - s) * width
@@ -358,4 +411,4 @@ def scatter_canonical(slots: Sequence[Slot], canonical: Mapping[str, torch.Tenso
     return written
 
 
-__all__ = ["HEADER_BYTES", "gather_canonical", "row_range", "scatter_canonical"]
+__all__ = ["HEADER_BYTES", "Allocator", "CanonicalRows", "gather_canonical", "row_range", "scatter_canonical"]

@@ -18,13 +18,20 @@ A checkpoint directory holds
   any world size; ``meta.json`` names those tables with ``"ids": "raw"``.
 
 Loading (:func:`load_logical`) reads the canonical rows of the *loading*
-world (DCP reshards: any world size) and scatters them into the live model's
-slots (:mod:`rayemb.checkpoint.layout`: any plan, hybrid or not), each row
-cast to the live table's dtype (fp32 rows into fp16 tables round to nearest,
-fp16 rows into fp32 tables widen exactly). DCP's
+world (any world size: the stored pieces overlapping them) and scatters them
+into the live model's slots (:mod:`rayemb.checkpoint.layout`: any plan, hybrid
+or not), each row cast to the live table's dtype (fp32 rows into fp16 tables
+round to nearest, fp16 rows into fp32 tables widen exactly). DCP's
 ``.metadata`` is a pickle: it is read by :mod:`rayemb.checkpoint.safe_reader`,
-which resolves only the classes DCP metadata holds; tensors are read with
+which resolves only the classes DCP metadata holds; tensors are described with
 ``torch.load(weights_only=True)``, ``meta.json`` is JSON.
+
+Host memory: a save gathers the rank's canonical share into memory-mapped
+files beside ``directory`` (:mod:`rayemb.checkpoint.staging`) and one
+``dcp.save`` writes it from there; a load maps the stored table pieces
+(:mod:`rayemb.checkpoint.mapped`) instead of reading them whole. Either way the
+anonymous memory a rank adds is the exchange's rounds (a few times
+``chunk_mib``), whatever the size of the tables; the rest is page cache.
 
 Checkpoints may live on remote storage (``s3://bucket/runs/ray_results/<job>/checkpoint_...``,
 where Ray Train uploads them): :func:`read_meta`, :func:`verify` and
@@ -50,10 +57,12 @@ import torch
 import torch.distributed as dist
 
 from rayemb import storage
-from rayemb.checkpoint.exchange import gather_canonical, row_range, scatter_canonical
-from rayemb.checkpoint.layout import (DTYPE_NAMES, MOMENTUM, WEIGHT, dense_entries, model_slots, set_step_counters,
-                                      stored_tables, table_dtypes)
+from rayemb.checkpoint.exchange import Allocator, gather_canonical, row_range, scatter_canonical
+from rayemb.checkpoint.layout import (DTYPE_NAMES, MOMENTUM, WEIGHT, Slot, dense_entries, model_slots,
+                                      set_step_counters, stored_tables, table_dtypes)
+from rayemb.checkpoint.mapped import mapped_rows
 from rayemb.checkpoint.safe_reader import DCP_METADATA, SafeFileSystemReader
+from rayemb.checkpoint.staging import Staging
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
 
@@ -130,7 +139,10 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     table's: its capacity; its ids and rows go to ``raw_ids.<rank>.npz``). ``meta``: epoch, step,
     position and bookkeeping to record. ``chunk_mib``: the most MiB of rows a rank sends
     in one round of the exchange (``train.checkpoint_chunk_mib``; None: all at once); the
-    files do not depend on it. Rank 0 writes ``meta.json`` last and returns it (other ranks return ``{}``).
+    files do not depend on it. The rank's canonical rows are staged in memory-mapped files
+    beside ``directory`` (:class:`~rayemb.checkpoint.staging.Staging`: local disk of about the
+    rank's share of the table state), removed before this returns or raises.
+    Rank 0 writes ``meta.json`` last and returns it (other ranks return ``{}``).
     """
     import torch.distributed.checkpoint as dcp
 
@@ -145,15 +157,13 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     given, tables = tables, stored_tables(_encoded(tables, model), model_state)
     dtypes = table_dtypes(model_state)
     slots = model_slots(model_state, optim_state, remapper)
-    state: Dict[str, Any] = {}
     states = [WEIGHT] + ([MOMENTUM] if _has_state(slots, MOMENTUM) else [])
-    for name in states:  # rows travel as fp32, which holds fp16 rows exactly: stored as the table is
-        for table, chunk in gather_canonical(slots, tables, name, dtypes if name == WEIGHT else None,
-                                             _chunk_bytes(chunk_mib)).items():
-            state[table_key(table, name)] = _row_sharded(chunk, tables[table][0], rank, world)
-    for key, value in dense_entries(model_state, optim_state).items():
-        state[key] = value.detach().cpu()
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
+    with Staging(directory, rank) as staging:
+        state = _canonical_state(slots, tables, states, dtypes, _chunk_bytes(chunk_mib), staging.zeros)
+        for key, value in dense_entries(model_state, optim_state).items():
+            state[key] = value.detach().cpu()
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
+        del state  # the last references to the staged tensors: their mappings, and the files' blocks, go
     compression = model_compression(model)
     mine = [n for n in os.listdir(directory) if n.startswith(f"__{rank}_") and n.endswith(".distcp")]
     if rank == 0:
@@ -179,6 +189,19 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(directory, META_FILE))
     return doc
+
+
+def _canonical_state(slots: List[Slot], tables: Mapping[str, Tuple[int, int]], states: List[str],
+                     dtypes: Mapping[str, torch.dtype], chunk_bytes: Optional[int], zeros: Allocator
+                     ) -> Dict[str, Any]:
+    """``tables.<t>.<state>`` -> this rank's canonical rows of every table as a row-sharded tensor (a collective)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    state: Dict[str, Any] = {}
+    for name in states:  # rows travel as fp32, which holds fp16 rows exactly: stored as the table is
+        gathered = gather_canonical(slots, tables, name, dtypes if name == WEIGHT else None, chunk_bytes, zeros)
+        for table in sorted(gathered):
+            state[table_key(table, name)] = _row_sharded(gathered.pop(table), tables[table][0], rank, world)
+    return state
 
 
 def _encoded(tables: Mapping[str, Tuple[int, int]], model: Any) -> Dict[str, Tuple[int, int]]:
@@ -311,8 +334,10 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
 
     Tables must have the same rows and dim as in the checkpoint (a
     :class:`DataError` names the first that does not). One table's state is
-    read at a time, its rows sent to the slots in rounds of at most
-    ``chunk_mib`` MiB a rank (None: all at once). Restores this rank's
+    read at a time from the memory-mapped files (:func:`~rayemb.checkpoint.mapped.mapped_rows`),
+    its rows sent to the slots in rounds of at most ``chunk_mib`` MiB a rank
+    (None: all at once). ``directory`` is local and checked first
+    (:func:`verify`, sizes; a resume checks hashes too). Restores this rank's
     RNG state when the world size is the one that wrote it. Returns ``meta.json``.
     """
     import torch.distributed.checkpoint as dcp
@@ -325,7 +350,6 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     check_id_kinds({t: e for t, e in meta["tables"].items() if t in tables}, list(raw), directory)
     reader = SafeFileSystemReader(directory)
     metadata = reader.metadata()  # a refused .metadata fails here, not wrapped by DCP
-    saved, shapes = metadata.state_dict_metadata, _shapes(metadata)
     rank, world = dist.get_rank(), dist.get_world_size()
     saved_tables = meta["tables"]
     model_state = model.state_dict()
@@ -346,22 +370,15 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
         logger.warning("checkpoint %s holds no optimizer state for the tables; they start with fresh state",
                        directory)
     rowwise = {s.table: s.rowwise for s in slots if s.state == MOMENTUM}
-    for name in states:  # one table's canonical rows in memory at a time; every rank in the same order
-        for table, (rows, dim) in sorted(tables.items()):
+    for name in states:  # one table's state at a time; every rank in the same order
+        for table, (rows, _dim) in sorted(tables.items()):
             lo, hi = row_range(rows, rank, world)
-            tail = [] if name == MOMENTUM and _saved_rowwise(shapes, table, rowwise.get(table)) else [dim]
-            key = table_key(table, name)  # read in the stored dtype; the slots cast (exchange.scatter_canonical)
-            request = {key: _row_sharded(torch.zeros([hi - lo] + tail, dtype=saved[key].properties.dtype), rows,
-                                         rank, world)}
-            dcp.load(request, storage_reader=reader)
-            shards = request.pop(key).local_shards()
-            canonical = shards[0].tensor if shards else torch.zeros([0] + tail)
-            if name == MOMENTUM and canonical.dim() == 1 and rowwise.get(table) is False:
-                canonical = canonical[:, None].expand(-1, dim)  # row-wise saved, element-wise live
+            # read in the stored dtype; the slots cast (exchange.scatter_canonical); row-wise saved state
+            # gives element-wise live slots every column its row's value there too
+            canonical = mapped_rows(directory, metadata, table_key(table, name), lo, hi)
             if name == MOMENTUM and canonical.dim() == 2 and rowwise.get(table):
-                canonical = canonical.mean(dim=1)  # element-wise saved, row-wise live
+                canonical = canonical.reduced(_row_mean)  # element-wise saved, row-wise live
             scatter_canonical(slots, {table: canonical}, tables, name, _chunk_bytes(chunk_mib))
-            del shards, canonical
     request = {k: v.detach().cpu().clone() for k, v in dense_entries(model_state, optim_state["state"]).items()}
     dcp.load(request, storage_reader=reader)
     live_dense = dense_entries(model_state, optim_state["state"])
@@ -389,10 +406,8 @@ def _same_shape(directory: str, name: str, got: Optional[Mapping[str, Any]], sha
             category="bad_checkpoint")
 
 
-def _saved_rowwise(shapes: Mapping[str, List[int]], table: str, live_rowwise: Optional[bool]) -> bool:
-    """Whether the checkpoint's ``momentum1`` of ``table`` is 1-D (row-wise), from DCP's metadata."""
-    shape = shapes.get(table_key(table, MOMENTUM))
-    return len(shape) == 1 if shape is not None else bool(live_rowwise)
+def _row_mean(rows: torch.Tensor) -> torch.Tensor:
+    return rows.mean(dim=1)
 
 
 def _shapes(md: Any) -> Dict[str, List[int]]:
