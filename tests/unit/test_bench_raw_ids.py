@@ -5,6 +5,7 @@ side says or no logged eviction."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import pyarrow.parquet as pq
 import yaml
 
@@ -39,7 +40,7 @@ def test_the_views_map_every_id_one_to_one_and_size_the_tables(tmp_path):
 def _r(seed, side, auc, evictions=None, placed=None):
     placements = {"raw_full": {"C1": "hybrid", "C2": "row_wise"}, "raw_full_row_wise": {"C1": "row_wise",
                                                                                         "C2": "row_wise"}}
-    return {"seed": seed, "side": side, "best_valid_auc": auc, "evictions": evictions,
+    return {"seed": seed, "side": side, "valid_auc": auc, "best_valid_auc": auc + 0.02, "evictions": evictions,
             "raw_placements": placed if placed is not None else placements.get(side, {})}
 
 
@@ -66,3 +67,12 @@ def test_verdicts_pass_and_fail_by_margin_placement_order_evictions_and_missing_
     assert rb.evictions({"valid_auc": 0.9}) is None
     plan = {"raw_tables": ["C1"], "tables": {"C1": {"placement": "hybrid"}, "C2": {"placement": "row_wise"}}}
     assert rb.raw_placements(plan) == {"C1": "hybrid"} and rb.raw_placements({}) == {}
+
+
+def test_verdicts_judge_the_last_epoch_not_the_best_one_picked_on_the_same_rows():
+    ok = [_r(0, "encoded", 0.910), _r(0, "raw_full", 0.907), _r(0, "raw_full_row_wise", 0.906),
+          _r(0, "raw_quarter", 0.90, 12.0), _r(0, "hash_quarter", 0.89)]
+    # raw_full's best epoch matches encoded, its last epoch is 0.01 behind: that is a FAIL
+    slipped = ok[:1] + [dict(ok[1], valid_auc=0.900, best_valid_auc=0.930)] + ok[2:]
+    assert rb.verdicts(slipped, [0])["raw_full_vs_encoded"]["verdict"] == "FAIL"
+    assert rb.verdicts(slipped, [0])["raw_full_vs_encoded"]["diff_per_seed"] == [pytest.approx(-0.010)]
