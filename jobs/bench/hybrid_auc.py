@@ -1,4 +1,4 @@
-"""Validation AUC with and without hybrid tables on the same job config (issue: hybrid must not cost accuracy).
+"""Validation AUC with and without hybrid tables on the same job config (hybrid must not cost accuracy).
 
     python jobs/bench/hybrid_auc.py --seeds 0 1 2 --pin-hybrid --out bench-results/hybrid_auc.json
 

@@ -1,4 +1,4 @@
-"""A whole training job survives its tracking server dying mid-run (issue: tracking never hurts training).
+"""A whole training job survives its tracking server dying mid-run (tracking never hurts training).
 
 The server is killed once the job has logged its first points and restarted a
 few seconds later on the same port and store. The job must end FINISHED, every

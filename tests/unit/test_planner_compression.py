@@ -33,7 +33,7 @@ from rayemb.planner.topology import described_topology
 from rayemb.planner.types import STORAGE_REMEDIES, Placement, TablePin, TableSpec
 
 MiB = 2**20
-V, E = 1_048_576, 512  # the reference size
+V, E = 1_048_576, 512  # the reference table: 2 GiB of fp32 rows
 REF = TableSpec("C1", rows=V, dim=E)
 #: 8 GPUs whose 0.25 GiB (217.6 MiB for tables) cannot hold REF even row-wise (256.5 MiB per rank)
 SMALL_GPUS = described_topology(8, 8, hbm_gib=0.25)
