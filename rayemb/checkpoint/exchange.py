@@ -60,7 +60,7 @@ class CanonicalRows(Protocol):
         """1 for row-wise state ``[hi-lo]``, 2 for ``[hi-lo, D]``."""
 
     def rows_at(self, local: torch.Tensor, col0: int, width: int) -> torch.Tensor:
-        """Rows ``local`` (0 = the rank's first canonical row): ``[n]``, or columns ``[col0, col0+width)`` ``[n, width]``."""
+        """Rows ``local`` (0: the rank's first canonical row), ``[n]``; or their columns ``[col0, col0+width)``."""
 
 
 def _zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:

@@ -122,7 +122,7 @@ def _refusal(directory: str, key: str, why: str) -> DataError:
 
 def _map_item(directory: str, key: str, path: str, offset: int, length: int, dtype: torch.dtype,
               sizes: List[int]) -> torch.Tensor:
-    """The tensor bytes of the ``torch.save`` archive at ``(offset, length)`` of ``path``, mapped: ``[rows, row_bytes]``."""
+    """The tensor bytes of the ``torch.save`` archive at ``(offset, length)`` of ``path``, mapped ``[rows, bytes]``."""
     with open(path, "rb") as f:
         archive = torch._C.PyTorchFileReader(_create_file_view(f, offset, length))
         records = [r for r in archive.get_all_records() if r.startswith("data/")]

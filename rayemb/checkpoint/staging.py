@@ -17,7 +17,10 @@ full disk is a :class:`~rayemb.errors.TrainingError` naming the folder and the
 bytes needed, not a ``SIGBUS`` on a write into the mapping. Each file is
 unlinked as soon as it is mapped: its blocks live as long as the tensor does,
 and a rank that dies leaves no file behind. The folder is removed when the
-:class:`Staging` closes, also on an error.
+:class:`Staging` closes, also on an error; then the local variables of the
+frames the error left (below the ``with``) are cleared, so that the traceback
+an error carries up does not keep the staged tensors, their page cache and
+their disk blocks alive.
 
 Example::
 
@@ -31,7 +34,9 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from typing import Any, Optional, Sequence
+import traceback
+from types import TracebackType
+from typing import Optional, Sequence, Type
 
 import torch
 
@@ -89,8 +94,11 @@ class Staging:
     def __enter__(self) -> "Staging":
         return self
 
-    def __exit__(self, *exc: Optional[Any]) -> None:
+    def __exit__(self, kind: Optional[Type[BaseException]], error: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         self.close()
+        if tb is not None:
+            traceback.clear_frames(tb)  # the frame of the with statement runs on and is left as it is
 
 
 __all__ = ["Staging", "staging_folder"]

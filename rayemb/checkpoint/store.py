@@ -144,8 +144,6 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     rank's share of the table state), removed before this returns or raises.
     Rank 0 writes ``meta.json`` last and returns it (other ranks return ``{}``).
     """
-    import torch.distributed.checkpoint as dcp
-
     from rayemb.checkpoint.raw_files import raw_table_meta, save_raw_files
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -158,12 +156,10 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     dtypes = table_dtypes(model_state)
     slots = model_slots(model_state, optim_state, remapper)
     states = [WEIGHT] + ([MOMENTUM] if _has_state(slots, MOMENTUM) else [])
+    dense = {key: value.detach().cpu() for key, value in dense_entries(model_state, optim_state).items()}
     with Staging(directory, rank) as staging:
-        state = _canonical_state(slots, tables, states, dtypes, _chunk_bytes(chunk_mib), staging.zeros)
-        for key, value in dense_entries(model_state, optim_state).items():
-            state[key] = value.detach().cpu()
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
-        del state  # the last references to the staged tensors: their mappings, and the files' blocks, go
+        _write_tensors(directory, _canonical_state(slots, tables, states, dtypes, _chunk_bytes(chunk_mib),
+                                                   staging.zeros), dense)
     compression = model_compression(model)
     mine = [n for n in os.listdir(directory) if n.startswith(f"__{rank}_") and n.endswith(".distcp")]
     if rank == 0:
@@ -189,6 +185,18 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(directory, META_FILE))
     return doc
+
+
+def _write_tensors(directory: str, state: Dict[str, Any], dense: Mapping[str, torch.Tensor]) -> None:
+    """One ``dcp.save`` of the canonical ``state`` and the ``dense`` entries; it holds the last reference to ``state``.
+
+    (So the staged tensors, and the blocks of their files, go when it returns, and when it raises once
+    :class:`Staging` has cleared the failed frames.)
+    """
+    import torch.distributed.checkpoint as dcp
+
+    state.update(dense)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
 
 
 def _canonical_state(slots: List[Slot], tables: Mapping[str, Tuple[int, int]], states: List[str],
