@@ -159,7 +159,8 @@ class EmulatedCluster:
     ``up()`` starts it (refuses if a cluster of that name is already up, unless
     ``replace=True``; leftovers of a crashed or partial one are cleaned first),
     ``down()`` stops it (idempotent), ``env()`` is the client environment,
-    ``exec_argv(cmd)`` runs a command in the head's namespace with that env.
+    ``exec_argv(cmd)`` runs a command in the head's namespace with that env, ``kill_node(k)`` loses
+    node k at once (every process SIGKILLed) and ``start_node(k)`` starts it again.
     """
 
     def __init__(self, name: str = DEFAULT_NAME, nodes: int = 2, cpus_per_node: int = 1,
