@@ -11,7 +11,9 @@ and never sent, so bytes on the wire are the sharded rows only, once.
 
 Host memory is bounded by ``chunk_bytes``: an exchange runs in *rounds*, and
 in each round a rank sends at most ``chunk_bytes / W`` to each rank (so it
-sends, and receives, at most ``chunk_bytes``). A round is one
+sends, and receives, at most ``chunk_bytes``), counting with each row the
+:data:`INDEX_BYTES` it costs the sender to pick and order it (which outweigh
+the values of a row-wise state's one-value rows). A round is one
 ``all_to_all_single`` of counts, one of per-row headers ``(row, code)``
 (``code`` packs the table, first column and width: 16 bytes a row) and one
 of values, each row at its own width (rows of column-wise shards carry their
@@ -40,6 +42,9 @@ from rayemb.checkpoint.layout import WEIGHT, Slot
 
 #: header bytes a row costs on the wire: int64 row id + int64 code (table, first column, width)
 HEADER_BYTES = 16
+#: bytes a row costs its sender while its round is prepared: its local position, row id and owner (int64) and the
+#: sorted copies of the first two
+INDEX_BYTES = 40
 _VALUE_BYTES = 4  # rows travel as fp32, which holds fp16 / bf16 rows exactly
 _FIELD_BITS = 20  # first column and width each fit 20 bits of a code (tables up to 2**20 columns)
 _FIELD_MASK = (1 << _FIELD_BITS) - 1
@@ -144,7 +149,12 @@ class _Block:
     per_rank: List[int]  # rows for each rank, in rank order
 
     def cost(self) -> List[int]:
-        return [n * (HEADER_BYTES + _VALUE_BYTES * self.width) for n in self.per_rank]
+        return [n * _row_bytes(self.width) for n in self.per_rank]
+
+
+def _row_bytes(width: int) -> int:
+    """What a row of ``width`` values counts against a round's bound."""
+    return HEADER_BYTES + _VALUE_BYTES * width + INDEX_BYTES
 
 
 def _blocks(slots: Sequence[Tuple[Slot, int, int]], tables: Mapping[str, Tuple[int, int]], cap: Optional[int],
@@ -156,7 +166,7 @@ def _blocks(slots: Sequence[Tuple[Slot, int, int]], tables: Mapping[str, Tuple[i
     """
     for slot, code, width in slots:
         n = slot.rows.numel()
-        step = n if cap is None else max(1, cap // (HEADER_BYTES + _VALUE_BYTES * width))
+        step = n if cap is None else max(1, cap // _row_bytes(width))
         for r0 in range(0, n, max(step, 1)):
             rows = slot.rows[r0:r0 + step]
             owner = _owner(rows, tables[slot.table][0], world)
@@ -411,4 +421,4 @@ def scatter_canonical(slots: Sequence[Slot], canonical: Mapping[str, Union[torch
     return written
 
 
-__all__ = ["HEADER_BYTES", "Allocator", "CanonicalRows", "gather_canonical", "row_range", "scatter_canonical"]
+__all__ = ["HEADER_BYTES", "INDEX_BYTES", "Allocator", "CanonicalRows", "gather_canonical", "row_range", "scatter_canonical"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -70,7 +70,7 @@ class Slot:
     table: str
     state: str  # WEIGHT or MOMENTUM
     tensor: torch.Tensor  # [n, width] (weight, element-wise state) or [n] / [n, 1] (row-wise state)
-    rows: torch.Tensor  # int64 [n]: logical row id of each local row
+    rows: Union[torch.Tensor, RowRange]  # int64 [n]: logical row id of each local row
     col0: int
     width: int
     #: the same rows are on every rank (data-parallel table, hybrid hot half)
@@ -147,9 +147,25 @@ def _row_map(part: str, table: str, remapper: Any) -> Optional[np.ndarray]:
     return None
 
 
-def _rows(mapping: Optional[np.ndarray], start: int, count: int) -> torch.Tensor:
+@dataclass(frozen=True)
+class RowRange:
+    """Logical rows ``[start, start+count)`` of a slot, made a slice at a time: a whole shard's ids would be
+    8 bytes a row of anonymous memory, held through a save or a load."""
+
+    start: int
+    count: int
+
+    def numel(self) -> int:
+        return self.count
+
+    def __getitem__(self, part: slice) -> torch.Tensor:
+        lo, hi, step = part.indices(self.count)
+        return torch.arange(self.start + lo, self.start + max(lo, hi), step, dtype=torch.int64)
+
+
+def _rows(mapping: Optional[np.ndarray], start: int, count: int) -> Union[torch.Tensor, RowRange]:
     if mapping is None:
-        return torch.arange(start, start + count, dtype=torch.int64)
+        return RowRange(start, count)
     return torch.from_numpy(np.ascontiguousarray(mapping[start:start + count], dtype=np.int64))
 
 

@@ -33,7 +33,7 @@ from rayemb.checkpoint.export import unsharded_state
 from rayemb.multiprocess import run_multiprocess
 
 LOCAL_BATCH = 6
-#: ~100 bytes a round: 2 ranks get ~52 bytes each, one row of dim 8 with its header (48 bytes)
+#: ~100 bytes a round: 2 ranks get ~52 bytes each, less than a row of dim 8 counts (88 bytes): a row a round
 TINY_MIB = 100 / 2**20
 #: the table of the memory test: 2**19 rows of dim 64, row-wise sharded: 64 MiB of weights a rank
 BIG_ROWS, BIG_DIM = 2**19, 64
