@@ -28,10 +28,11 @@ import uuid
 from typing import Any, Iterator, Mapping, Optional, Tuple
 
 from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
+from rayemb.data.parts import ROWS_PER_FILE as PART_ROWS, PartWriter
 from rayemb.errors import DataError
 
 #: rows per written parquet file, as ``rayemb convert`` writes them: the statistics pass reads files in parallel
-ROWS_PER_FILE = 1_000_000
+ROWS_PER_FILE = PART_ROWS
 
 
 def _schema_of(schema: Any) -> Any:
@@ -109,26 +110,12 @@ def _write_split(ds: Any, dest: str) -> int:
     they reported none), so :func:`_check_rows` compares the files against the dataset, not against this writer.
     A block whose schema differs from the open file's starts a new file.
     """
-    import pyarrow.parquet as pq
-
     os.makedirs(dest)
-    writer, in_file, files, produced = None, 0, 0, 0
-    try:
-        with _in_order(ds):
-            for table, reported in _blocks(ds):
-                produced += table.num_rows if reported is None else reported
-                while table.num_rows:
-                    if writer is None or in_file == ROWS_PER_FILE or not table.schema.equals(writer.schema):
-                        if writer is not None:
-                            writer.close()
-                        writer = pq.ParquetWriter(os.path.join(dest, f"part-{files:05d}.parquet"), table.schema)
-                        files, in_file = files + 1, 0
-                    take = min(table.num_rows, ROWS_PER_FILE - in_file)
-                    writer.write_table(table.slice(0, take))
-                    in_file, table = in_file + take, table.slice(take)
-    finally:
-        if writer is not None:
-            writer.close()
+    produced = 0
+    with _in_order(ds), PartWriter(dest, ROWS_PER_FILE) as parts:
+        for table, reported in _blocks(ds):
+            produced += table.num_rows if reported is None else reported
+            parts.write(table)
     return produced
 
 

@@ -33,6 +33,7 @@ import pyarrow as pa
 from rayemb import storage
 from rayemb.constants import SCHEMA_FILE
 from rayemb.data.schema import DatasetSchema
+from rayemb.data.parts import ROWS_PER_FILE as PART_ROWS, PartWriter
 from rayemb.errors import DataError, find_user_error
 from rayemb.serve.columns import PREDICTION_COLUMN, SCORE
 
@@ -40,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 4096
 #: rows of one output file at most
-ROWS_PER_FILE = 1_000_000
+ROWS_PER_FILE = PART_ROWS
 
 
 def input_files(data: str) -> List[str]:
@@ -196,24 +197,10 @@ def _write_on_driver(ds: Any, tmp: str) -> None:
     into that node's own disk, where this process cannot see the files. A block whose schema
     differs from the open file's (inputs that disagree on a kept column's type) starts a new file.
     """
-    import pyarrow.parquet as pq
-
     os.makedirs(tmp, exist_ok=True)
-    writer, rows, n = None, 0, 0
-    try:
+    with PartWriter(tmp, ROWS_PER_FILE) as parts:
         for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-            while block.num_rows:
-                if writer is None or rows == ROWS_PER_FILE or not block.schema.equals(writer.schema):
-                    if writer is not None:
-                        writer.close()
-                    writer = pq.ParquetWriter(os.path.join(tmp, f"part-{n:05d}.parquet"), block.schema)
-                    n, rows = n + 1, 0
-                take = min(block.num_rows, ROWS_PER_FILE - rows)
-                writer.write_table(block.slice(0, take))
-                rows, block = rows + take, block.slice(take)
-    finally:
-        if writer is not None:
-            writer.close()
+            parts.write(block)
 
 
 def predict(model_dir: str, data: str, out: str, num_workers: int = 1, use_gpu: bool = False,

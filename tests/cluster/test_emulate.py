@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import stat
 import subprocess
@@ -21,6 +20,7 @@ import textwrap
 import time
 
 import pytest
+from _emulated import needs_emulation
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
@@ -138,17 +138,9 @@ def test_cli_help_and_status_of_absent_cluster(tmp_path, capsys):
 # ---------------------------------------------------------------- a real 2-node cluster (root)
 
 
-def _can_emulate() -> str:
-    if os.geteuid() != 0:
-        return "needs root (ip netns, tc)"
-    if not (shutil.which("ip") and shutil.which("tc")):
-        return "needs iproute2 (ip, tc)"
-    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
-        return "`ip netns` is not available here"
-    return ""
 
 
-needs_root = pytest.mark.skipif(bool(_can_emulate()), reason=_can_emulate() or "ok")
+needs_root = needs_emulation
 
 
 @pytest.fixture(scope="module")

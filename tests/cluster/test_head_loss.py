@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _emulated import needs_emulation
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
@@ -52,12 +53,6 @@ LAST = 2 * STEPS
 RAY = str(Path(sys.executable).parent / "ray")
 
 
-def _can_emulate() -> str:
-    if os.geteuid() != 0:
-        return "needs root (ip netns, tc)"
-    if not (shutil.which("ip") and shutil.which("tc")):
-        return "needs iproute2 (ip, tc)"
-    return ""
 
 
 def _free_port() -> int:
@@ -133,7 +128,7 @@ def _up(tmp_path: Path, before_up) -> EmulatedCluster:
     raise AssertionError("unreachable")
 
 
-@pytest.mark.skipif(bool(_can_emulate()), reason=_can_emulate() or "ok")
+@needs_emulation
 @pytest.mark.parametrize("where", ["shared", "s3"])
 def test_job_survives_losing_its_head_node(where, tiny_data, tmp_path, monkeypatch):
     from _servers import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, MotoS3Server

@@ -10,12 +10,12 @@ the driver, the job's workers and this test never see.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 
 import pytest
+from _emulated import HOLD_HEAD_CPUS, needs_emulation
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
@@ -27,12 +27,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 TRAIN_ROWS, VALID_ROWS = 3_000, 1_000
 
 
-def _can_emulate() -> str:
-    if os.geteuid() != 0:
-        return "needs root (ip netns, tc)"
-    if not (shutil.which("ip") and shutil.which("tc")):
-        return "needs iproute2 (ip, tc)"
-    return ""
 
 
 #: in the head's namespace: hold the head's CPU (every Ray Data task then runs on the other node), build the
@@ -47,17 +41,7 @@ from rayemb.data.materialize import write_dataset_folder
 
 folder, train_rows, valid_rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 init_ray()
-head = ray.get_runtime_context().get_node_id()
-cpus = next(n["Resources"]["CPU"] for n in ray.nodes() if n["NodeID"] == head)
-
-@ray.remote
-class Hold:
-    def ready(self):
-        return True
-
-hold = Hold.options(num_cpus=cpus, scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
-ray.get(hold.ready.remote())
-
+""" + HOLD_HEAD_CPUS + r"""
 def preprocess(batch):
     ids = batch["id"]
     node = ray.get_runtime_context().get_node_id()
@@ -72,7 +56,7 @@ print("WROTE=" + json.dumps({"head": head}), flush=True)
 """
 
 
-@pytest.mark.skipif(bool(_can_emulate()), reason=_can_emulate() or "ok")
+@needs_emulation
 def test_rows_produced_on_another_node_reach_the_drivers_dataset_folder(tmp_path):
     import pyarrow.parquet as pq
 

@@ -19,6 +19,7 @@ import sys
 import tempfile
 
 import pytest
+from _emulated import HOLD_HEAD_CPUS, needs_emulation
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
@@ -26,16 +27,6 @@ sys.path.insert(0, REPO)
 from cluster.emulate import EmulatedCluster, EmulateError  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
-
-
-def _can_emulate() -> str:
-    import shutil
-
-    if os.geteuid() != 0:
-        return "needs root (ip netns, tc)"
-    if not (shutil.which("ip") and shutil.which("tc")):
-        return "needs iproute2 (ip, tc)"
-    return ""
 
 
 def _overrides(data: str, out: str, workers: int):
@@ -56,17 +47,7 @@ from rayemb.cli import main
 export, predict = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 assert main(export) == 0
 init_ray()
-head = ray.get_runtime_context().get_node_id()
-cpus = next(n["Resources"]["CPU"] for n in ray.nodes() if n["NodeID"] == head)
-
-@ray.remote
-class Hold:
-    def ready(self):
-        return True
-
-hold = Hold.options(num_cpus=cpus, scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
-ray.get(hold.ready.remote())
-code = main(predict)
+""" + HOLD_HEAD_CPUS + r"""code = main(predict)
 scorers = [a.node_id for a in list_actors(limit=1000) if "_Scorer" in a.class_name and a.node_id]  # placed
 print("PREDICT=" + json.dumps({"code": code, "head": head, "scorers": scorers}), flush=True)
 """
@@ -100,7 +81,7 @@ def _train(argv_wrap, env, data, out, workers, extra=()):
         return json.load(f), proc.stdout
 
 
-@pytest.mark.skipif(bool(_can_emulate()), reason=_can_emulate() or "ok")
+@needs_emulation
 def test_default_job_on_three_nodes_learns_and_predicts_from_every_node(tiny_data, tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE", "GLOO_SOCKET_IFNAME",

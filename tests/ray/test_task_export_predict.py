@@ -65,13 +65,15 @@ def test_a_retrieval_model_writes_the_output_asked_for(ray_2_cpus, tmp_path):
                      keep, "--batch-size", "16"] + ([] if output is None else ["--output", output])) == 0
         outputs[output] = _read(preds)
     assert outputs[None].column_names == ["score", "label", "user"]  # the default output
-    np.testing.assert_allclose(outputs[None].column("score").to_numpy(), loaded.predict(valid), rtol=0, atol=1e-12)
+    # batches of 16 against one of 50: the float32 towers round differently at another batch size (seen 1.1e-7),
+    # so scores and vectors agree to 1e-6, not bit for bit
+    np.testing.assert_allclose(outputs[None].column("score").to_numpy(), loaded.predict(valid), rtol=0, atol=1e-6)
     users = outputs["user_embedding"]
     assert users.column_names == ["user_embedding", "user"] and users.schema.field(0).type == pa.list_(pa.float32())
     assert users.column("user").to_pylist() == valid.column("user").to_pylist()  # the input's row order
-    np.testing.assert_array_equal(np.array(users.column(0).to_pylist(), dtype=np.float32),
-                                  loaded.user_embeddings(valid))
+    np.testing.assert_allclose(np.array(users.column(0).to_pylist(), dtype=np.float32),
+                               loaded.user_embeddings(valid), rtol=0, atol=1e-6)
     items = outputs["item_embedding"]
     assert items.column_names == ["item_embedding", "item"]
-    np.testing.assert_array_equal(np.array(items.column(0).to_pylist(), dtype=np.float32),
-                                  loaded.item_embeddings(valid.column("item").to_numpy()))
+    np.testing.assert_allclose(np.array(items.column(0).to_pylist(), dtype=np.float32),
+                               loaded.item_embeddings(valid.column("item").to_numpy()), rtol=0, atol=1e-6)
