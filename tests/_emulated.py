@@ -38,3 +38,17 @@ class Hold:
 hold = Hold.options(num_cpus=cpus, scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
 ray.get(hold.ready.remote())
 """
+
+
+def up_cluster(prefix: str, **kwargs):
+    """An EmulatedCluster named ``prefix-<pid>`` brought up, trying another name (another derived subnet) where a
+    cluster already on this machine holds the first one's."""
+    from cluster.emulate import EmulatedCluster, EmulateError
+
+    for suffix in ("", "b", "c"):
+        cluster = EmulatedCluster(f"{prefix}-{os.getpid()}{suffix}", **kwargs)
+        try:
+            return cluster.up()
+        except EmulateError as e:
+            if "overlaps" not in str(e) or suffix == "c":
+                raise

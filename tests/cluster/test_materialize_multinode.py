@@ -15,12 +15,11 @@ import sys
 import tempfile
 
 import pytest
-from _emulated import HOLD_HEAD_CPUS, needs_emulation
+from _emulated import HOLD_HEAD_CPUS, needs_emulation, up_cluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from cluster.emulate import EmulatedCluster, EmulateError  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -68,16 +67,8 @@ def test_rows_produced_on_another_node_reach_the_drivers_dataset_folder(tmp_path
     state = tempfile.mkdtemp(prefix="emm-", dir=str(tmp_path))
     node_local = tmp_path / "node_local"
     folder = node_local / "datasets" / "job"
-    cluster = None
-    for suffix in ("", "b", "c"):  # another cluster on this machine may hold the derived subnet
-        cluster = EmulatedCluster(f"emumat-{os.getpid()}{suffix}", nodes=2, cpus_per_node=1, bandwidth_mbit=200,
-                                  state_dir=state, gloo_ifname=False, node_local_dirs=[str(node_local)])
-        try:
-            cluster.up()
-            break
-        except EmulateError as e:
-            if "overlaps" not in str(e) or suffix == "c":
-                raise
+    cluster = up_cluster("emumat", nodes=2, cpus_per_node=1, bandwidth_mbit=200, state_dir=state, gloo_ifname=False,
+                         node_local_dirs=[str(node_local)])
     try:
         proc = subprocess.run(cluster.exec_argv([sys.executable, "-c", _DRIVER, str(folder), str(TRAIN_ROWS),
                                                  str(VALID_ROWS)]),

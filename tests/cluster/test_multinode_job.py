@@ -19,12 +19,11 @@ import sys
 import tempfile
 
 import pytest
-from _emulated import HOLD_HEAD_CPUS, needs_emulation
+from _emulated import HOLD_HEAD_CPUS, needs_emulation, up_cluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from cluster.emulate import EmulatedCluster, EmulateError  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -91,16 +90,8 @@ def test_default_job_on_three_nodes_learns_and_predicts_from_every_node(tiny_dat
 
     state = tempfile.mkdtemp(prefix="emj-", dir=str(tmp_path))
     node_local = tmp_path / "node_local"
-    cluster = None
-    for suffix in ("", "b", "c"):  # another cluster on this machine may hold the derived subnet
-        cluster = EmulatedCluster(f"emujob-{os.getpid()}{suffix}", nodes=3, cpus_per_node=2, bandwidth_mbit=200,
-                                  state_dir=state, gloo_ifname=False, node_local_dirs=[str(node_local)])
-        try:
-            cluster.up()
-            break
-        except EmulateError as e:
-            if "overlaps" not in str(e) or suffix == "c":
-                raise
+    cluster = up_cluster("emujob", nodes=3, cpus_per_node=2, bandwidth_mbit=200, state_dir=state, gloo_ifname=False,
+                         node_local_dirs=[str(node_local)])
     try:
         # one worker per node (SPREAD), each node keeps a CPU for Ray Data; outputs on a path all nodes reach
         multi, out = _train(cluster.exec_argv, env, tiny_data, str(cluster.shared_dir / "job"), 3,
