@@ -9,8 +9,8 @@ worktree and runs the default synthetic job (jobs/configs/synth_small.yaml on ``
 commit's output folder, so the new one plans from the same figures (its plan.json says ``cached``).
 
 The two plan.json files are compared key by key, leaving out what depends on the moment rather than on the code:
-how long the calibration and the plan probe took, how old the kept measurements are and their source, and the memory Ray reports free on the node (``topology.ddr_bytes``, the
-ranks' ``capacity_bytes``). Any other difference is listed and FAILs the verdict, as does a run that failed.
+how long the calibration and the plan probe took, how old the kept measurements are and their source, and the
+memory Ray reports free on the node (``topology.ddr_bytes``, the ranks' ``capacity_bytes``). Any other difference is listed and FAILs the verdict, as does a run that failed.
 """
 
 from __future__ import annotations
