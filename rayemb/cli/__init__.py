@@ -23,8 +23,9 @@ from rayemb.errors import RayembError
 #: name -> (module, add-arguments function, main function, help, example)
 COMMANDS = {
     "gen-data": ("rayemb.cli.train", "add_gen_data_arguments", "gen_data_main",
-                 "Generate a Criteo-shaped synthetic parquet dataset with a learnable label.",
-                 "rayemb gen-data --out data/synth_small --rows 400000 --zipf 1.1"),
+                 "Generate a Criteo-shaped synthetic parquet dataset with a learnable label, or a named workload.",
+                 "rayemb gen-data --out data/synth_small --rows 400000 --zipf 1.1\n"
+                 "  rayemb gen-data --profile criteo-1tb-scaled --out data/criteo_1tb_scaled"),
     "stats": ("rayemb.cli.stats", "add_stats_arguments", "stats_main",
               "Per-table statistics of a dataset (stats.json).",
               "rayemb stats --data data/synth_small --out stats.json"),

@@ -13,13 +13,17 @@ from rayemb.logs import redact_text, redact_uri
 
 def add_gen_data_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--out", required=True, help="output directory (parquet splits + schema.yaml)")
-    g.add_argument("--rows", required=True, type=int, help="total rows (train + valid)")
-    g.add_argument("--tables", type=int, default=26, help="sparse features/tables (default 26)")
-    g.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of id popularity (default 1.1)")
+    g.add_argument("--profile", metavar="NAME",
+                   help="a named workload that fixes the tables, their sizes and Zipf exponents, e.g. "
+                        "criteo-1tb-scaled (docs/workloads.md); writes profile.json beside schema.yaml")
+    g.add_argument("--rows", type=int, help="total rows (train + valid); required without --profile, which has "
+                                            "its own default")
+    g.add_argument("--tables", type=int, help="sparse features/tables (default 26)")
+    g.add_argument("--zipf", type=float, help="Zipf exponent of id popularity (default 1.1)")
     g.add_argument("--multi-hot", action="store_true", help="variable-length id lists instead of one id per row")
     g.add_argument("--pooling", type=float, default=8.0, help="mean ids per bag with --multi-hot (default 8)")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--scale", type=int, default=1000, help="divide Criteo 1TB cardinalities by this (default 1000)")
+    g.add_argument("--scale", type=int, help="divide Criteo 1TB cardinalities by this (default 1000)")
     g.add_argument("--valid-fraction", type=float, default=0.1)
     g.add_argument("--sequence-length", type=int, default=0,
                    help="add a user-history column H1 (sequence feature, target C1) keeping this many recent "
@@ -29,19 +33,43 @@ def add_gen_data_arguments(g: argparse.ArgumentParser) -> None:
                         "first label's; docs/api.md, multi-task)")
 
 
-def gen_data_main(args: argparse.Namespace) -> int:
-    from rayemb.data.synthetic import SyntheticSpec, generate, log_progress
+#: gen-data options a profile fixes, with their values without one
+_SHAPE_DEFAULTS = {"tables": 26, "zipf": 1.1, "scale": 1000}
 
-    spec = SyntheticSpec(
-        rows=args.rows, num_tables=args.tables, zipf_alpha=args.zipf, multi_hot=args.multi_hot,
-        mean_pooling=args.pooling, seed=args.seed, scale=args.scale, valid_fraction=args.valid_fraction,
-        sequence_length=args.sequence_length, second_label=args.second_label,
-    )
-    schema = generate(spec, args.out, progress=log_progress())
+
+def gen_data_main(args: argparse.Namespace) -> int:
+    from rayemb.data.profiles import PROFILE_JSON, generate_profile, get_profile
+    from rayemb.data.synthetic import SyntheticSpec, generate, log_progress
+    from rayemb.errors import DataError
+
+    common = dict(multi_hot=args.multi_hot, mean_pooling=args.pooling, valid_fraction=args.valid_fraction,
+                  sequence_length=args.sequence_length, second_label=args.second_label)
+    note = ""
+    if args.profile:
+        fixed = [f"--{k}" for k in _SHAPE_DEFAULTS if getattr(args, k) is not None]
+        if fixed:
+            raise DataError(f"--profile {args.profile} fixes the tables' shape; drop {' '.join(fixed)}, or drop "
+                            "--profile to choose the shape yourself.")
+        rows = get_profile(args.profile).default_rows if args.rows is None else args.rows
+        schema = generate_profile(args.profile, args.out, rows=rows, seed=args.seed, progress=log_progress(),
+                                  **common)
+        note = f"; profile {args.profile}, its tables' Zipf exponents in {PROFILE_JSON}"
+    else:
+        if args.rows is None:
+            raise DataError("gen-data needs --rows N (total rows, train + valid), or --profile NAME, which has its "
+                            "own default.")
+        shape = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in _SHAPE_DEFAULTS.items()}
+        spec = SyntheticSpec(rows=args.rows, num_tables=shape["tables"], zipf_alpha=shape["zipf"], seed=args.seed,
+                             scale=shape["scale"], **common)
+        stale = os.path.join(args.out, PROFILE_JSON)
+        if os.path.exists(stale):  # an earlier profile's record would describe data it no longer matches
+            os.remove(stale)
+        schema = generate(spec, args.out, progress=log_progress())
+        rows = args.rows
     sizes = [f.num_embeddings for f in schema.sparse]
     history = f", history column {schema.sequence[0].name}" if schema.sequence else ""
-    print(f"gen-data: wrote {args.rows:,} rows, {len(sizes)} tables ({min(sizes):,}..{max(sizes):,} rows){history} "
-          f"to {args.out}")
+    print(f"gen-data: wrote {rows:,} rows, {len(sizes)} tables ({min(sizes):,}..{max(sizes):,} rows){history} "
+          f"to {args.out}{note}")
     return 0
 
 

@@ -44,7 +44,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -97,6 +97,9 @@ class SyntheticSpec:
     #: ``num_signal_tables`` tables (none of the first label's features) from its own seed streams: the
     #: columns of the data without it are unchanged
     second_label: bool = False
+    #: one Zipf exponent per table instead of ``zipf_alpha`` for all (the named profiles of
+    #: :mod:`rayemb.data.profiles` give each table its own)
+    zipf_alphas: Optional[Sequence[float]] = field(default=None)
 
     def __post_init__(self) -> None:
         checks = [
@@ -113,6 +116,10 @@ class SyntheticSpec:
             (not self.second_label or self.num_tables > self.num_signal_tables, f"second_label needs tables beyond "
              f"the first label's {self.num_signal_tables} signal tables (it has {self.num_tables}); ask for more "
              "tables"),
+            (self.zipf_alphas is None or len(self.zipf_alphas) == self.num_tables, f"{len(self.zipf_alphas or ())} "
+             f"Zipf exponents for {self.num_tables} tables: give one per table"),
+            (self.zipf_alphas is None or all(a > 0 for a in self.zipf_alphas), f"zipf_alphas={self.zipf_alphas}: "
+             "every Zipf exponent must be positive"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -130,6 +137,12 @@ class SyntheticSpec:
             max(MIN_SYNTH_CARDINALITY, math.ceil(base[t % len(base)] / self.scale)) for t in range(self.num_tables)
         ]
 
+    def table_alphas(self) -> List[float]:
+        """The Zipf exponent of each table."""
+        if self.zipf_alphas is not None:
+            return [float(a) for a in self.zipf_alphas]
+        return [self.zipf_alpha] * self.num_tables
+
     def schema(self) -> DatasetSchema:
         sizes = self.table_sizes()
         history = (SparseFeature(HISTORY_COLUMN, sizes[0], sequence=True, max_length=self.sequence_length,
@@ -144,12 +157,17 @@ class SyntheticSpec:
 
 
 class _ZipfTable:
-    """Samples ids of one table: Zipf rank by inverse CDF, then an affine bijection."""
+    """Samples ids of one table: Zipf rank by inverse CDF, then an affine bijection.
+
+    The CDF is built once per table (8 bytes a row, in place: no second array of the table's size) and each
+    draw is a binary search in it, so a chunk costs memory in its own rows only, whatever the table's size.
+    """
 
     def __init__(self, num_rows: int, alpha: float, rng: np.random.Generator) -> None:
         self.num_rows = num_rows
-        weights = np.arange(1, num_rows + 1, dtype=np.float64) ** -alpha
-        self.cdf = np.cumsum(weights)
+        self.cdf = np.arange(1, num_rows + 1, dtype=np.float64)
+        np.power(self.cdf, -alpha, out=self.cdf)
+        np.cumsum(self.cdf, out=self.cdf)
         self.cdf /= self.cdf[-1]
         a = int(rng.integers(1, max(2, num_rows)))
         while math.gcd(a, num_rows) != 1:
@@ -280,7 +298,7 @@ def generate(
     schema = spec.schema()
     sizes = spec.table_sizes()
     rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 0]))
-    tables = [_ZipfTable(v, spec.zipf_alpha, rng) for v in sizes]
+    tables = [_ZipfTable(v, alpha, rng) for v, alpha in zip(sizes, spec.table_alphas())]
     hidden = _HiddenModel(spec, sizes, rng)
     second = _HiddenModel.second(spec, sizes) if spec.second_label else None
 
