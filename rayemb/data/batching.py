@@ -12,8 +12,11 @@ Example::
     >>> b.sparse.keys()
     ['C1', ..., 'C26']
 
-Dense counts are transformed with ``log1p(max(x, 0))`` and nulls read as 0, the
-usual Criteo preprocessing.
+Dense values read nulls as 0 and go through the schema's dense transforms
+(:class:`~rayemb.data.transforms.DenseTransforms`: ``log1p(max(x, 0))``, the
+usual Criteo preprocessing, unless schema.yaml declares another per column);
+a schema with ``standardize`` columns must carry their parameters
+(``schema.with_dense_params(stats)``).
 
 Raw-id features (``ids: raw``, docs/raw_ids.md) keep their ids: int64 values
 pass unchanged and strings become int64 by
@@ -45,6 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rayemb.data.schema import RAW, DatasetSchema
+from rayemb.data.transforms import DenseTransforms, dense_values
 from rayemb.embedding.raw_ids import raw_ids_to_int64
 
 if TYPE_CHECKING:
@@ -128,6 +132,8 @@ class BatchConverter:
                  keep_ids: Optional[str] = None) -> None:
         self.schema = schema
         self.id_policy = id_policy
+        #: every dense column's transform, its parameters included (the export carries the same)
+        self.dense_transforms = DenseTransforms.of(schema)
         #: applied to the KeyedJaggedTensor last, e.g. the hybrid embedding's hot/cold id remap
         self.remap = remap
         if sequence and not schema.sequence:
@@ -176,15 +182,14 @@ class BatchConverter:
             raise ValueError(f"a batch of {n} rows cannot be padded to {pad_to}")
         dense = np.empty((n, len(self.schema.dense)), dtype=np.float32)
         for i, c in enumerate(self.schema.dense):
-            col = pc.fill_null(_column(batch, c), 0).to_numpy(zero_copy_only=False)
-            dense[:, i] = col
+            dense[:, i] = dense_values(_column(batch, c))
         if not np.isfinite(dense).all():
             bad_cols = [c for i, c in enumerate(self.schema.dense) if not np.isfinite(dense[:, i]).all()]
             raise DataError(
                 f"Dense column(s) {bad_cols} hold NaN or infinite values; clean them (e.g. fill with 0) "
                 "before training."
             )
-        np.log1p(np.maximum(dense, 0.0), out=dense)
+        self.dense_transforms.apply(dense)
 
         columns = []
         for name in self.schema.labels:

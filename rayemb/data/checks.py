@@ -8,6 +8,10 @@ them per file (a mergeable :class:`ValueSummary`, summed on the driver) and
 how many values and examples. Likewise :func:`check_ids` applies
 ``data.id_policy`` to the out-of-range sparse ids the pass counted.
 
+The same pass measures each dense column's moments (:class:`DenseMoments`: count, mean, spread, min, max of
+the values the model's transform sees, nulls as 0): ``standardize``'s parameters
+(:mod:`rayemb.data.transforms`), and :func:`warn_dense_transforms` names a ``log1p`` column holding negatives.
+
 Example::
 
     >>> s = ValueSummary.of_table(pa.table({"label": [0.0, 1.0, 0.5]}), "label", [])
@@ -18,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -26,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rayemb.config import ID_POLICIES
+from rayemb.data.transforms import dense_values
 from rayemb.errors import DataError
 
 if TYPE_CHECKING:
@@ -36,6 +42,55 @@ logger = logging.getLogger(__name__)
 
 #: example bad label values kept for error messages
 NUM_LABEL_EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class DenseMoments:
+    """Count, mean, sum of squared deviations (``m2``), min and max of one dense column's finite values (merge
+    with ``+``: Chan et al.'s pairwise update, exact for any split of the rows)."""
+
+    count: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+    min: float = math.inf
+    max: float = -math.inf
+
+    @classmethod
+    def of(cls, x: np.ndarray) -> "DenseMoments":
+        x = x[np.isfinite(x)]
+        if not len(x):
+            return cls()
+        mean = float(x.mean())
+        return cls(len(x), mean, float(np.square(x - mean).sum()), float(x.min()), float(x.max()))
+
+    @property
+    def std(self) -> float:
+        """The population standard deviation (0 for fewer than 2 values)."""
+        return math.sqrt(self.m2 / self.count) if self.count else 0.0
+
+    def __add__(self, other: "DenseMoments") -> "DenseMoments":
+        if not other.count:
+            return self
+        if not self.count:
+            return other
+        n = self.count + other.count
+        delta = other.mean - self.mean
+        return DenseMoments(n, self.mean + delta * other.count / n,
+                            self.m2 + other.m2 + delta * delta * self.count * other.count / n,
+                            min(self.min, other.min), max(self.max, other.max))
+
+    def to_dict(self) -> Dict[str, Any]:
+        """stats.json's entry; ``std`` is for reading, :meth:`from_dict` takes ``m2``."""
+        finite = self.count > 0
+        return {"count": self.count, "mean": self.mean, "std": self.std, "m2": self.m2,
+                "min": self.min if finite else None, "max": self.max if finite else None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "DenseMoments":
+        count = int(d.get("count", 0))
+        if not count:
+            return cls()
+        return cls(count, float(d["mean"]), float(d["m2"]), float(d["min"]), float(d["max"]))
 
 
 @dataclass
@@ -50,6 +105,8 @@ class ValueSummary:
     label_examples: List[float] = field(default_factory=list)
     #: dense column -> NaN or infinite (non-null) values
     dense_non_finite: Dict[str, int] = field(default_factory=dict)
+    #: dense column -> moments of its finite values, nulls as 0 (what the model's transform sees)
+    dense_moments: Dict[str, DenseMoments] = field(default_factory=dict)
 
     @classmethod
     def of_table(cls, table: pa.Table, label: Union[None, str, Sequence[str]],
@@ -73,9 +130,8 @@ class ValueSummary:
             s.label_examples = _unique_examples(examples)
         for name in dense:
             col = table.column(name)
-            if not pa.types.is_floating(col.type):
-                continue  # integers and booleans cannot be NaN
-            x = pc.drop_null(col).to_numpy().astype(np.float64, copy=False) if col.num_chunks else np.zeros(0)
+            x = dense_values(col).astype(np.float64, copy=False)
+            s.dense_moments[name] = DenseMoments.of(x)
             n = int((~np.isfinite(x)).sum())
             if n:
                 s.dense_non_finite[name] = n
@@ -86,6 +142,9 @@ class ValueSummary:
         for k, v in other.dense_non_finite.items():
             dense[k] = dense.get(k, 0) + v
         examples = _unique_examples([*self.label_examples, *other.label_examples])
+        moments = dict(self.dense_moments)
+        for k, v in other.dense_moments.items():
+            moments[k] = moments[k] + v if k in moments else v
         return ValueSummary(
             rows=self.rows + other.rows,
             label_nulls=self.label_nulls + other.label_nulls,
@@ -94,6 +153,7 @@ class ValueSummary:
             label_positives=self.label_positives + other.label_positives,
             label_examples=examples,
             dense_non_finite=dense,
+            dense_moments=moments,
         )
 
     def to_dict(self) -> Dict[str, Any]:
@@ -103,6 +163,7 @@ class ValueSummary:
                       "not_binary": self.label_not_binary, "positives": self.label_positives,
                       "examples": self.label_examples},
             "dense_non_finite": dict(self.dense_non_finite),
+            "dense": {k: v.to_dict() for k, v in self.dense_moments.items()},
         }
 
     @classmethod
@@ -111,7 +172,8 @@ class ValueSummary:
         return cls(rows=int(d.get("rows", 0)), label_nulls=int(lab.get("nulls", 0)),
                    label_non_finite=int(lab.get("non_finite", 0)), label_not_binary=int(lab.get("not_binary", 0)),
                    label_positives=int(lab.get("positives", 0)), label_examples=list(lab.get("examples", [])),
-                   dense_non_finite={k: int(v) for k, v in d.get("dense_non_finite", {}).items()})
+                   dense_non_finite={k: int(v) for k, v in d.get("dense_non_finite", {}).items()},
+                   dense_moments={k: DenseMoments.from_dict(v) for k, v in d.get("dense", {}).items()})
 
 
 def _unique_examples(values: Sequence[float]) -> List[float]:
@@ -178,3 +240,26 @@ def check_ids(stats: "DatasetStats", schema: "DatasetSchema", policy: str = "err
             category="invalid_ids",
         )
     logger.warning("out-of-range ids will be remapped by id_policy=%s: %s", policy, "; ".join(bad))
+
+
+def dense_transform_warnings(summary: ValueSummary, schema: "DatasetSchema") -> List[str]:
+    """One line per ``log1p`` dense column whose values go below 0 (``log1p`` reads them all as 0: the
+    column's sign is lost), naming a transform that keeps it."""
+    from rayemb.data.transforms import LOG1P
+
+    out = []
+    for c in schema.dense:
+        m = summary.dense_moments.get(c)
+        if m is not None and m.count and m.min < 0 and schema.dense_transform_of(c).kind == LOG1P:
+            out.append(f"dense column {c!r} holds negative values (min {m.min:g}) under log1p, which reads every "
+                       f"one as 0; declare `dense_transforms: {{{c}: standardize}}` (or identity, or clip) in "
+                       "schema.yaml to keep them")
+    return out
+
+
+def warn_dense_transforms(summary: ValueSummary, schema: "DatasetSchema") -> List[str]:
+    """Logs :func:`dense_transform_warnings` (a job goes on: the values are valid, the transform loses them)."""
+    lines = dense_transform_warnings(summary, schema)
+    for line in lines:
+        logger.warning("%s", line)
+    return lines

@@ -5,7 +5,11 @@ decides each sparse table's ids and size:
 
 - **label**: the ``--label`` columns (several: one task each), else the column named ``label``; it must be
   numeric or boolean.
-- **dense**: float columns, and boolean ones (read as 0/1).
+- **dense**: float columns, and boolean ones (read as 0/1). Each gets a transform
+  (:mod:`rayemb.data.transforms`) from its train values (nulls as 0), the reason in its report line:
+  negatives -> ``standardize`` (``log1p`` would read them as 0); all in ``[0, 1]`` -> ``identity``;
+  non-negative with ``max >= HEAVY_TAIL_RATIO x mean`` (counts, a heavy tail) -> ``log1p``, the default, which
+  schema.yaml then leaves unsaid; other non-negative values -> ``standardize``.
 - **sparse**: integer and string columns, one id per row; lists of them are ``multi_hot: true``. Never a
   sequence (say ``sequence: true`` by hand where a list is a history in time order).
 - an integer table is **encoded**, ``num_embeddings = max + 1``, when every id lies in ``[0, 2**31)`` and
@@ -32,7 +36,7 @@ Example::
     click       label    --label
     city        sparse   raw: string ids; 40 distinct -> capacity 128 (next power of two >= 2 x distinct), ...
     slot        sparse   encoded: ids in [0, 600], 7 distinct; max+1 <= 65,536 (a small range) -> ...
-    price       dense    float column
+    price       dense    float column; values in [-3.2, 41.5], negatives: log1p would read them as 0 -> standardize
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from rayemb.data.checks import ValueSummary
 from rayemb.data.footers import corrupt_file_error, read_footer_schema, read_footers
 from rayemb.data.schema import RAW, DatasetSchema, SparseFeature
 from rayemb.data.sketches import HyperLogLog
+from rayemb.data.transforms import DEFAULT_KIND, IDENTITY, STANDARDIZE, DenseTransform
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
 
@@ -65,6 +70,8 @@ ENCODED_MAX_ROWS = 1 << 31
 EXACT_DISTINCT_MAX = 1 << 20
 #: rows decoded at once per file
 SCAN_BATCH_ROWS = 1 << 16
+#: a non-negative dense column whose max is at least this many times its mean is heavy-tailed: log1p
+HEAVY_TAIL_RATIO = 10.0
 LABEL, DENSE, SPARSE, SKIPPED, EXCLUDED = "label", "dense", "sparse", "skipped", "excluded"
 
 
@@ -197,6 +204,23 @@ def decide_ids(name: str, t: pa.DataType, scan: _SparseScan) -> Tuple[SparseFeat
     capacity = raw_capacity(distinct)
     return (SparseFeature(name, capacity, multi_hot, ids=RAW, eviction="lru"),
             f"{why}; {counted} -> capacity {capacity:,} (next power of two >= 2 x distinct), eviction lru")
+
+
+def propose_transform(name: str, moments: Any) -> Tuple[DenseTransform, str]:
+    """The transform of dense column ``name`` from its train values' :class:`~rayemb.data.checks.DenseMoments`
+    (None or empty: no values), and why, in words (the rules of the module docstring)."""
+    if moments is None or not moments.count:
+        return DenseTransform(name, DEFAULT_KIND), f"no finite values -> {DEFAULT_KIND} (the default)"
+    span = f"values in [{moments.min:.6g}, {moments.max:.6g}]"
+    if moments.min < 0:
+        return DenseTransform(name, STANDARDIZE), f"{span}, negatives: log1p would read them as 0 -> standardize"
+    if moments.max <= 1:
+        return DenseTransform(name, IDENTITY), f"{span} -> identity"
+    if moments.max >= HEAVY_TAIL_RATIO * moments.mean:
+        return (DenseTransform(name, DEFAULT_KIND),
+                f"{span}, mean {moments.mean:.4g}: max >= {HEAVY_TAIL_RATIO:g} x mean (heavy tail) -> log1p")
+    return (DenseTransform(name, STANDARDIZE),
+            f"{span}, mean {moments.mean:.4g}: no heavy tail (max < {HEAVY_TAIL_RATIO:g} x mean) -> standardize")
 
 
 @dataclass(frozen=True)
@@ -348,6 +372,7 @@ def infer_schema(data_dir: str, labels: Optional[Sequence[str]] = None, exclude:
                         "embedding model needs at least one.", category="invalid_schema")
     notes: List[str] = []
     rows: Dict[str, int] = {}
+    train_values = ValueSummary()
     for split in (TRAIN_SPLIT, VALID_SPLIT):
         if not files[split]:
             notes.append(f"no {VALID_SPLIT}/ parquet files: the schema is inferred from {TRAIN_SPLIT}/ alone, and "
@@ -355,6 +380,14 @@ def infer_schema(data_dir: str, labels: Optional[Sequence[str]] = None, exclude:
             continue
         rows[split], values = _scan(files[split], scans, picked, dense)
         notes += _value_notes(split, values)
+        if split == TRAIN_SPLIT:
+            train_values = values
+    transforms = []
+    for name in dense:
+        transform, why = propose_transform(name, train_values.dense_moments.get(name))
+        decisions[name] = ColumnDecision(name, DENSE, f"{decisions[name].rule}; {why}")
+        if transform.kind != DEFAULT_KIND:
+            transforms.append(transform)
     features = []
     for name, scan in scans.items():
         if not scan.values:
@@ -371,7 +404,7 @@ def infer_schema(data_dir: str, labels: Optional[Sequence[str]] = None, exclude:
         raise DataError(f"Every sparse candidate column of {redact_uri(data_dir)!r} is empty ({list(scans)}); an "
                         "embedding model needs at least one sparse feature with values.", category="invalid_schema")
     schema = DatasetSchema(label=picked[0], extra_labels=tuple(picked[1:]), dense=tuple(dense),
-                           sparse=tuple(features))
+                           sparse=tuple(features), dense_transforms=tuple(transforms))
     return InferredSchema(schema, list(decisions.values()), rows, notes)
 
 
@@ -397,4 +430,4 @@ def write_inferred(inferred: InferredSchema, path: str) -> str:
 
 __all__ = ["infer_schema", "InferredSchema", "ColumnDecision", "raw_capacity", "column_kind", "decide_ids",
            "check_output", "write_inferred", "default_output", "ENCODED_SLACK", "ENCODED_SMALL_RANGE",
-           "EXACT_DISTINCT_MAX"]
+           "EXACT_DISTINCT_MAX", "HEAVY_TAIL_RATIO", "propose_transform"]

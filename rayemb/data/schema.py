@@ -11,6 +11,9 @@ A dataset directory looks like::
     schema_version: 1
     label: label                   # or a list, one label column per task: [click, like]
     dense: [I1, ..., I13]          # float32 columns
+    dense_transform: log1p         # optional: the transform of dense columns not named below (default log1p)
+    dense_transforms:              # optional, per dense column: log1p, standardize, identity, {clip: [lo, hi]}
+      I1: standardize
     sparse:                        # int64 (one-hot) or list<int64> (multi-hot) columns
       - {name: C1, num_embeddings: 45834, multi_hot: false}
       - {name: H1, num_embeddings: 45834, sequence: true, max_length: 20, target: C1}
@@ -33,18 +36,24 @@ history tower, docs/sequence.md). :class:`DatasetSchema` keeps sequence features
 apart (``schema.sequence``) so every pooled consumer (stats, split, planner,
 export) sees exactly the pooled features it always did. ``DIR`` may be a local path or a
 URI (``s3://bucket/data``; :mod:`rayemb.storage`): the same checks, the same errors.
+
+Every dense column goes through one transform before the model (:mod:`rayemb.data.transforms`): the one
+``dense_transforms`` names, else ``dense_transform``, else ``log1p`` (so a schema naming none reads as it always
+did). ``standardize``'s mean and std come from the statistics pass: :meth:`DatasetSchema.with_dense_params`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
 from rayemb import storage
 from rayemb.constants import SCHEMA_FILE, TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.footers import read_footer, read_footer_schema, read_footers
+from rayemb.data.transforms import DEFAULT_KIND, STANDARDIZE, DenseTransform
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
 
@@ -178,6 +187,10 @@ class DatasetSchema:
     #: the label columns of further tasks (schema.yaml ``label: [click, like]``): a multi-task model
     #: predicts one output per label, in :attr:`labels` order
     extra_labels: Tuple[str, ...] = ()
+    #: the transform of dense columns :attr:`dense_transforms` does not name (schema.yaml ``dense_transform``)
+    dense_transform: DenseTransform = DenseTransform("*", DEFAULT_KIND)
+    #: the dense columns' own transforms (schema.yaml ``dense_transforms``), in dense column order
+    dense_transforms: Tuple[DenseTransform, ...] = ()
 
     def __post_init__(self) -> None:
         names = [*self.labels, *self.dense, *(f.name for f in self.sparse), *(f.name for f in self.sequence)]
@@ -197,6 +210,61 @@ class DatasetSchema:
                 raise DataError(f"Sequence feature {f.name!r} has target {f.target!r}, which is not a pooled sparse "
                                 f"feature of this schema ({sorted(pooled)[:8]}...). Name the pooled column the "
                                 "history is compared with (e.g. the candidate item).", category="invalid_schema")
+        self._check_transforms()
+
+    def _check_transforms(self) -> None:
+        named = [t.column for t in self.dense_transforms]
+        unknown = [c for c in named if c not in self.dense]
+        if unknown:
+            raise DataError(f"schema.yaml's dense_transforms names {unknown}, which are not dense columns "
+                            f"({list(self.dense)[:8]}...). Name dense columns only, or add them to `dense`.",
+                            category="invalid_schema")
+        if len(set(named)) != len(named):
+            raise DataError(f"schema.yaml's dense_transforms names a column more than once: {named}.",
+                            category="invalid_schema")
+        if self.dense_transform.mean is not None:
+            raise DataError("schema.yaml's dense_transform (the default for unnamed columns) gives a mean and std; "
+                            "those are per column. Write `dense_transform: standardize`, or name the column under "
+                            "dense_transforms.", category="invalid_schema")
+        if [c for c in self.dense if c in named] != named:  # one order, so equal schemas compare equal
+            object.__setattr__(self, "dense_transforms", tuple(sorted(
+                self.dense_transforms, key=lambda t: self.dense.index(t.column))))
+
+    def dense_transform_of(self, column: str) -> DenseTransform:
+        """The transform of dense column ``column``: its own, else the schema's default."""
+        for t in self.dense_transforms:
+            if t.column == column:
+                return t
+        if column not in self.dense:
+            raise KeyError(column)
+        return dataclasses.replace(self.dense_transform, column=column)
+
+    @property
+    def standardized(self) -> List[str]:
+        """The dense columns under ``standardize`` (their mean and std come from the statistics pass)."""
+        return [c for c in self.dense if self.dense_transform_of(c).kind == STANDARDIZE]
+
+    def with_dense_transforms(self, transforms: Mapping[str, DenseTransform]) -> "DatasetSchema":
+        """This schema with ``transforms`` (column -> transform) as its columns' own."""
+        merged = {t.column: t for t in self.dense_transforms}
+        merged.update(transforms)
+        return dataclasses.replace(self, dense_transforms=tuple(merged[c] for c in self.dense if c in merged))
+
+    def with_dense_params(self, stats: Any) -> "DatasetSchema":
+        """This schema with every ``standardize`` column's mean and std taken from ``stats`` (a
+        :class:`~rayemb.data.stats_types.DatasetStats` of the train split, whose value summary holds each dense
+        column's moments); a schema without such columns is returned as it is."""
+        columns = self.standardized
+        if not columns:
+            return self
+        moments = getattr(getattr(stats, "values", None), "dense_moments", None) or {}
+        missing = [c for c in columns if c not in moments]
+        if missing:
+            raise DataError(f"The statistics hold no mean and std of the standardize column(s) {missing} (a "
+                            "stats.json written by an older rayemb). Recompute them: `rayemb stats --data DIR "
+                            "--out stats.json`, or drop data.stats_path.", category="invalid_schema")
+        return self.with_dense_transforms({c: DenseTransform(c, STANDARDIZE, mean=moments[c].mean,
+                                                             std=moments[c].std) for c in columns})
 
     @property
     def labels(self) -> List[str]:
@@ -223,15 +291,28 @@ class DatasetSchema:
         raise KeyError(name)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {
+        """schema.yaml's mapping; the transform keys only where they differ from the defaults."""
+        d: Dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "label": self.labels if self.extra_labels else self.label,
             "dense": list(self.dense),
-            "sparse": [f.to_dict() for f in (*self.sparse, *self.sequence)],
         }
+        if self.dense_transform.kind != DEFAULT_KIND:
+            d["dense_transform"] = self.dense_transform.to_yaml()
+        if self.dense_transforms:
+            d["dense_transforms"] = {t.column: t.to_yaml() for t in self.dense_transforms}
+        d["sparse"] = [f.to_dict() for f in (*self.sparse, *self.sequence)]
+        return d
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any], source: str = "schema") -> "DatasetSchema":
+        declared = d.get("dense_transforms") or {}
+        if not isinstance(declared, Mapping):
+            raise DataError(f"{source}: dense_transforms must map dense column names to transforms (e.g. "
+                            f"`dense_transforms: {{I1: standardize}}`); it holds {type(declared).__name__}.",
+                            category="invalid_schema")
+        default = DenseTransform.parse("dense_transform", d.get("dense_transform", DEFAULT_KIND))
+        transforms = tuple(DenseTransform.parse(str(c), spec) for c, spec in declared.items())
         try:
             feats = [SparseFeature.from_dict(s) for s in d["sparse"]]
             labels = [str(x) for x in d["label"]] if isinstance(d["label"], list) else [str(d["label"])]
@@ -243,6 +324,8 @@ class DatasetSchema:
                 dense=tuple(str(c) for c in d.get("dense", [])),
                 sparse=tuple(f for f in feats if not f.sequence),
                 sequence=tuple(f for f in feats if f.sequence),
+                dense_transform=dataclasses.replace(default, column="*"),
+                dense_transforms=transforms,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise DataError(

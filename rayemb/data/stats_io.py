@@ -81,13 +81,16 @@ def load_or_compute_stats(
     """Reuses ``stats_path`` when its fingerprint and split match ``data_dir``, else computes stats.
 
     A stale file (the data changed) is logged and recomputed, never silently used; so is one that counted
-    a raw-id table's ids as an encoded table's (written before rayemb counted raw ids).
+    a raw-id table's ids as an encoded table's (written before rayemb counted raw ids), and one without the
+    moments of a ``standardize`` dense column (written before rayemb measured them).
     """
     if stats_path and storage.isfile(stats_path):
         stats = load_stats_json(stats_path)
-        raw = set(DatasetSchema.load(data_dir).raw_names)
+        schema = DatasetSchema.load(data_dir)
         if (stats.fingerprint == dataset_fingerprint(data_dir, split) and stats.split in (None, split)
-                and stats.values is not None and {n for n, t in stats.tables.items() if t.ids == "raw"} == raw):
+                and stats.values is not None
+                and {n for n, t in stats.tables.items() if t.ids == "raw"} == set(schema.raw_names)
+                and all(c in stats.values.dense_moments for c in schema.standardized)):
             logger.info("reusing %s (fingerprint matches %s)", redact_uri(stats_path), redact_uri(data_dir))
             return stats
         logger.warning("%s was computed for other data than %s/%s (or by an older rayemb); recomputing",

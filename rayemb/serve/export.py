@@ -45,6 +45,7 @@ from rayemb import storage
 from rayemb.config import JobConfig, load_config, resolve_path
 from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, parquet_files
+from rayemb.data.transforms import transforms_of_checkpoint
 from rayemb.errors import ConfigError, DataError, TrackingError
 from rayemb.logs import redact_text, redact_uri
 from rayemb.publish import has_output, publish_dir, resolve_dataset
@@ -302,7 +303,9 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
     try:
         state = inference_state(unsharded_state(source.checkpoint), source.schema, mcfg,
                                 source=f"Checkpoint {redact_uri(source.checkpoint)!r}")
-        model = InferenceModel.from_state(state, source.schema, mcfg, source.cfg.data.id_policy, info)
+        # the dense transforms the checkpoint's model was trained with, parameters included
+        schema = source.schema.with_dense_transforms(transforms_of_checkpoint(meta, source.schema.dense))
+        model = InferenceModel.from_state(state, schema, mcfg, source.cfg.data.id_policy, info)
         example_pred = model.predict(example)
         model.save(tmp)
         run_id = source.run_id or _new_run(source)

@@ -7,7 +7,7 @@ one ``[num_embeddings, dim]`` table per sparse feature, ids as the dataset
 has them (no hot/cold remap), the MLPs as trained. :class:`InferenceModel`
 scores a pyarrow table or pandas DataFrame with the dataset's columns through
 exactly the training preprocessing (:class:`~rayemb.data.batching.BatchConverter`:
-``log1p(max(x, 0))`` dense, nulls as 0, one-/multi-hot bags, ``data.id_policy``)
+the schema's dense transforms with the job's parameters, nulls as 0, one-/multi-hot bags, ``data.id_policy``)
 and returns probabilities, ``sigmoid(logit)``: ``(N,)``, or ``(N, T)`` for a
 multi-task model (schema.yaml ``label: [click, like]``; one column per label, in
 that order). A retrieval model (one naming an ``item_feature``:
@@ -16,11 +16,14 @@ that order). A retrieval model (one naming an ``item_feature``:
 On disk (``rayemb export --out DIR``)::
 
     DIR/model.pt     the model's state dict, plain tensors (torch.load(..., weights_only=True))
-    DIR/model.json   format, schema, model config (with the model's ``name``, ``factory``, ``args``), id_policy,
+    DIR/model.json   format, schema (its dense transforms with the parameters the job computed: standardize's
+                     mean and std), model config (with the model's ``name``, ``factory``, ``args``), id_policy,
                      source run/checkpoint, step, valid_auc
     DIR/code/        a factory's module when it is not installed (:mod:`rayemb.serve.user_model`)
-    DIR/model.torchscript.pt   torch.jit.script of the DLRM: (dense after log1p, KJT of logical ids) -> logits;
-                     load with torch.jit.load after ``import torchrec`` (its FBGEMM ops). Not written for
+    DIR/model.torchscript.pt   torch.jit.script of the DLRM with its dense transforms
+                     (:class:`rayemb.serve.scripted.ScriptedRanker`): ``forward(dense after the transforms,
+                     KJT of logical ids) -> logits``, ``forward_raw(raw dense, KJT)`` applies the transforms
+                     first; load with torch.jit.load after ``import torchrec`` (its FBGEMM ops). Not written for
                      models with a user-history tower (``model.sequence_tower``): the DLRM skips that branch
                      under TorchScript, so a scripted form would silently score without the history
                      (model.json: ``torchscript: null`` and ``torchscript_skipped`` says why), nor for
@@ -304,8 +307,11 @@ class InferenceModel:
             skipped = ("raw ids find their rows in the data path (rayemb.serve.raw_rows), which a scripted form "
                        "would not hold; use model.pt (InferenceModel.load) or the pyfunc model")
         elif torchscript:
+            from rayemb.serve.scripted import ScriptedRanker
+
             try:
-                torch.jit.script(self.model).save(os.path.join(directory, TORCHSCRIPT_FILE))
+                ranker = ScriptedRanker(self.model, self.converter.dense_transforms.module())
+                torch.jit.script(ranker).save(os.path.join(directory, TORCHSCRIPT_FILE))
                 scripted = TORCHSCRIPT_FILE
             except Exception as e:  # noqa: BLE001 - an optional form; the state dict is the model
                 logger.warning("no TorchScript form written (torch.jit.script failed: %s: %s)", type(e).__name__, e)

@@ -171,6 +171,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
     import torch.distributed as dist
 
     from rayemb.data.batching import BatchConverter
+    from rayemb.data.transforms import checkpoint_entry
     from rayemb.embedding.comm import COLLECTIVES, CommCounter, instrument_ddp
     from rayemb.embedding.prefetch import StepPrefetch
     from rayemb.embedding.raw_tables import eviction_counts
@@ -249,7 +250,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
                                            "num_items": schema.feature(item).num_embeddings}
     fault = job.fault_injection
     schedule = CheckpointSchedule(cfg.train.checkpoint_every_n_steps, cfg.train.checkpoint_every_s, rank)
-    ckpt_meta = {"plan_fingerprint": job.plan_fingerprint, "global_batch": global_batch,
+    ckpt_meta = {**checkpoint_entry(schema), "plan_fingerprint": job.plan_fingerprint, "global_batch": global_batch,
                  "placements": {n: str(getattr(tp.placement, "value", tp.placement))
                                 for n, tp in job_plan.placements.items()}, "world_size_planned": world}
 

@@ -74,6 +74,8 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any
     topology = job_topology(cfg)
     phases.mark("ray")
     stats, split = compute_statistics(inputs, topology)
+    # standardize's mean and std travel to the workers (and into checkpoints) on the schema
+    inputs = dataclasses.replace(inputs, schema=inputs.schema.with_dense_params(stats))
     phases.mark("statistics")
     planned = plan_job(inputs, topology, stats, split)
     phases.mark("plan")
@@ -157,7 +159,7 @@ def compute_statistics(inputs: JobInputs, topology: Any) -> Tuple[Any, Any]:
     Bad labels, NaN dense values and (under ``data.id_policy: error``) out-of-range
     ids fail here, before any worker starts.
     """
-    from rayemb.data.checks import check_ids, check_values
+    from rayemb.data.checks import check_ids, check_values, dense_transform_warnings
     from rayemb.data.stats import compute_stats
     from rayemb.data.stats_io import load_or_compute_stats
 
@@ -168,6 +170,8 @@ def compute_statistics(inputs: JobInputs, topology: Any) -> Tuple[Any, Any]:
     stats = load_or_compute_stats(data_dir, stats_path, progress=True)
     check_values(stats.values, schema.labels, f"{data_dir}/{TRAIN_SPLIT}")
     check_ids(stats, schema, cfg.data.id_policy)
+    for line in dense_transform_warnings(stats.values, schema):
+        print(f"rayemb: warning: {line}", flush=True)
     valid_values = compute_stats(data_dir, split=VALID_SPLIT, tables=False).values
     check_values(valid_values, schema.labels, f"{data_dir}/{VALID_SPLIT}")
     global_batch = cfg.data.batch_size * topology.world_size
