@@ -163,7 +163,8 @@ class ValueSummary:
                       "not_binary": self.label_not_binary, "positives": self.label_positives,
                       "examples": self.label_examples},
             "dense_non_finite": dict(self.dense_non_finite),
-            "dense": {k: v.to_dict() for k, v in self.dense_moments.items()},
+            # a stats.json written before the moments were measured reads and writes as it was
+            **({"dense": {k: v.to_dict() for k, v in self.dense_moments.items()}} if self.dense_moments else {}),
         }
 
     @classmethod

@@ -10,7 +10,7 @@ import pytest
 
 from rayemb.batch_shape import BatchShape
 from rayemb.config import config_from_dict, load_config
-from rayemb.data.checks import ValueSummary, check_values
+from rayemb.data.checks import DenseMoments, ValueSummary, check_values
 from rayemb.errors import ConfigError, DataError, RayembError, TrainingError, find_user_error
 from rayemb.train.loop import EarlyStopping
 
@@ -40,7 +40,8 @@ def test_of_table_counts_bad_labels_and_non_finite_dense_values():
 def test_of_table_clean_data_and_integer_labels():
     t = pa.table({"label": pa.array([0, 1, 1, 0], pa.int64()), "d": pa.array([0.5, None, 1.5, 2.0])})
     s = ValueSummary.of_table(t, "label", ["d"])
-    assert s == ValueSummary(rows=4, label_positives=2)
+    # the dense column's moments are of what the transform sees: the null as 0
+    assert s == ValueSummary(rows=4, label_positives=2, dense_moments={"d": DenseMoments(4, 1.0, 2.5, 0.0, 2.0)})
     check_values(s, "label", "train split")  # clean: no error
 
 
