@@ -50,7 +50,10 @@ def train_save_score(rank: int, world_size: int, cfg: Any, schema: Any, job_plan
         losses.append(float(loss))
     tables = {t.name: (t.num_embeddings, t.embedding_dim) for t in table_configs(schema, cfg.model.embedding_dim)}
     tables.update({f.name: (f.num_embeddings, f.embedding_dim) for f in sequence_features(cfg.model, schema)})
-    save_logical(checkpoint, model, optimizer, remapper, tables, {"epoch": 0, "step": steps, "epoch_complete": True})
+    from rayemb.data.transforms import checkpoint_entry
+
+    save_logical(checkpoint, model, optimizer, remapper, tables,
+                 {**checkpoint_entry(schema), "epoch": 0, "step": steps, "epoch_complete": True})
     valid = pq.read_table(parquet_files(cfg.data.path, "valid"))
     half = valid.num_rows // world_size
     model.eval()

@@ -245,10 +245,13 @@ class DatasetSchema:
         return [c for c in self.dense if self.dense_transform_of(c).kind == STANDARDIZE]
 
     def with_dense_transforms(self, transforms: Mapping[str, DenseTransform]) -> "DatasetSchema":
-        """This schema with ``transforms`` (column -> transform) as its columns' own."""
+        """This schema with ``transforms`` (column -> transform) as its columns' own; one that is the default's
+        is left unsaid (the schema reads the same, and writes as schema.yaml would say it)."""
         merged = {t.column: t for t in self.dense_transforms}
         merged.update(transforms)
-        return dataclasses.replace(self, dense_transforms=tuple(merged[c] for c in self.dense if c in merged))
+        default = {c: dataclasses.replace(self.dense_transform, column=c) for c in merged}
+        return dataclasses.replace(self, dense_transforms=tuple(
+            merged[c] for c in self.dense if c in merged and merged[c] != default[c]))
 
     def with_dense_params(self, stats: Any) -> "DatasetSchema":
         """This schema with every ``standardize`` column's mean and std taken from ``stats`` (a

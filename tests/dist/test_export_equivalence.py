@@ -8,7 +8,10 @@ table, trains a few steps and writes a checkpoint with rayemb's checkpoint
 store. Each rank then scores its half of the validation rows on the sharded
 model. ``rayemb export --checkpoint`` must give a plain model whose
 probabilities on every validation row equal the sharded model's to 1e-5, as
-must its TorchScript form and the pyfunc model it logs to MLflow.
+must its TorchScript form and the pyfunc model it logs to MLflow. The dataset's
+dense column I1 goes below 0 under ``standardize`` (mean and std from the
+statistics pass) and I2 is clipped: serving applies the transforms training
+applied, the TorchScript form's ``forward_raw`` on the raw values too.
 """
 
 from __future__ import annotations
@@ -59,8 +62,12 @@ def job(tmp_path_factory):
     from rayemb.config import config_from_dict
     from tests._export import small_dataset
 
+    from rayemb.data.stats import compute_stats
+    from tests._dense import declare_transforms
+
     root = tmp_path_factory.mktemp("export_eq")
-    data = small_dataset(str(root / "data"))
+    data = declare_transforms(small_dataset(str(root / "data")), {"I1": "standardize", "I2": {"clip": [0.0, 4.0]}},
+                              {"I1": -5.0})
     cfg = config_from_dict({
         "name": "export-eq", "data": {"path": data, "batch_size": BATCH},
         "model": {"embedding_dim": DIM, "bottom_mlp": [16, DIM], "top_mlp": [16, 1]},
@@ -69,7 +76,7 @@ def job(tmp_path_factory):
     })
     from rayemb.data.schema import DatasetSchema
 
-    schema = DatasetSchema.load(data)
+    schema = DatasetSchema.load(data).with_dense_params(compute_stats(data, in_process=True))
     checkpoint = str(root / "checkpoint")
     ranks = run_multiprocess(_train_score_rank, 2, cfg=cfg, schema=schema, checkpoint=checkpoint)
     config_path = root / "job.yaml"
@@ -128,8 +135,12 @@ def test_exported_model_predicts_what_the_sharded_model_predicts(job, tmp_path, 
     assert loaded.info["torchscript"] == "model.torchscript.pt"
     scripted = torch.jit.load(str(out / "model.torchscript.pt"))
     b = loaded.converter(valid.slice(0, 2 * half))
+    raw = np.stack([valid.column(c).to_numpy()[:2 * half].astype(np.float32) for c in job["schema"].dense], axis=1)
+    assert raw[:, 0].min() < 0 and loaded.schema == job["schema"]  # standardize's mean and std as trained
     with torch.no_grad():
         np.testing.assert_allclose(scripted(b.dense, b.sparse).numpy(), sharded, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(scripted.forward_raw(torch.from_numpy(raw), b.sparse).numpy(), sharded, rtol=0,
+                                   atol=1e-5)
 
     import mlflow
 
