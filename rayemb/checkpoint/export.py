@@ -34,14 +34,22 @@ from typing import Any, Dict, Optional
 import torch
 
 from rayemb import storage
+from rayemb.checkpoint.meta import CheckpointMeta
 from rayemb.checkpoint.safe_reader import SafeFileSystemReader
 from rayemb.checkpoint.store import META_FILE, read_unsharded, verify
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
 
-#: meta.json entries that describe the writing job, copied into an export
-_EXPORT_META = ("format", "epoch", "step", "epoch_step", "world_size", "plan_fingerprint", "placements", "tables",
-                "states")
+#: meta.json entries that describe the writing job, copied into an export: the store's ...
+_EXPORT_STORE_META = ("format", "world_size", "tables", "states")
+#: ... and the training's (:class:`~rayemb.checkpoint.meta.CheckpointMeta`)
+_EXPORT_TRAINING_META = ("epoch", "step", "plan_fingerprint", "placements")
+
+
+def _export_meta(meta: Dict[str, Any], shown: str) -> Dict[str, Any]:
+    written = CheckpointMeta.from_dict(meta, shown=f"Checkpoint {shown!r}").to_dict()
+    return {**{k: meta[k] for k in _EXPORT_STORE_META if k in meta},
+            **{k: written[k] for k in _EXPORT_TRAINING_META if k in written}}
 
 
 def unsharded_state(directory: str, shown: Optional[str] = None) -> Dict[str, Any]:
@@ -58,7 +66,7 @@ def unsharded_state(directory: str, shown: Optional[str] = None) -> Dict[str, An
     from rayemb.checkpoint.raw_files import RAW, raw_tables_of
 
     out: Dict[str, Any] = {"tables": {}, "dense": {}, "dense_optim": {},
-                           "meta": {k: meta[k] for k in _EXPORT_META if k in meta},
+                           "meta": _export_meta(meta, redact_uri(shown or directory)),
                            "raw_tables": {t: {k: torch.from_numpy(v) for k, v in fields.items()}
                                           for t, fields in raw_tables_of(directory, meta).items()}}
     for key, value in sorted(flat.items()):

@@ -46,12 +46,15 @@ def checkpoint_main(args: argparse.Namespace) -> int:
         print(f"checkpoint reshard: {redact_uri(args.checkpoint)} ({meta['resharded_from']['world_size']} ranks) -> "
               f"{redact_uri(args.out)} ({meta['world_size']} ranks, {len(meta['tables'])} tables)")
         return 0
+    from rayemb.checkpoint.meta import CheckpointMeta
     from rayemb.checkpoint.store import verify
 
     meta = verify(args.checkpoint)
-    keys = ("format", "world_size", "epoch", "step", "epoch_complete", "epoch_samples", "plan_fingerprint",
-            "best_valid_auc", "best_valid_hit_rate_at_50", "states")
-    print(json.dumps({**{k: meta.get(k) for k in keys}, "tables": len(meta["tables"]),
+    written = CheckpointMeta.from_dict(meta, shown=f"Checkpoint {redact_uri(args.checkpoint)!r}").to_dict()
+    keys = ("epoch", "step", "epoch_complete", "epoch_samples", "plan_fingerprint", "best_valid_auc",
+            "best_valid_hit_rate_at_50")
+    print(json.dumps({"format": meta.get("format"), "world_size": meta.get("world_size"),
+                      **{k: written.get(k) for k in keys}, "states": meta.get("states"), "tables": len(meta["tables"]),
                       "table_dtypes": sorted({t.get("dtype", "fp32") for t in meta["tables"].values()}),
                       "bytes": sum(f["bytes"] for f in meta["files"].values())}, indent=1))
     return 0

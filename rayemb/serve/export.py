@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from rayemb import storage
+from rayemb.checkpoint.meta import CheckpointMeta
 from rayemb.config import JobConfig, load_config, resolve_path
 from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, parquet_files
@@ -75,6 +76,11 @@ class ExportSource:
     checkpoint_kind: Optional[str] = None
     #: the run's metrics of this checkpoint (valid_auc, ... at its step) and best_valid_auc
     metrics: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def written(self) -> CheckpointMeta:
+        """Where the training job was when it wrote the checkpoint, and what planned it."""
+        return CheckpointMeta.from_dict(self.meta, shown=f"Checkpoint {redact_uri(self.checkpoint)!r}")
 
 
 def _schema_of(cfg: JobConfig, where: str) -> tuple:
@@ -173,7 +179,7 @@ def source_from_run(run_id: str, tracking_uri: str, kind: str = "best") -> Expor
     meta = _verified(checkpoint, where)
     schema, data_dir = _schema_of(cfg, f"run {run_id!r}'s config.yaml")
     _check_tables(meta, schema, cfg, checkpoint)
-    step = int(meta.get("step", -1))
+    step = CheckpointMeta.from_dict(meta, shown=f"Checkpoint {redact_uri(checkpoint)!r}").step
     metrics: Dict[str, float] = {}
     for key in STEP_METRICS:
         at_step = [m.value for m in client.get_metric_history(run_id, key) if m.step == step]
@@ -198,7 +204,8 @@ def source_from_checkpoint(checkpoint: str, config_path: str, tracking_uri: Opti
     schema, data_dir = _schema_of(cfg, f"--config {config_path!r}")
     _check_tables(meta, schema, cfg, checkpoint)
     uri = tracking_uri or cfg.tracking.tracking_uri or default_tracking_uri(resolve_path(cfg.tracking.output_dir))
-    metrics = {"best_valid_auc": float(meta["best_valid_auc"])} if meta.get("best_valid_auc") is not None else {}
+    best = CheckpointMeta.from_dict(meta, shown=f"Checkpoint {redact_uri(checkpoint)!r}").early_stopping
+    metrics = {"best_valid_auc": float(best["best_valid_auc"])} if best.get("best_valid_auc") is not None else {}
     return ExportSource(checkpoint, meta, cfg, schema, data_dir, uri, experiment or cfg.tracking.experiment,
                         metrics=metrics)
 
@@ -283,20 +290,20 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
 
     t0 = time.monotonic()
     out = check_out(out)
-    meta = source.meta
+    meta, written = source.meta, source.written
     mcfg = model_config(source.cfg)
     example = input_example(source.data_dir, source.schema, sequence=uses_sequence(mcfg))
     if meta.get("compression"):  # the checkpoint's compressed tables: the inference model stores them alike
         mcfg["compression"] = dict(meta["compression"])
     info = {
         "model": mcfg, "job_name": source.cfg.name, "rayemb_version": __version__,
-        "step": int(meta.get("step", 0)), "epoch": int(meta.get("epoch", 0)),
-        "epoch_complete": bool(meta.get("epoch_complete", True)), "metrics": dict(source.metrics),
+        "step": written.step, "epoch": written.epoch, "epoch_complete": written.epoch_complete,
+        "metrics": dict(source.metrics),
         "source": {"checkpoint": redact_uri(source.checkpoint), "checkpoint_kind": source.checkpoint_kind,
                    "run_id": source.run_id, "tracking_uri": redact_uri(source.tracking_uri),
                    "experiment": source.experiment,
-                   "data_path": redact_uri(source.data_dir), "plan_fingerprint": meta.get("plan_fingerprint"),
-                   "world_size": meta.get("world_size")},
+                   "data_path": redact_uri(source.data_dir), "plan_fingerprint": written.plan_fingerprint,
+                   "world_size": written.world_size},
     }
     tmp = staging_dir(out)
     created_run = None
@@ -304,7 +311,7 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
         state = inference_state(unsharded_state(source.checkpoint), source.schema, mcfg,
                                 source=f"Checkpoint {redact_uri(source.checkpoint)!r}")
         # the dense transforms the checkpoint's model was trained with, parameters included
-        schema = source.schema.with_dense_transforms(transforms_of_checkpoint(meta, source.schema.dense))
+        schema = source.schema.with_dense_transforms(transforms_of_checkpoint(written.to_dict(), source.schema.dense))
         model = InferenceModel.from_state(state, schema, mcfg, source.cfg.data.id_policy, info)
         example_pred = model.predict(example)
         model.save(tmp)

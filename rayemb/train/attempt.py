@@ -16,6 +16,7 @@ from rayemb.train.resume import check_resume_from
 def claim_attempt(inputs: JobInputs, new_run: bool = False) -> JobInputs:
     """This driver's attempt of the job (:func:`rayemb.train.job_record.claim`), and for a continued run the
     newest intact checkpoint of its own folder to resume from (its tables checked like ``--resume-from``)."""
+    from rayemb.checkpoint.meta import CheckpointMeta
     from rayemb.checkpoint.store import checkpoints_newest_first, read_meta
     from rayemb.train.job_record import claim
 
@@ -27,8 +28,8 @@ def claim_attempt(inputs: JobInputs, new_run: bool = False) -> JobInputs:
     root = JobOutputs.of(inputs.out_dir, attempt.job_id).checkpoint_root
     resume = None
     for i, path in enumerate(checkpoints_newest_first(root) if _exists(root) else []):
-        meta = read_meta(path) or {}
-        if i == 0 and meta.get("epoch_complete", True) and int(meta.get("epoch", -1)) + 1 >= cfg.train.epochs:
+        meta = read_meta(path)
+        if i == 0 and meta is not None and CheckpointMeta.from_dict(meta).trained_all(cfg.train.epochs):
             return dataclasses.replace(inputs, attempt=_trained_already(inputs, path))
         try:
             resume = check_resume_from(cfg.replace(train=dataclasses.replace(cfg.train, resume_from=path)),
@@ -38,7 +39,7 @@ def claim_attempt(inputs: JobInputs, new_run: bool = False) -> JobInputs:
             if e.category == "storage":
                 raise
             print(f"rayemb: WARNING: {e.message}", flush=True)  # damaged, or nothing left to train: the one before
-    where = (f"checkpoint {redact_uri(resume[0])} (epoch {int(resume[1]['epoch']) + 1}, step {int(resume[1]['step'])})"
+    where = (f"checkpoint {redact_uri(resume[0])} (epoch {resume[1].epoch + 1}, step {resume[1].step})"
              if resume else "the start (no intact checkpoint was written)")
     print(f"rayemb: job {cfg.name!r}: attempt {attempt.attempt} of run {attempt.job_id} continues from {where}",
           flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from rayemb.checkpoint.meta import CheckpointMeta
 from rayemb.config import JobConfig
 from rayemb.data.schema import DatasetSchema
 
@@ -24,8 +25,8 @@ class JobInputs:
     train_rows: int
     valid_rows: int
     steps_per_epoch: int
-    #: (directory, meta.json) of train.resume_from, checked against the schema (None: not resuming)
-    resume: Optional[Tuple[str, Dict[str, Any]]] = None
+    #: (directory, its meta) of train.resume_from, checked against the schema (None: not resuming)
+    resume: Optional[Tuple[str, CheckpointMeta]] = None
     #: the model's factory and arguments (rayemb.model.factory.ModelSpec)
     model: Any = None
     #: this driver's attempt of the named job (rayemb.train.job_record.JobAttempt): a new run or a continued one
@@ -45,8 +46,8 @@ class PlannedJob:
     fingerprint: str
     #: CPUs per worker, in-memory data, warnings (rayemb.train.resources.WorkerResources)
     resources: Any = None
-    #: (directory, meta.json) of train.resume_from (JobInputs.resume)
-    resume: Optional[Tuple[str, Dict[str, Any]]] = None
+    #: (directory, its meta) of train.resume_from (JobInputs.resume)
+    resume: Optional[Tuple[str, CheckpointMeta]] = None
     #: world size -> JobPlan: the planned world, and each smaller one an elastic job may restart at
     plans_by_world: Dict[int, Any] = field(default_factory=dict)
 

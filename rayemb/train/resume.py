@@ -33,9 +33,10 @@ import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from rayemb.batch_shape import BatchShape
+from rayemb.checkpoint.meta import CheckpointMeta
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +52,11 @@ class Position:
     source: Optional[str] = None  # the checkpoint loaded
 
 
-def position_from_meta(meta: Mapping[str, Any], shape: BatchShape) -> Position:
-    """The :class:`Position` a checkpoint's meta.json leads to for a job of batch ``shape``."""
-    epoch, step = int(meta.get("epoch", 0)), int(meta.get("step", 0))
-    bookkeeping = {k: v for k, v in meta.items() if k.startswith("best_") or k == "epochs_without_gain"}
-    if meta.get("epoch_complete", True):
-        return Position(step, epoch + 1, 0, bookkeeping)
-    return Position(step, epoch, shape.steps_in(int(meta.get("epoch_samples", 0))), bookkeeping)
+def position_from_meta(meta: Union[CheckpointMeta, Mapping[str, Any]], shape: BatchShape) -> Position:
+    """The :class:`Position` a checkpoint (its meta, or its meta.json) leads to for a job of batch ``shape``."""
+    if not isinstance(meta, CheckpointMeta):
+        meta = CheckpointMeta.from_dict(meta)
+    return Position(meta.step, meta.next_epoch, meta.skip_steps(shape), dict(meta.early_stopping))
 
 
 def _checkpoint_uri(checkpoint: Any, checkpoint_root: Optional[str]) -> Optional[str]:
@@ -100,13 +99,18 @@ def _candidates(resume_from: Optional[str], checkpoint_root: Optional[str]) -> T
         if parent:
             found += [p for p in checkpoints_newest_first(parent) if p not in found]
     if found:
-        found.sort(key=lambda p: (int((read_meta(p) or {}).get("step", -1)), storage.basename(p)), reverse=True)
+        found.sort(key=lambda p: (_step_of(read_meta(p)), storage.basename(p)), reverse=True)
         return found, True
     if registered is not None:
         return [registered], True
     if resume_from:
         return [resume_from], False
     return [], False
+
+
+def _step_of(meta: Optional[Mapping[str, Any]]) -> int:
+    """The step a checkpoint was written at; -1 (oldest) for a directory that turned out not to be one."""
+    return -1 if meta is None else CheckpointMeta.from_dict(meta).step
 
 
 def _node_copy(path: str, nonce: str) -> str:
@@ -199,11 +203,12 @@ def restore(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tupl
     if local != path:
         dist.barrier()  # every rank of the node has read the copy
         _remove_node_copy(path, local)
-    pos = position_from_meta(meta, shape)
+    written = CheckpointMeta.from_dict(meta, shown=_shown(path))
+    pos = position_from_meta(written, shape)
     pos.source = path
     if rank == 0:
         logger.info("resumed from %s (written by %d ranks at epoch %d, step %d): continuing at epoch %d after %d "
-                    "step(s) of it", _shown(path), int(meta["world_size"]), int(meta["epoch"]), pos.step, pos.epoch,
+                    "step(s) of it", _shown(path), written.world_size, written.epoch, pos.step, pos.epoch,
                     pos.skip_steps)
     return pos
 
@@ -215,7 +220,8 @@ def _shown(path: str) -> str:
 
 
 def save_and_report(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tuple[int, int]],
-                    meta: Mapping[str, Any], report: Mapping[str, Any], chunk_mib: Optional[float] = None) -> None:
+                    meta: Union[CheckpointMeta, Mapping[str, Any]], report: Mapping[str, Any],
+                    chunk_mib: Optional[float] = None) -> None:
     """Writes a logical checkpoint (every rank its part, in a temp dir) and reports it with ``report`` to Ray Train.
 
     ``chunk_mib``: ``train.checkpoint_chunk_mib`` (None: :data:`rayemb.checkpoint.store.DEFAULT_CHUNK_MIB`).
@@ -226,14 +232,16 @@ def save_and_report(model: Any, optimizer: Any, remapper: Any, tables: Mapping[s
 
     import time
 
+    if not isinstance(meta, CheckpointMeta):
+        meta = CheckpointMeta.from_dict(meta)
     with tempfile.TemporaryDirectory(prefix="rayemb-ckpt-") as directory:
         t0 = time.perf_counter()
-        doc = save_logical(directory, model, optimizer, remapper, tables, meta,
+        doc = save_logical(directory, model, optimizer, remapper, tables, meta.to_dict(),
                            chunk_mib=DEFAULT_CHUNK_MIB if chunk_mib is None else chunk_mib)
         seconds = time.perf_counter() - t0
         if doc:  # rank 0: what the checkpoint cost, in the log and the run's metrics
             size = sum(f["bytes"] for f in doc["files"].values())
-            logger.info("checkpoint at step %d: %.1f MiB written in %.2f s", int(meta.get("step", 0)), size / 2**20,
+            logger.info("checkpoint at step %d: %.1f MiB written in %.2f s", meta.step, size / 2**20,
                         seconds)
             report = {**report, "checkpoint_s": seconds, "checkpoint_bytes": float(size)}
         ray.train.report(dict(report), checkpoint=ray.train.Checkpoint.from_directory(directory))
@@ -242,8 +250,8 @@ def save_and_report(model: Any, optimizer: Any, remapper: Any, tables: Mapping[s
 # ---- DRIVER SIDE ---- #
 
 
-def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, Dict[str, Any]]]:
-    """(directory, meta) of ``train.resume_from`` after checking it fits this job; None when not resuming.
+def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, CheckpointMeta]]:
+    """(directory, its meta) of ``train.resume_from`` after checking it fits this job; None when not resuming.
 
     Any world size and plan load (logical checkpoints); the files must be intact (sizes, SHA-256) and hold
     the schema's tables with this job's rows and dim.
@@ -279,12 +287,13 @@ def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, Dict[str, An
                 f"Checkpoint {shown!r} (train.resume_from) has table {t.name!r} as {got}; this job has "
                 f"{t.num_embeddings} rows x {t.embedding_dim} dims. Resume with the same dataset schema and "
                 "model.embedding_dim, or start fresh.", category="bad_checkpoint")
-    if meta.get("epoch_complete", True) and int(meta.get("epoch", -1)) + 1 >= cfg.train.epochs:
+    written = CheckpointMeta.from_dict(meta, shown=f"Checkpoint {shown!r} (train.resume_from)")
+    if written.trained_all(cfg.train.epochs):
         raise DataError(
-            f"Checkpoint {shown!r} (train.resume_from) already holds epoch {int(meta['epoch']) + 1} of "
+            f"Checkpoint {shown!r} (train.resume_from) already holds epoch {written.epoch + 1} of "
             f"train.epochs={cfg.train.epochs}: nothing is left to train. Raise train.epochs (e.g. "
-            f"--set train.epochs={int(meta['epoch']) + 2}).", category="bad_checkpoint")
-    return directory, meta
+            f"--set train.epochs={written.epoch + 2}).", category="bad_checkpoint")
+    return directory, written
 
 
 def fault_injection() -> Optional[Dict[str, Any]]:

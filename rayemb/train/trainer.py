@@ -293,7 +293,7 @@ def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Option
     if attempt is not None:
         run_logger.set_tags({"rayemb.attempt": attempt.attempt})
         # at the step it trains from: its checkpoint's
-        run_logger.log_metrics({"attempt": attempt.attempt}, step=int(inputs.resume[1]["step"]) if inputs.resume and
+        run_logger.log_metrics({"attempt": attempt.attempt}, step=inputs.resume[1].step if inputs.resume and
                                attempt.resuming else 0)
     if continued:  # its params are logged (MLflow refuses a changed value); what this attempt ran with, beside them
         run_logger.log_text(cfg.to_yaml(), f"config.attempt-{attempt.attempt}.yaml")
@@ -336,8 +336,7 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: An
              else "streamed from Ray Data"), flush=True)
     for warning in resources.warnings:
         print(f"rayemb: WARNING: {warning}", flush=True)
-    first_epoch = (int(planned.resume[1]["epoch"]) + int(planned.resume[1].get("epoch_complete", True))
-                   if planned.resume else 0)
+    first_epoch = planned.resume[1].next_epoch if planned.resume else 0
     print(f"rayemb: training epochs {first_epoch + 1}..{cfg.train.epochs} ({steps} steps each)"
           + (f", resuming from {redact_uri(planned.resume[0])}" if planned.resume else ""), flush=True)
     # On the driver's node: a queue on a worker node would die with it, and every report after that with it
