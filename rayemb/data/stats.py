@@ -201,7 +201,8 @@ def compute_stats(
 ) -> DatasetStats:
     """Computes the statistics of ``data_dir/split`` (what stats.json holds) in one streaming Ray Data pass.
 
-    The same pass counts bad label and dense values (``.values``, see
+    The same pass counts bad label and dense values and measures each dense
+    column's moments, ``standardize``'s parameters (``.values``, see
     :mod:`rayemb.data.checks`); ``tables=False`` does only that (the validation
     split needs no table statistics).
 
