@@ -136,3 +136,13 @@ def test_job_config_plan_does_not_replicate_the_large_tables(generated, tmp_path
     assert len(large) == 4
     for name in large:
         assert plan["tables"][name]["placement"] != "data_parallel", (name, plan["tables"][name])
+
+
+def test_memory_benchmark_verdict_is_on_peak_growth():
+    from tests._bench import load_bench
+
+    bench = load_bench("gen_data_memory")
+    flat = [{"rows": 1_000_000, "peak_rss_mib": 520.0}, {"rows": 4_000_000, "peak_rss_mib": 540.0}]
+    grows = [{"rows": 1_000_000, "peak_rss_mib": 520.0}, {"rows": 4_000_000, "peak_rss_mib": 900.0}]
+    assert bench.verdict(flat)["verdict"] == "PASS"
+    assert bench.verdict(grows)["verdict"] == "FAIL" and bench.verdict(grows)["rows_ratio"] == 4.0
