@@ -3,8 +3,8 @@
 Rows, at each global batch of ``--batches`` (default 512, 8192, 65536) on one rank (world size 1):
 
 * ``rayemb``: the job's own model and step: the DLRM of ``--config`` (jobs/configs/synth_small.yaml) sharded by
-  ``rayemb.train.loop.sharded_model`` with the plan the job's planner makes, stepped by
-  ``rayemb.train.step.TrainStep`` with the loop's prefetch, byte counter and timer, on the converted batches
+  ``rayemb.train.build.build_step`` with the plan the job's planner makes, stepped by its
+  ``rayemb.train.step.TrainStep`` with the loop's loss, prefetch, byte counter and timer, on the converted batches
   the loader holds in host memory (pinned on CUDA), each copied to the device by the loop's ``DeviceFeed``
   while the step before it runs;
 * ``dmp_on_device``: TorchRec's ``DLRMTrain`` (same tables and MLPs) under ``DistributedModelParallel`` with
@@ -123,39 +123,35 @@ def rayemb_row(cfg: Any, schema: Any, stats: Any, tables: Sequence[Any], device:
     """The job's plan for one rank of this device (no calibration at one rank: a job makes none), then the
     loop's step (rayemb.train.loop.train_loop_per_worker) on the loader's host batches; ``compile_mode``: the
     dense part compiled in that mode, as ``train.compile: dense`` compiles it."""
+    import dataclasses
+
     import torch
 
     from rayemb.data.batching import BatchConverter
-    from rayemb.embedding.comm import CommCounter, instrument_ddp
-    from rayemb.embedding.prefetch import StepPrefetch
+    from rayemb.embedding.comm import CommCounter
     from rayemb.planner.tables import split_rule
     from rayemb.planner.topology import described_topology
-    from rayemb.train.losses import job_loss
+    from rayemb.train.build import build_step
     from rayemb.train.device_feed import DeviceFeed, pinned
-    from rayemb.train.loop import _step_batch, sharded_model
+    from rayemb.train.loop import _step_batch
     from rayemb.train.sharding import make_job_plan
-    from rayemb.train.step import LossWindow, StepTimer, TrainStep
+    from rayemb.train.step import LossWindow, StepTimer
 
     topology = described_topology(1, 1, hbm_gib=hbm_gib, compute_device=device.type)
     split = split_rule(topology, cfg.data.batch_size, cfg.model.embedding_dim).split(stats)
     job_plan = make_job_plan(cfg, schema, stats, split, topology)
     torch.manual_seed(cfg.train.seed)  # the plain and the compiled row start from the same weights
-    model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device)
-    compiled = None
-    if compile_mode is not None:
-        from rayemb.train.compile import compile_dense
-
-        compiled = compile_dense(model, compile_mode)
-    instrument_ddp(model)
-    prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
-    prefetch = prefetch if prefetch is not None and prefetch.enabled else None
-    convert = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap)
+    # the plain row eager whatever the config says, the compiled row in --compile's mode
+    cfg = cfg.replace(train=dataclasses.replace(cfg.train, compile="none" if compile_mode is None else "dense",
+                                                compile_mode=compile_mode or cfg.train.compile_mode))
+    built = build_step(cfg, schema, job_plan, device, table_stats=dict(stats.tables))
+    compiled = None if compile_mode is None else built.compiled
+    convert = BatchConverter(schema, cfg.data.id_policy, remap=built.remapper.remap)
     if device.type == "cuda":  # as the loop converts them: pinned, for asynchronous copies
         convert = pinned(convert)
     held = [convert(t) for t in tables]  # as RankBatches holds them in memory: converted, on the host
     timer = StepTimer()
-    step = TrainStep(model, optimizer, job_loss(schema, cfg.train.task_weights), prefetch=prefetch,
-                     counter=CommCounter(), timer=timer, precision=cfg.train.precision)
+    step = built.train_step(counter=CommCounter(), timer=timer)
     # each batch copied to the device while the step before it runs, as in the loop
     losses = step.steps(DeviceFeed(itertools.cycle(held), functools.partial(_step_batch, device=device), device))
     phases: List[Dict[str, float]] = []
@@ -168,7 +164,7 @@ def rayemb_row(cfg: Any, schema: Any, stats: Any, tables: Sequence[Any], device:
         phases.append({p: v / n for p, v in timer.totals.items()})
         return window.sum
 
-    return {"run": run, "finish": step.finish if prefetch is not None else None, "phases": phases,
+    return {"run": run, "finish": step.finish if built.prefetch is not None else None, "phases": phases,
             "plan": _counts([str(t["placement"]) for t in job_plan.summary["tables"].values()]),
             "compiled": compiled}
 

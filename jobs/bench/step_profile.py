@@ -2,7 +2,7 @@
 
 Builds the plan of ``--config`` (with ``--set`` overrides) from a ``stats.json``
 (a job's output, or ``rayemb stats``) exactly as a job does, then each rank
-(``rayemb.multiprocess``) shards the DLRM with ``rayemb.train.loop.sharded_model``,
+(``rayemb.multiprocess``) sets the job's step up with ``rayemb.train.build.build_step``,
 converts its share of the train split in memory, and times ``--steps`` steps
 per phase (forward, backward, optimizer), with the collective byte counter
 on and off, and the torch profiler's top operators on request. Use it to find
@@ -59,22 +59,21 @@ class _Variant:
     def __init__(self, cfg: Any, schema: Any, job_plan: Any, counter: bool, prefetch: bool, one_ddp: bool) -> None:
         import torch
 
-        from rayemb.embedding.comm import CommCounter, instrument_ddp
-        from rayemb.embedding.prefetch import StepPrefetch
-        from rayemb.train.loop import sharded_model
-        from rayemb.train.step import StepTimer, TrainStep
+        import dataclasses
+
+        from rayemb.embedding.comm import CommCounter
+        from rayemb.train.build import build_step
+        from rayemb.train.step import StepTimer
 
         torch.manual_seed(cfg.train.seed)
-        self.model, self.optimizer, self.remapper = sharded_model(cfg, schema, job_plan, torch.device("cpu"),
-                                                                  one_ddp=one_ddp)
-        if counter:
-            instrument_ddp(self.model)
+        cfg = cfg.replace(train=dataclasses.replace(cfg.train, prefetch_input_dist=prefetch))
+        built = build_step(cfg, schema, job_plan, torch.device("cpu"), instrument=counter, one_ddp=one_ddp)
+        self.model, self.optimizer, self.remapper = built.model, built.optimizer, built.remapper
         self.cc = CommCounter() if counter else None
-        self.pre = StepPrefetch(self.model) if prefetch else None
+        self.pre = built.prefetch
         self.phases: Dict[str, List[float]] = {"forward": [], "backward": [], "optimizer": [], "step": []}
         self.timer = StepTimer()
-        self.train_step = TrainStep(self.model, self.optimizer, torch.nn.BCEWithLogitsLoss(), prefetch=self.pre,
-                                    counter=self.cc, timer=self.timer)
+        self.train_step = built.train_step(counter=self.cc, timer=self.timer)
 
     def step(self, b: Any, following: Optional[Any], timed: bool) -> None:
         """One step of ``b``; the next batch's input exchange (``following``'s) runs during its backward."""

@@ -156,7 +156,7 @@ def measure_collectives(device: Any, world: int, links: Optional[Dict[str, LinkC
 
 def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: int, dim: int,
                     bottom_mlp: Sequence[int], top_mlp: Sequence[int], model: Any = None,
-                    schema: Any = None) -> Dict[str, float]:
+                    schema: Any = None, precision: str = "fp32") -> Dict[str, float]:
     """Per-id, per-element and fixed compute costs on this rank's CPU share (or GPU).
 
     On a CPU the probes have fixed sizes (the defaults and recorded figures come from them); on CUDA they
@@ -247,7 +247,7 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
     from rayemb.train.calibrate_dense import dense_model_step
 
     model_step, dense_param_bytes = dense_model_step(device, local_batch, num_dense, num_sparse, dim, bottom_mlp,
-                                                     top_mlp, model, schema)
+                                                     top_mlp, model, schema, precision)
     dense_step_s = _timed(model_step, sync)
     return {"lookup_s": lookup_s, "dense_lookup_s": dense_lookup_s, "replicated_elem_s": replicated_elem_s,
             "pool_s": pool_s, "group_overhead_s": group_overhead_s, "dense_step_s": dense_step_s,
@@ -451,12 +451,13 @@ def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, sec
 
 def job_shape(cfg: Any, schema: Any, model: Any = None) -> Dict[str, Any]:
     """The shape calibration measures: the job's local batch, dense and sparse features, dim, MLPs, prefetch,
-    and the job's model (``model``, a ModelSpec) whose dense part is timed; with sequence features the dense
-    step is a DLRM's (the stand-in vectors have no histories to feed a sequence module)."""
+    precision, and the job's model (``model``, a ModelSpec) whose dense part is timed; with sequence features the
+    dense step is a DLRM's (the stand-in vectors have no histories to feed a sequence module)."""
     own = model is not None and cfg.model.sequence_tower == "none"
     return dict(local_batch=cfg.data.batch_size, num_dense=len(schema.dense), dim=cfg.model.embedding_dim,
                 num_sparse=len(schema.sparse), bottom_mlp=list(cfg.model.bottom_mlp), top_mlp=list(cfg.model.top_mlp),
-                prefetch_input_dist=cfg.train.prefetch_input_dist, model=model if own else None,
+                prefetch_input_dist=cfg.train.prefetch_input_dist, precision=cfg.train.precision,
+                model=model if own else None,
                 schema=schema if own else None)
 
 

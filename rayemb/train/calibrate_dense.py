@@ -4,7 +4,9 @@ The step-time model prices a plan as its embeddings' cost plus one fixed dense
 step (forward, backward and optimizer of everything that is not a table, and
 its gradient's all-reduce). That step is measured on the job's own model, built
 by its factory around pooled vectors without tables, so a model of the user's
-is priced as what it is, not as a DLRM of similar size.
+is priced as what it is, not as a DLRM of similar size. It is stepped by the
+job's own :class:`~rayemb.train.step.TrainStep`, in the job's precision
+(``train.precision: bf16`` runs its forward and loss under bf16 autocast).
 """
 
 from __future__ import annotations
@@ -14,19 +16,21 @@ from typing import Any, Callable, Sequence, Tuple
 
 def dense_model_step(device: Any, local_batch: int, num_dense: int, num_sparse: int, dim: int,
                      bottom_mlp: Sequence[int], top_mlp: Sequence[int], model: Any = None,
-                     schema: Any = None) -> Tuple[Callable[[], None], int]:
+                     schema: Any = None, precision: str = "fp32") -> Tuple[Callable[[], None], int]:
     """(one forward + backward + optimizer step of the model's dense part on the local batch, its parameters'
     bytes).
 
     With ``model`` (the job's :class:`~rayemb.model.factory.ModelSpec`) and ``schema``, the job's own model
     from its factory, around pooled vectors without tables (:func:`_dense_part`); else a DLRM of the given
-    MLPs (TorchRec's arches: what the built-in constants were measured on)."""
+    MLPs (TorchRec's arches: what the built-in constants were measured on). ``precision``: the job's
+    ``train.precision``, as its :class:`~rayemb.train.step.TrainStep` runs it."""
     import torch
 
     from rayemb.train.optim import dense_optimizer
+    from rayemb.train.step import StepBatch, TrainStep
 
     if model is not None and schema is not None:
-        return _dense_part(device, local_batch, dim, model, schema)
+        return _dense_part(device, local_batch, dim, model, schema, precision)
     from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
 
     dense_arch = DenseArch(num_dense, list(bottom_mlp), device=device)
@@ -37,17 +41,14 @@ def dense_model_step(device: Any, local_batch: int, num_dense: int, num_sparse: 
     x = torch.randn(local_batch, num_dense, device=device)
     emb = torch.randn(local_batch, num_sparse, dim, device=device, requires_grad=True)
     y = torch.rand(local_batch, device=device).round()
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-
-    def model_step() -> None:
-        opt.zero_grad()
-        loss_fn(over(inter(dense_arch(x), emb)).squeeze(-1), y).backward()
-        opt.step()
-    return model_step, sum(p.numel() * p.element_size() for p in params)
+    step = TrainStep(lambda dense, pooled: over(inter(dense_arch(dense), pooled)).squeeze(-1), opt,
+                     torch.nn.BCEWithLogitsLoss(), precision=precision)
+    batch = StepBatch((x, emb), y)
+    return (lambda: step(batch)), sum(p.numel() * p.element_size() for p in params)
 
 
-def _dense_part(device: Any, local_batch: int, dim: int, spec: Any,
-                schema: Any) -> Tuple[Callable[[], None], int]:
+def _dense_part(device: Any, local_batch: int, dim: int, spec: Any, schema: Any,
+                precision: str = "fp32") -> Tuple[Callable[[], None], int]:
     """The job's model from its factory, its pooled module replaced by fixed vectors (gradients still flow to
     them, as to an embedding's output): the step times what the model adds to the embeddings' cost."""
     import torch
@@ -57,6 +58,7 @@ def _dense_part(device: Any, local_batch: int, dim: int, spec: Any,
     from rayemb.train.losses import job_loss
     from rayemb.train.optim import dense_optimizer
     from rayemb.train.retrieval import item_feature_of
+    from rayemb.train.step import StepBatch, TrainStep
 
     features = list(schema.sparse_names)
 
@@ -81,13 +83,9 @@ def _dense_part(device: Any, local_batch: int, dim: int, spec: Any,
     y = torch.rand(local_batch if tasks == 1 else (local_batch, tasks), device=device).round()
     item = item_feature_of(model)  # a retrieval model: its in-batch softmax over this rank's rows
     loss_fn = job_loss(schema, user_loss=spec.loss, item_feature=item, gather=False)
-    y = None if item else y
-
-    def model_step() -> None:
-        opt.zero_grad()
-        loss_fn(model(x, kjt), y).backward()
-        opt.step()
-    return model_step, sum(p.numel() * p.element_size() for p in params)
+    step = TrainStep(model, opt, loss_fn, precision=precision)
+    batch = StepBatch((x, kjt), None if item else y)
+    return (lambda: step(batch)), sum(p.numel() * p.element_size() for p in params)
 
 
 __all__ = ["dense_model_step"]

@@ -148,7 +148,7 @@ def _probe_step(kind: str, n_tables: int, local_batch: int, dim: int, device: An
     model = DistributedModelParallel(src, device=device, plan=plan, sharders=sharders,
                                      data_parallel_wrapper=OneDataParallelWrapper())
     replicated = replicated_embedding_parameters(model)
-    # the job's replicated optimizer (rayemb.train.loop.sharded_model)
+    # the job's replicated optimizer (rayemb.train.build.sharded_model)
     opt = MultiTensorRowWiseAdagrad(list(replicated.values()), lr=0.01) if replicated else None
     gen = np.random.default_rng(dist.get_rank())
     # half the lookups hit the hot rows (a hybrid table's typical share), the rest spread over all rows

@@ -19,9 +19,10 @@ import logging
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
 
 from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
+from rayemb.train.build import sharded_model  # noqa: F401 - where tests and benchmarks have imported it from
 
 if TYPE_CHECKING:
     from rayemb.config import JobConfig
@@ -95,55 +96,6 @@ def _step_batch(batch, device, retrieval: bool = False, non_blocking: bool = Fal
     return StepBatch(inputs, target.to(device, non_blocking=non_blocking), inputs[1])
 
 
-def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device: Any,
-                  one_ddp: bool = True, model_spec: Any = None) -> Tuple[Any, Any, Any]:
-    """The job's model sharded by ``job_plan`` under ``DistributedModelParallel``, its optimizer and id remapper.
-
-    ``model_spec``: the :class:`~rayemb.model.factory.ModelSpec` that builds it (None: the config's model).
-
-    Sharded tables update in their backward (fused FBGEMM optimizer). Replicated embedding rows (hybrid hot
-    halves, data-parallel tables) are dense parameters with all-reduced gradients: the same optimizer kind,
-    their own instance; the MLPs use Adagrad. One DDP all-reduces the MLPs' and the replicated rows' gradients
-    (:class:`~rayemb.embedding.data_parallel.OneDataParallelWrapper`; ``one_ddp=False``: TorchRec's DDP per
-    data-parallel lookup, for A/B benchmarks). Needs the process group (every rank calls it alike).
-    """
-    import torch
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-    from rayemb.embedding.data_parallel import OneDataParallelWrapper, replicated_embedding_parameters
-    from rayemb.embedding.raw_tables import RawIdEmbeddingBagCollectionSharder
-    from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.train.optim import dense_optimizer, embedding_optimizer
-    from rayemb.train.sharding import build_model, plan_for_model
-
-    model, embeddings, paths = build_model(cfg, schema, job_plan.placements, job_plan.hot_ids,
-                                           embedding_device=torch.device("meta"), dense_device=device,
-                                           model=model_spec)
-    remapper = embeddings.pooled.remapper
-    emb_opt_cls = embedding_optimizer(cfg.train.embedding_optimizer)
-    rep_opt_cls = embedding_optimizer(cfg.train.embedding_optimizer, replicated=True)
-    for module in (embeddings.pooled, embeddings.sequence):  # sequence: the history tables, if any
-        if module is not None:
-            # only TorchRec's table modules (fused in sharding); projections and replicated rows stay dense
-            tables = [p for m in module.modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
-                      for p in m.parameters()]
-            apply_optimizer_in_backward(emb_opt_cls, tables, {"lr": cfg.train.embedding_lr})
-    model = DistributedModelParallel(module=model, device=device, plan=plan_for_model(job_plan.sharding_plan, paths),
-                                     sharders=[*cpu_capable_sharders(), RawIdEmbeddingBagCollectionSharder()],
-                                     data_parallel_wrapper=OneDataParallelWrapper() if one_ddp else None)
-    replicated = replicated_embedding_parameters(model)
-    dense = {n: p for n, p in in_backward_optimizer_filter(model.named_parameters()) if n not in replicated}
-    optimizers = [model.fused_optimizer,
-                  KeyedOptimizerWrapper(dense, lambda params: dense_optimizer(params, cfg.train.dense_lr))]
-    if replicated:
-        optimizers.append(KeyedOptimizerWrapper(replicated, lambda params: rep_opt_cls(params, lr=cfg.train.embedding_lr)))
-    return model, CombinedOptimizer(optimizers), remapper
-
-
 def _shard(job: WorkerJob, split: str, rank: int, world: int) -> Any:
     """The rank's rows of ``split``: held by the driver or read by the rank itself (an in-memory shard), else Ray
     Data's shard."""
@@ -172,18 +124,16 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
 
     from rayemb.data.batching import BatchConverter
     from rayemb.data.transforms import checkpoint_entry
-    from rayemb.embedding.comm import COLLECTIVES, CommCounter, instrument_ddp
-    from rayemb.embedding.prefetch import StepPrefetch
+    from rayemb.embedding.comm import COLLECTIVES, CommCounter
     from rayemb.embedding.raw_tables import eviction_counts
     from rayemb.logs import quiet_third_party_logs
     from rayemb.model.tables import sequence_features, table_configs
-    from rayemb.train.compile import apply_train_compile
+    from rayemb.train.build import build_step
     from rayemb.train.data_loader import RankBatches
     from rayemb.train.device_feed import DeviceFeed, pinned
-    from rayemb.train.losses import job_loss
     from rayemb.train.resume import CheckpointSchedule, restore, save_and_report
-    from rayemb.train.step import LossWindow, StepTimer, TrainStep, check_finite_loss
-    from rayemb.train.retrieval import RETRIEVAL_METRIC, item_feature_of
+    from rayemb.train.step import LossWindow, StepTimer, check_finite_loss
+    from rayemb.train.retrieval import RETRIEVAL_METRIC
     from rayemb.train.validation import evaluate
 
     quiet_third_party_logs()
@@ -212,15 +162,9 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
                            "of scaling.num_workers")
     job_plan = plans[world]
     spec = ray.get(job.model) if job.model is not None else None  # a ModelSpec
-    model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device, model_spec=spec)
-    apply_train_compile(model, cfg.train, log=rank == 0)  # train.compile: dense (the probes step eagerly)
-    instrument_ddp(model)
-    # the next batch's input exchange starts before this batch's backward (rayemb.embedding.prefetch)
-    prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
-    prefetch = prefetch if prefetch is not None and prefetch.enabled else None
-    item = item_feature_of(model)  # a retrieval model's item feature, else None
-    loss_fn = job_loss(schema, cfg.train.task_weights, spec.loss if spec is not None else None, item,
-                       job.table_stats)
+    built = build_step(cfg, schema, job_plan, device, model_spec=spec, table_stats=job.table_stats, log=rank == 0)
+    model, optimizer, remapper = built.model, built.optimizer, built.remapper
+    item = built.item_feature  # a retrieval model's item feature, else None
     converter = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap,
                                sequence=cfg.model.sequence_tower != "none", keep_ids=item)
     data_args = dict(in_memory=job.in_memory, first_batch_timeout_s=cfg.data.first_batch_timeout_s,
@@ -271,8 +215,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
         window, window_t0 = LossWindow(device, step + 1), time.perf_counter()
         timer = StepTimer()
         counter = CommCounter()
-        train_step = TrainStep(model, optimizer, loss_fn, prefetch=prefetch, counter=counter, timer=timer,
-                               precision=cfg.train.precision)
+        train_step = built.train_step(counter=counter, timer=timer)
         epoch_t0 = time.time()  # wall clock: the driver splits the job's time into phases with it
         remaining = max(0, (steps_per_epoch if agreed is None else agreed) - skip)
 

@@ -9,8 +9,8 @@ nothing to the line's price, depending on what the link carried just before
 what a step will cost (docs/benchmarks.md, "Measurements behind design choices").
 
 So before training, the plan is built exactly as the workers will build it
-(:func:`rayemb.train.loop.sharded_model`: the same DLRM, sharding plan, one
-DDP, optimizers, input prefetch) on actors placed like the workers, and
+(:func:`rayemb.train.build.build_step`: the same model, sharding plan, one
+DDP, optimizers, loss, precision, input prefetch) on actors placed like the workers, and
 stepped on synthetic batches drawn from the job's statistics (each table's
 pooling, and its ids with the measured heavy hitters' frequencies). Beside it
 the same job on the other side of the hybrid choice is built (without hybrid
@@ -175,9 +175,10 @@ def interleave_on_every_rank(device: Any, plans: Sequence[Any], budget_cap: Opti
 
 def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[Any],
                samples: Dict[str, TableSample], steps: int, budget_cap: Optional[int] = None,
-               model: Any = None) -> Dict[str, Any]:
+               model: Any = None, table_stats: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Median seconds per training step of each of ``plans`` (JobPlans) on this process group, the ranks'
-    medians averaged, and whether they were interleaved (a rank actor's work).
+    medians averaged, and whether they were interleaved (a rank actor's work). ``model``: the job's ModelSpec;
+    ``table_stats``: the statistics pass's tables (the loss reads them as the loop's does).
 
     The plans are stepped in one interleaved set when every rank holds them all at once
     (:func:`interleave_on_every_rank`), else one after another, each model freed before the next is built.
@@ -205,7 +206,7 @@ def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[A
     for group in groups:
         iv = Interleaved(sync, dist.barrier)
         for i in group:
-            iv.add(f"plan{i}", *_plan_steps(cfg, schema, plans[i], device, raw, counter, model))
+            iv.add(f"plan{i}", *_plan_steps(cfg, schema, plans[i], device, raw, counter, model, table_stats))
         iv.run(rounds=rounds, warmup=PROBE_WARMUP_ROUNDS)
         for i in group:
             medians[i] = iv.median(f"plan{i}") / STEPS_PER_ROUND
@@ -217,32 +218,31 @@ def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[A
     return {"step_s": (medians / world).tolist(), "interleaved": together}
 
 
+def probe_step(cfg: Any, schema: Any, plan: Any, device: Any, model_spec: Any = None,
+               table_stats: Optional[Dict[str, Any]] = None) -> Any:
+    """``plan``'s step as the loop builds it (:func:`~rayemb.train.build.build_step`: the same loss, table
+    statistics, precision and prefetch), stepped eagerly: a compile per candidate would cost more than the
+    probe."""
+    from rayemb.train.build import build_step
+
+    return build_step(cfg, schema, plan, device, model_spec=model_spec, table_stats=table_stats, compile=False)
+
+
 def _plan_steps(cfg: Any, schema: Any, plan: Any, device: Any, raw: List[Any], counter: Any,
-                model_spec: Any = None) -> "tuple[Callable[[], None], Optional[Callable[[], None]]]":
+                model_spec: Any = None, table_stats: Optional[Dict[str, Any]] = None,
+                ) -> "tuple[Callable[[], None], Optional[Callable[[], None]]]":
     """(STEPS_PER_ROUND training steps of ``plan``'s sharded model, what completes its pending prefetch or
     None): the model lives as long as the returned step does. ``model_spec``: the job's model (its factory;
-    None: the config's)."""
-    import torch
+    None: the config's); ``table_stats``: the statistics pass's tables, as the loop's loss reads them."""
+    from rayemb.train.step import LossWindow, StepBatch
 
-    from rayemb.embedding.comm import instrument_ddp
-    from rayemb.embedding.prefetch import StepPrefetch
-    from rayemb.train.loop import sharded_model
-    from rayemb.train.step import LossWindow, StepBatch, TrainStep
-
-    from rayemb.train.losses import job_loss
-    from rayemb.train.retrieval import item_feature_of
-
-    model, optimizer, remapper = sharded_model(cfg, schema, plan, device, model_spec=model_spec)
-    item = item_feature_of(model)  # a retrieval model: its in-batch softmax, without the synthetic rows' ids
-    loss_fn = job_loss(schema, cfg.train.task_weights, model_spec.loss if model_spec is not None else None, item)
-    instrument_ddp(model)
+    built = probe_step(cfg, schema, plan, device, model_spec, table_stats)
+    item = built.item_feature  # a retrieval model: its in-batch softmax, without the synthetic rows' ids
     batches = []
     for dense, kjt, labels in raw:
-        sparse = remapper.remap(kjt).to(device)
+        sparse = built.remapper.remap(kjt).to(device)
         batches.append(StepBatch((dense.to(device), sparse), None if item else labels.to(device), sparse))
-    prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
-    prefetch = prefetch if prefetch is not None and prefetch.enabled else None
-    step = TrainStep(model, optimizer, loss_fn, prefetch=prefetch, counter=counter, precision=cfg.train.precision)
+    step = built.train_step(counter=counter)
     losses = step.steps(itertools.cycle(batches))  # each step draws the next batch, whose exchange it starts
     window = LossWindow(device, 1)
 
@@ -250,7 +250,7 @@ def _plan_steps(cfg: Any, schema: Any, plan: Any, device: Any, raw: List[Any], c
         for _ in range(STEPS_PER_ROUND):
             window.add(next(losses))
 
-    return steps_back_to_back, (step.finish if prefetch is not None else None)
+    return steps_back_to_back, (step.finish if built.prefetch is not None else None)
 
 
 @dataclass
@@ -309,15 +309,16 @@ def placement_counts(summary: Dict[str, Any]) -> Dict[str, int]:
 
 def probe_plans(cfg: Any, schema: Any, plans: Sequence[Any], samples: Dict[str, TableSample], world: int,
                 cpus_per_worker: float, use_gpu: bool, strategy: str = "PACK",
-                timeout_s: float = 300.0, budget_cap: Optional[int] = None, model: Any = None) -> ProbeResult:
+                timeout_s: float = 300.0, budget_cap: Optional[int] = None, model: Any = None,
+                table_stats: Optional[Dict[str, Any]] = None) -> ProbeResult:
     """Times ``plans`` on ``world`` ranks placed like the Train workers (:func:`probe_rank`); the fastest wins.
     ``budget_cap``: at most these bytes of tables per rank at once (more than that: one plan at a time);
-    ``model``: the job's ModelSpec (None: the config's model)."""
+    ``model``: the job's ModelSpec (None: the config's model); ``table_stats``: the statistics pass's tables."""
     from rayemb.train.calibrate import run_on_ranks
 
     t0 = time.monotonic()
     per_rank = run_on_ranks(probe_rank, (cfg, schema, list(plans), samples, cfg.planner.probe_steps, budget_cap,
-                                         model),
+                                         model, table_stats),
                             world, cpus_per_worker, use_gpu, timeout_s, strategy)
     step_s = [float(s) for s in per_rank[0]["step_s"]]
     return ProbeResult(step_s, int(np.argmin(step_s)), time.monotonic() - t0, bool(per_rank[0]["interleaved"]))
@@ -417,7 +418,8 @@ def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any
               flush=True)
         try:
             result = probe_plans(cfg, schema, candidates, table_samples(schema, stats, split), world,
-                                 cpus_per_worker, cfg.scaling.use_gpu, cfg.scaling.placement_strategy, model=model)
+                                 cpus_per_worker, cfg.scaling.use_gpu, cfg.scaling.placement_strategy, model=model,
+                                 table_stats=None if stats is None else dict(stats.tables))
         except Exception as e:  # noqa: BLE001 - the model's plan and prediction stand, said loudly
             print(f"rayemb: WARNING: plan probe failed ({type(e).__name__}: {e}); training the model's plan "
                   "(planner.probe_steps=0 skips the probe)", flush=True)
@@ -437,6 +439,6 @@ def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any
     return apply_probe(candidates, result)
 
 
-__all__ = ["TableSample", "table_samples", "probe_rank", "probe_plans", "ProbeResult", "PROBE_BATCHES", "placement_counts",
+__all__ = ["TableSample", "table_samples", "probe_rank", "probe_step", "probe_plans", "ProbeResult", "PROBE_BATCHES", "placement_counts",
            "other_side", "choose_by_probe", "probe_candidates", "apply_probe", "rank_bytes", "fit_together",
            "interleave_on_every_rank"]

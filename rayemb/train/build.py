@@ -1,0 +1,130 @@
+"""The training step's set-up, written once: the job's sharded model, its loss, prefetch and step.
+
+Everything that steps the job's own model sets it up here: the loop (:mod:`rayemb.train.loop`), the plan probe
+(:mod:`rayemb.train.plan_probe`), the step benchmarks (jobs/bench/gpu.py, jobs/bench/step_profile.py). So the
+probe times the step the loop will run (the same loss, with the same table statistics, the same precision and
+input prefetch), and a change of the set-up reaches all of them at once.
+
+:func:`build_step` shards the model (:func:`sharded_model`), applies ``train.compile``, counts the DDP
+all-reduce's bytes (:func:`~rayemb.embedding.comm.instrument_ddp`), starts the next batch's input exchange early
+(:class:`~rayemb.embedding.prefetch.StepPrefetch`) and builds the job's loss (:func:`~rayemb.train.losses.job_loss`);
+:meth:`BuiltStep.train_step` then gives the :class:`~rayemb.train.step.TrainStep` that steps it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Tuple
+
+if TYPE_CHECKING:
+    from rayemb.config import JobConfig
+    from rayemb.data.schema import DatasetSchema
+    from rayemb.train.step import StepTimer, TrainStep
+
+
+def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device: Any,
+                  one_ddp: bool = True, model_spec: Any = None) -> Tuple[Any, Any, Any]:
+    """The job's model sharded by ``job_plan`` under ``DistributedModelParallel``, its optimizer and id remapper.
+
+    ``model_spec``: the :class:`~rayemb.model.factory.ModelSpec` that builds it (None: the config's model).
+
+    Sharded tables update in their backward (fused FBGEMM optimizer). Replicated embedding rows (hybrid hot
+    halves, data-parallel tables) are dense parameters with all-reduced gradients: the same optimizer kind,
+    their own instance; the MLPs use Adagrad. One DDP all-reduces the MLPs' and the replicated rows' gradients
+    (:class:`~rayemb.embedding.data_parallel.OneDataParallelWrapper`; ``one_ddp=False``: TorchRec's DDP per
+    data-parallel lookup, for A/B benchmarks). Needs the process group (every rank calls it alike).
+    """
+    import torch
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from rayemb.embedding.data_parallel import OneDataParallelWrapper, replicated_embedding_parameters
+    from rayemb.embedding.raw_tables import RawIdEmbeddingBagCollectionSharder
+    from rayemb.embedding.sharders import cpu_capable_sharders
+    from rayemb.train.optim import dense_optimizer, embedding_optimizer
+    from rayemb.train.sharding import build_model, plan_for_model
+
+    model, embeddings, paths = build_model(cfg, schema, job_plan.placements, job_plan.hot_ids,
+                                           embedding_device=torch.device("meta"), dense_device=device,
+                                           model=model_spec)
+    remapper = embeddings.pooled.remapper
+    emb_opt_cls = embedding_optimizer(cfg.train.embedding_optimizer)
+    rep_opt_cls = embedding_optimizer(cfg.train.embedding_optimizer, replicated=True)
+    for module in (embeddings.pooled, embeddings.sequence):  # sequence: the history tables, if any
+        if module is not None:
+            # only TorchRec's table modules (fused in sharding); projections and replicated rows stay dense
+            tables = [p for m in module.modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
+                      for p in m.parameters()]
+            apply_optimizer_in_backward(emb_opt_cls, tables, {"lr": cfg.train.embedding_lr})
+    model = DistributedModelParallel(module=model, device=device, plan=plan_for_model(job_plan.sharding_plan, paths),
+                                     sharders=[*cpu_capable_sharders(), RawIdEmbeddingBagCollectionSharder()],
+                                     data_parallel_wrapper=OneDataParallelWrapper() if one_ddp else None)
+    replicated = replicated_embedding_parameters(model)
+    dense = {n: p for n, p in in_backward_optimizer_filter(model.named_parameters()) if n not in replicated}
+    optimizers = [model.fused_optimizer,
+                  KeyedOptimizerWrapper(dense, lambda params: dense_optimizer(params, cfg.train.dense_lr))]
+    if replicated:
+        optimizers.append(KeyedOptimizerWrapper(replicated, lambda params: rep_opt_cls(params, lr=cfg.train.embedding_lr)))
+    return model, CombinedOptimizer(optimizers), remapper
+
+
+@dataclass
+class BuiltStep:
+    """The job's sharded model and what steps it: its ``optimizer`` (stepped after the backward), ``remapper``
+    (the ids' rows), ``loss_fn(output, target)``, ``prefetch`` (None: off, or nothing to prefetch),
+    ``item_feature`` (a retrieval model's item feature, whose ids are its loss's target; else None), the step's
+    ``precision`` and the names of the submodules ``train.compile`` compiled."""
+
+    model: Any
+    optimizer: Any
+    remapper: Any
+    loss_fn: Callable[[Any, Any], Any]
+    prefetch: Any
+    item_feature: Optional[str]
+    precision: str
+    compiled: List[str] = field(default_factory=list)
+
+    def train_step(self, counter: Any = None, timer: Optional["StepTimer"] = None) -> "TrainStep":
+        """A :class:`~rayemb.train.step.TrainStep` of this model (``counter``, ``timer``: its own)."""
+        from rayemb.train.step import TrainStep
+
+        return TrainStep(self.model, self.optimizer, self.loss_fn, prefetch=self.prefetch, counter=counter,
+                         timer=timer, precision=self.precision)
+
+
+def build_step(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device: Any, *, model_spec: Any = None,
+               table_stats: Optional[Mapping[str, Any]] = None, compile: bool = True, log: bool = False,
+               instrument: bool = True, one_ddp: bool = True) -> BuiltStep:
+    """The job's step on this rank: its model sharded by ``job_plan`` (:func:`sharded_model`), compiled as
+    ``train.compile`` says, its DDP's bytes counted, its input prefetch (``train.prefetch_input_dist``), its loss.
+
+    ``model_spec``: the job's :class:`~rayemb.model.factory.ModelSpec` (None: the config's model), whose loss, if
+    it has one, is the job's; ``table_stats``: the statistics pass's tables (a retrieval model's logQ correction
+    reads its item table's); ``compile``: False steps the model eagerly whatever ``train.compile`` says (the
+    probes: one compile per candidate would cost more than the probe); ``log``: ``train.compile``'s line is
+    logged (rank 0); ``instrument``: the DDP all-reduce's bytes counted (off: the counter's cost measured away);
+    ``one_ddp``: :func:`sharded_model`'s. Needs the process group (every rank calls it alike).
+    """
+    from rayemb.embedding.comm import instrument_ddp
+    from rayemb.embedding.prefetch import StepPrefetch
+    from rayemb.train.compile import apply_train_compile
+    from rayemb.train.losses import job_loss
+    from rayemb.train.retrieval import item_feature_of
+
+    model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device, one_ddp=one_ddp, model_spec=model_spec)
+    compiled = apply_train_compile(model, cfg.train, log=log) if compile else []
+    if instrument:
+        instrument_ddp(model)
+    # the next batch's input exchange starts before this batch's backward (rayemb.embedding.prefetch)
+    prefetch = StepPrefetch(model) if cfg.train.prefetch_input_dist else None
+    prefetch = prefetch if prefetch is not None and prefetch.enabled else None
+    item = item_feature_of(model)
+    loss_fn = job_loss(schema, cfg.train.task_weights, model_spec.loss if model_spec is not None else None, item,
+                       table_stats)
+    return BuiltStep(model, optimizer, remapper, loss_fn, prefetch, item, cfg.train.precision, compiled)
+
+
+__all__ = ["BuiltStep", "build_step", "sharded_model"]
