@@ -63,7 +63,7 @@ from rayemb.embedding.prefetch import InputDistPrefetch
 from rayemb.embedding.raw_tables import raw_id_collection
 from rayemb.embedding.remap import COLD_SUFFIX, HOT_SUFFIX, HybridRemapper
 from rayemb.errors import ConfigError, DataError
-from rayemb.planner.types import HYBRID_COLD_PLACEMENTS
+from rayemb.placements import HYBRID_COLD_PLACEMENTS
 
 if TYPE_CHECKING:
     from torchrec.distributed.planner.types import ParameterConstraints

@@ -118,4 +118,16 @@ def check_model(model: Any, embeddings: Embeddings, factory_name: str) -> Dict[s
     return paths
 
 
-__all__ = ["Embeddings", "check_model", "model_inputs", "SEQUENCE_ATTRIBUTE"]
+def check_retrieval(model: Any, schema: Any, factory_name: str) -> None:
+    """A retrieval model's ``item_feature`` is a one-id-per-row pooled feature (ConfigError naming the fix)."""
+    item = getattr(model, "item_feature", None)
+    if item is None:
+        return
+    single = {f.name for f in schema.sparse if not f.multi_hot}
+    if not isinstance(item, str) or item not in single:
+        raise ConfigError(f"The retrieval model {type(model).__name__} built by {factory_name} names "
+                          f"item_feature={item!r}, which is not a one-id-per-row sparse feature of the schema "
+                          f"({sorted(single)}). Name the column that holds each row's item.", BAD_FACTORY)
+
+
+__all__ = ["Embeddings", "check_model", "check_retrieval", "model_inputs", "SEQUENCE_ATTRIBUTE"]

@@ -46,8 +46,7 @@ class ModelSpec:
     def build(self, embeddings: Any, schema: Any) -> Any:
         """The model, checked against the contract (:func:`rayemb.model.contract.check_model`) ->
         (model, paths of the embedding modules in it)."""
-        from rayemb.model.contract import check_model
-        from rayemb.train.retrieval import check_retrieval
+        from rayemb.model.contract import check_model, check_retrieval
 
         factory = _import(self.factory, "model.name") if isinstance(self.factory, str) else self.factory
         try:
@@ -136,14 +135,41 @@ def user_loss(target: Optional[str]) -> Optional[Callable[..., Any]]:
 def model_spec(model_cfg: Any) -> ModelSpec:
     """The :class:`ModelSpec` of a config's ``model`` section: a factory of the user's is imported here (its
     errors found before any work starts), a shipped one where the model is built."""
-    args = dict(model_cfg.args or {})
     if model_cfg.factory:
         _search_workspace()
-        return ModelSpec(_import(model_cfg.factory, "model.factory"), args, model_cfg.factory)
-    if model_cfg.name == "dlrm":  # the DLRM's layer sizes have config keys of their own
-        args = {"bottom_mlp": list(model_cfg.bottom_mlp), "top_mlp": list(model_cfg.top_mlp),
-                "sequence_tower": model_cfg.sequence_tower, **args}
-    return ModelSpec(SHIPPED_MODELS[model_cfg.name], args, model_cfg.name)
+    return _resolve(model_cfg.name, model_cfg.factory, model_cfg.args,
+                    {"bottom_mlp": model_cfg.bottom_mlp, "top_mlp": model_cfg.top_mlp,
+                     "sequence_tower": model_cfg.sequence_tower})
 
 
-__all__ = ["ModelSpec", "model_spec", "user_loss", "ship_function", "SHIPPED_MODELS"]
+def model_spec_from_json(model_json: Mapping[str, Any]) -> ModelSpec:
+    """The :class:`ModelSpec` of an export's model.json ``model`` section (written from the job's config by
+    :func:`rayemb.serve.model.model_config`): the model the job trained, resolved as :func:`model_spec` resolves
+    the config. A factory is imported from ``sys.path`` as it is (an export's code folder put first by its loader,
+    never the working directory); an export that names neither a factory nor a model is a DLRM (made before other
+    models could be exported)::
+
+        >>> spec = model_spec_from_json({"name": "two_tower", "embedding_dim": 8, "args": {"tower": [16]}})
+        >>> spec.factory, dict(spec.args), spec.name
+        ('rayemb.models.two_tower:two_tower', {'tower': [16]}, 'two_tower')
+    """
+    dlrm_keys = {k: model_json[k] for k in ("bottom_mlp", "top_mlp", "sequence_tower") if k in model_json}
+    return _resolve(str(model_json.get("name") or "dlrm"), model_json.get("factory") or None,
+                    model_json.get("args"), dlrm_keys)
+
+
+def _resolve(name: str, factory: Optional[str], args: Optional[Mapping[str, Any]], dlrm_keys: Mapping[str, Any]
+             ) -> ModelSpec:
+    """A factory of the user's imported, else the shipped ``name`` (the DLRM with its layer sizes as arguments)."""
+    args = dict(args or {})
+    if factory:
+        return ModelSpec(_import(factory, "model.factory"), args, factory)
+    if name not in SHIPPED_MODELS:
+        raise ConfigError(f"Invalid config value model.name: {name!r} is not a shipped model. Use one of "
+                          f"{sorted(SHIPPED_MODELS)}, or name a factory 'package.module:function'.", BAD_FACTORY)
+    if name == "dlrm":  # the DLRM's layer sizes have config keys of their own
+        args = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in dlrm_keys.items()} | args
+    return ModelSpec(SHIPPED_MODELS[name], args, name)
+
+
+__all__ = ["ModelSpec", "model_spec", "model_spec_from_json", "user_loss", "ship_function", "SHIPPED_MODELS"]

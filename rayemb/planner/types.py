@@ -14,11 +14,11 @@ Units: bytes, bytes per second, rows; ``GiB = 1024**3`` bytes.
 from __future__ import annotations
 
 import abc
-import enum
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rayemb.errors import PlanError
+from rayemb.placements import HYBRID_COLD_PLACEMENTS, Placement
 
 GiB: int = 1024**3
 GB_S: float = 1e9  # bytes per second in one GB/s
@@ -178,24 +178,8 @@ class TableSpec:
 # ---- PLACEMENTS AND PINS ---- #
 
 
-class Placement(str, enum.Enum):
-    """Where a table's rows live. The pooled model-parallel kinds are TorchRec's sharding types."""
-
-    DATA_PARALLEL = "data_parallel"
-    TABLE_WISE = "table_wise"
-    ROW_WISE = "row_wise"
-    COLUMN_WISE = "column_wise"
-    TABLE_ROW_WISE = "table_row_wise"
-    TABLE_COLUMN_WISE = "table_column_wise"
-    HYBRID = "hybrid"  # hot rows data-parallel, cold rows sharded with per-id exchange
-
-    @property
-    def is_pooled_model_parallel(self) -> bool:
-        return self not in (Placement.DATA_PARALLEL, Placement.HYBRID)
-
-
-#: shardings of a hybrid table's cold half (TorchRec ``EmbeddingCollection`` shardings on CPU and GPU)
-HYBRID_COLD_PLACEMENTS: Tuple[Placement, ...] = (Placement.ROW_WISE, Placement.TABLE_WISE, Placement.COLUMN_WISE)
+# Placement and HYBRID_COLD_PLACEMENTS live in rayemb.placements (the embedding modules name them too); they are
+# part of the planner's vocabulary, imported from here.
 #: pin keys of compressed and cached tables (rayemb.planner.compression)
 STORAGE_PIN_KEYS = ("compression", "buckets", "combine", "block_dim", "kernel", "cache_load_factor")
 

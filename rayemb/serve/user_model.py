@@ -29,6 +29,7 @@ naming the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import shutil
@@ -83,14 +84,21 @@ def pooled_module(schema: Any, model_cfg: Mapping[str, Any], device: Any) -> Any
     return EmbeddingBagCollection(tables=tables, device=device)
 
 
+def job_model_config(model_cfg: Mapping[str, Any]) -> Any:
+    """The job's :class:`~rayemb.config.ModelConfig` again, from model.json's ``model`` section (its entries
+    beside the config's, e.g. ``compression``, left out; exports made before ``sequence_tower`` have none)."""
+    from rayemb.config import ModelConfig
+
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in model_cfg.items() if k in known and k != "args"}
+    return ModelConfig(**{**given, "args": dict(model_cfg.get("args") or {})})
+
+
 def sequence_parts(schema: Any, model_cfg: Mapping[str, Any], device: Any) -> Tuple[Any, List[Any]]:
     """(the sequence ``EmbeddingCollection`` or None, its features) as the training job builds them."""
-    from types import SimpleNamespace
-
     from rayemb.model.tables import sequence_features, sequence_module
 
-    cfg = SimpleNamespace(embedding_dim=int(model_cfg["embedding_dim"]),
-                          sequence_tower=str(model_cfg.get("sequence_tower", "none")))
+    cfg = job_model_config(model_cfg)
     return sequence_module(cfg, schema, device=device), sequence_features(cfg, schema)
 
 
@@ -99,16 +107,14 @@ def build_factory_model(schema: Any, model_cfg: Mapping[str, Any], device: Any) 
     import torch
 
     from rayemb.model.contract import Embeddings
-    from rayemb.model.factory import SHIPPED_MODELS, ModelSpec, _import
+    from rayemb.model.factory import model_spec_from_json
 
     device = torch.device(device or "cpu")
     dim = int(model_cfg["embedding_dim"])
     sequence, features = sequence_parts(schema, model_cfg, device)
     embeddings = Embeddings(pooled=pooled_module(schema, model_cfg, device), features=tuple(schema.sparse_names),
                             dim=dim, sequence=sequence, sequence_features=tuple(features), device=device)
-    factory = model_cfg.get("factory")
-    target = _import(factory, "model.factory") if factory else SHIPPED_MODELS[str(model_cfg["name"])]
-    return ModelSpec(target, dict(model_cfg.get("args") or {}), model_name(model_cfg)).build(embeddings, schema)
+    return model_spec_from_json(model_cfg).build(embeddings, schema)
 
 
 def _module_root(module_name: str, path: str) -> str:
@@ -229,4 +235,4 @@ def write_code(files: Mapping[str, bytes]) -> Optional[str]:
 
 
 __all__ = ["BAD_EXPORT_CODE", "CODE_DIR", "DLRM_PATHS", "build_factory_model", "check_exportable", "code_dir", "copy_factory_code",
-           "is_dlrm", "model_name", "pooled_module", "put_on_path", "read_code", "sequence_parts", "write_code"]
+           "is_dlrm", "job_model_config", "model_name", "pooled_module", "put_on_path", "read_code", "sequence_parts", "write_code"]

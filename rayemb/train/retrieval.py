@@ -46,18 +46,6 @@ def item_feature_of(model: Any) -> Optional[str]:
     return item if isinstance(item, str) else None
 
 
-def check_retrieval(model: Any, schema: Any, factory_name: str) -> None:
-    """A retrieval model's ``item_feature`` is a one-id-per-row pooled feature (ConfigError naming the fix)."""
-    item = getattr(model, "item_feature", None)
-    if item is None:
-        return
-    single = {f.name for f in schema.sparse if not f.multi_hot}
-    if not isinstance(item, str) or item not in single:
-        raise ConfigError(f"The retrieval model {type(model).__name__} built by {factory_name} names "
-                          f"item_feature={item!r}, which is not a one-id-per-row sparse feature of the schema "
-                          f"({sorted(single)}). Name the column that holds each row's item.", "bad_model_factory")
-
-
 def item_log_q(table: Any, num_embeddings: int) -> np.ndarray:
     """``log q(id)`` for every id of a table: its share of the table's values in the train split.
 
@@ -225,5 +213,5 @@ def evaluate_retrieval(model: Any, batches: Any, device: Any, candidates: Callab
     return out
 
 
-__all__ = ["InBatchSoftmax", "towers", "item_log_q", "item_feature_of", "check_retrieval", "catalogue_vectors",
+__all__ = ["InBatchSoftmax", "towers", "item_log_q", "item_feature_of", "catalogue_vectors",
            "evaluate_retrieval", "HIT_RATE_KS", "RETRIEVAL_METRIC"]

@@ -121,7 +121,7 @@ def check_inputs(cfg: JobConfig, model: Any = None) -> JobInputs:
     model = model or model_spec(cfg.model)  # a factory of the user's: imported now, its errors before any work
     if model.loss is None and cfg.train.loss:
         model = dataclasses.replace(model, loss=user_loss(cfg.train.loss))
-    from rayemb.model.contract_check import check_factory_first
+    from rayemb.train.contract_check import check_factory_first
 
     check_factory_first(cfg, schema, model)  # built once on the meta device: a broken contract before any work
     check_tasks(schema.labels, cfg.train.task_weights, cfg.train.early_stopping_task)

@@ -55,7 +55,7 @@ def check_factory_first(cfg: Any, schema: Any, model: Any) -> None:
             cloudpickle.dump((cfg, schema, model), f)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         try:
-            proc = subprocess.run([sys.executable, "-m", "rayemb.model.contract_check", job, result], env=env,
+            proc = subprocess.run([sys.executable, "-m", "rayemb.train.contract_check", job, result], env=env,
                                   capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
             failure = None
             if os.path.exists(result):
