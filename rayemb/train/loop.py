@@ -122,6 +122,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
     import torch
     import torch.distributed as dist
 
+    from rayemb.checkpoint.meta import DENSE_TRANSFORMS_KEY, CheckpointMeta
     from rayemb.data.batching import BatchConverter
     from rayemb.data.transforms import checkpoint_entry
     from rayemb.embedding.comm import COLLECTIVES, CommCounter
@@ -194,13 +195,14 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
                                            "num_items": schema.feature(item).num_embeddings}
     fault = job.fault_injection
     schedule = CheckpointSchedule(cfg.train.checkpoint_every_n_steps, cfg.train.checkpoint_every_s, rank)
-    ckpt_meta = {**checkpoint_entry(schema), "plan_fingerprint": job.plan_fingerprint, "global_batch": global_batch,
-                 "placements": {n: str(getattr(tp.placement, "value", tp.placement))
-                                for n, tp in job_plan.placements.items()}, "world_size_planned": world}
+    ckpt_meta = CheckpointMeta(plan_fingerprint=job.plan_fingerprint, global_batch=global_batch,
+                               placements={n: str(getattr(tp.placement, "value", tp.placement))
+                                           for n, tp in job_plan.placements.items()}, world_size_planned=world,
+                               dense_transforms=checkpoint_entry(schema)[DENSE_TRANSFORMS_KEY])
 
     def checkpoint(epoch: int, epoch_steps: int, complete: bool, report: Dict[str, Any]) -> None:
-        meta = {**ckpt_meta, "epoch": epoch, "step": step, "epoch_complete": complete,
-                "epoch_samples": epoch_steps * global_batch, **best.state()}
+        meta = ckpt_meta.at(epoch=epoch, step=step, epoch_complete=complete,
+                            epoch_samples=epoch_steps * global_batch, early_stopping=best.state())
         save_and_report(model, optimizer, remapper, tables, meta, report, chunk_mib=cfg.train.checkpoint_chunk_mib)
         schedule.saved()
 
