@@ -71,6 +71,12 @@ class CheckpointMeta:
             raise ValueError(f"CheckpointMeta.early_stopping: {bad} are not early-stopping entries (best_<metric>, "
                              f"{', '.join(_EARLY_STOPPING_KEYS)})")
 
+    def at(self, *, epoch: int, step: int, epoch_complete: bool, epoch_samples: int,
+           early_stopping: Mapping[str, Any]) -> "CheckpointMeta":
+        """This job's meta at a checkpoint: where it is now, and its early stopping's state."""
+        return dataclasses.replace(self, epoch=epoch, step=step, epoch_complete=epoch_complete,
+                                   epoch_samples=epoch_samples, early_stopping=dict(early_stopping))
+
     @property
     def next_epoch(self) -> int:
         """The first epoch a job resumed from it runs."""

@@ -220,8 +220,7 @@ def _shown(path: str) -> str:
 
 
 def save_and_report(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tuple[int, int]],
-                    meta: Union[CheckpointMeta, Mapping[str, Any]], report: Mapping[str, Any],
-                    chunk_mib: Optional[float] = None) -> None:
+                    meta: CheckpointMeta, report: Mapping[str, Any], chunk_mib: Optional[float] = None) -> None:
     """Writes a logical checkpoint (every rank its part, in a temp dir) and reports it with ``report`` to Ray Train.
 
     ``chunk_mib``: ``train.checkpoint_chunk_mib`` (None: :data:`rayemb.checkpoint.store.DEFAULT_CHUNK_MIB`).
@@ -232,8 +231,6 @@ def save_and_report(model: Any, optimizer: Any, remapper: Any, tables: Mapping[s
 
     import time
 
-    if not isinstance(meta, CheckpointMeta):
-        meta = CheckpointMeta.from_dict(meta)
     with tempfile.TemporaryDirectory(prefix="rayemb-ckpt-") as directory:
         t0 = time.perf_counter()
         doc = save_logical(directory, model, optimizer, remapper, tables, meta.to_dict(),

@@ -46,6 +46,15 @@ def test_the_loops_entries_read_back_and_write_the_same():
     assert CheckpointMeta.from_dict(meta.to_dict()) == meta
 
 
+def test_the_loops_meta_at_a_checkpoint_writes_the_entries_it_always_wrote():
+    job = CheckpointMeta(plan_fingerprint="3f2a9c0d", global_batch=512, placements=LOOP_WRITTEN["placements"],
+                         world_size_planned=2, dense_transforms=LOOP_WRITTEN["dense_transforms"])
+    at = job.at(epoch=1, step=130, epoch_complete=False, epoch_samples=30 * 512,
+                early_stopping={"best_valid_auc": 0.71, "best_epoch": 0, "epochs_without_gain": 0})
+    assert at.to_dict() == LOOP_WRITTEN
+    assert job.to_dict()["epoch"] == 0  # the job's own meta is unchanged
+
+
 def test_an_old_checkpoint_reads_as_its_readers_always_read_it():
     old = CheckpointMeta.from_dict({"epoch": 2, "step": 60, **STORE_WRITTEN})
     assert old.epoch_complete and old.epoch_samples == 0 and old.early_stopping == {}
