@@ -36,6 +36,10 @@ EMBEDDING_DTYPE_BYTES = {"fp32": 4, "fp16": 2}
 COMPILE_CHOICES = ("none", "dense")
 #: train.compile_mode: torch.compile's modes (reduce-overhead: CUDA graphs on a CUDA device)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+#: model.sequence_tower: ignore the sequence features, their masked mean, or DIN-style attention
+SEQUENCE_TOWERS = ("none", "mean", "attention")
+#: train.precision: the dense part's arithmetic in the training step
+PRECISIONS = ("fp32", "bf16")
 
 
 def _require(ok: bool, where: str, problem: str, fix: str) -> None:
@@ -85,12 +89,13 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    #: a shipped model (rayemb.models): dlrm
+    #: a shipped model (rayemb.models; the list is rayemb.model.factory.SHIPPED_MODELS)
     name: str = "dlrm"
-    #: a model factory of your own, "package.module:function" (replaces name; docs/api.md, "The model contract")
+    #: a model factory of your own, "package.module:function" (replaces name; docs/api.md, "The contract")
     factory: Optional[str] = None
     #: keyword arguments of the model's factory
     args: Dict[str, Any] = field(default_factory=dict)
+    #: every table's embedding dim
     embedding_dim: int = 16
     #: the DLRM's bottom (dense) MLP layer sizes; the last must equal embedding_dim
     bottom_mlp: Tuple[int, ...] = (64, 16)
@@ -116,7 +121,7 @@ class ModelConfig:
         _require(isinstance(self.args, dict), "model.args", f"{self.args!r} is not a mapping",
                  "Give the factory's keyword arguments as a mapping, e.g. {hidden: [256, 128]}.")
         _require(self.embedding_dim >= 1, "model.embedding_dim", f"{self.embedding_dim} < 1", "Use a positive dim.")
-        _require(self.sequence_tower in ("none", "mean", "attention"), "model.sequence_tower",
+        _require(self.sequence_tower in SEQUENCE_TOWERS, "model.sequence_tower",
                  f"{self.sequence_tower!r} is unknown", "Use none, mean or attention.")
         _require(self.embedding_dtype in EMBEDDING_DTYPE_BYTES, "model.embedding_dtype",
                  f"{self.embedding_dtype!r} is unknown", f"Use one of {tuple(EMBEDDING_DTYPE_BYTES)}.")
@@ -144,13 +149,17 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
+    #: passes over the train split
     epochs: int = 1
     #: learning rate of the dense (MLP) optimizer, Adagrad
     dense_lr: float = 0.05
     #: learning rate of the fused embedding optimizer
     embedding_lr: float = 0.05
+    #: the embedding tables' optimizer (on sharded tables FBGEMM's, fused into the backward)
     embedding_optimizer: str = "rowwise_adagrad"
+    #: seeds the model's initial weights and the order of the train rows
     seed: int = 0
+    #: steps between progress lines and logged training metrics
     log_every_n_steps: int = DEFAULT_LOG_EVERY_N_STEPS
     #: cap on steps per epoch (None: the whole train split)
     max_steps_per_epoch: Optional[int] = None
@@ -198,7 +207,7 @@ class TrainConfig:
                  "'package.module:function'", "Name the module and the function, e.g. 'my_losses:sampled_softmax'.")
         for key, lr in (("train.dense_lr", self.dense_lr), ("train.embedding_lr", self.embedding_lr)):
             _require(math.isfinite(lr) and lr > 0, key, f"{lr} is not a positive finite number", "Use e.g. 0.05.")
-        _require(self.precision in ("fp32", "bf16"), "train.precision", f"{self.precision!r} is unknown",
+        _require(self.precision in PRECISIONS, "train.precision", f"{self.precision!r} is unknown",
                  "Use fp32, or bf16 for the dense layers under autocast.")
         _require(self.compile in COMPILE_CHOICES, "train.compile", f"{self.compile!r} is unknown",
                  f"Use one of {COMPILE_CHOICES}: none (eager), or dense (torch.compile of the dense layers).")
@@ -232,7 +241,9 @@ class ScalingConfig:
     #: it starts with what the cluster grants (up to max) and survives losing workers down to min.
     #: Read as the max; ``min_workers`` holds the min (None: fixed size)
     num_workers: Any = 2
+    #: the elastic job's minimum workers, set from ``num_workers: [min, max]`` (None: a fixed-size job)
     min_workers: Optional[int] = None
+    #: one GPU per worker, NCCL between ranks (false: CPU ranks over gloo)
     use_gpu: bool = False
     #: the GPU nodes' shape the plan assumes while none is up (autoscaling from zero); live GPU nodes win
     gpus_per_node: Optional[int] = None
@@ -327,12 +338,14 @@ class PlannerConfig:
 
 @dataclass(frozen=True)
 class TrackingConfig:
+    #: the MLflow experiment the job's runs go to
     experiment: str = "rayemb"
     #: job outputs (MLflow sqlite store, Ray Train storage); relative paths: see ``resolve_path``. A URI
     #: (s3://bucket/runs) holds job files and checkpoints; MLflow then stays local (rayemb.train.outputs)
     output_dir: str = "runs"
     #: MLflow tracking URI; None means $MLFLOW_TRACKING_URI, else sqlite under output_dir
     tracking_uri: Optional[str] = None
+    #: the MLflow run's name (None: the job's name)
     run_name: Optional[str] = None
 
     def __post_init__(self) -> None:
@@ -342,12 +355,20 @@ class TrackingConfig:
 
 @dataclass(frozen=True)
 class JobConfig:
+    #: the job's name: the MLflow run's name unless tracking.run_name gives one, and what running the job again
+    #: finds (its unfinished run continues)
     name: str
+    #: the dataset and how it is read
     data: DataConfig
+    #: the model trained on the embeddings: a shipped one or a factory of your own
     model: ModelConfig = field(default_factory=ModelConfig)
+    #: epochs, optimizers, losses, checkpoints
     train: TrainConfig = field(default_factory=TrainConfig)
+    #: the Ray Train workers: how many, GPUs, CPUs, memory, failures
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    #: how each table is placed across the ranks
     planner: PlannerConfig = field(default_factory=PlannerConfig)
+    #: MLflow and where job outputs go
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -496,6 +517,22 @@ def resolve_path(path: str) -> str:
     if "://" in path or os.path.isabs(path):
         return path
     return os.path.abspath(os.path.join(os.environ.get(WORKSPACE_ENV_VAR) or os.getcwd(), path))
+
+
+#: the keys that take one of a fixed set of values, and that set (the validation above reads the same constants;
+#: model.name's set is rayemb.model.factory.SHIPPED_MODELS)
+CHOICES: Dict[str, Tuple[Any, ...]] = {
+    "data.id_policy": ID_POLICIES,
+    "model.sequence_tower": SEQUENCE_TOWERS,
+    "model.embedding_dtype": tuple(EMBEDDING_DTYPE_BYTES),
+    "train.embedding_optimizer": EMBEDDING_OPTIMIZERS,
+    "train.precision": PRECISIONS,
+    "train.compile": COMPILE_CHOICES,
+    "train.compile_mode": COMPILE_MODES,
+    "scaling.placement_strategy": PLACEMENT_STRATEGIES,
+    "planner.engine": PLANNER_ENGINES,
+    "planner.objective": PLANNER_OBJECTIVES,
+}
 
 
 __all__: List[str] = [
