@@ -22,7 +22,8 @@ from rayemb.planner.report import load_plan_json, plot_plan, save_plan_json, sum
 from rayemb.planner.tables import criteo_1tb_tables, split_rule, tables_from_schema
 from rayemb.planner.topology import described_topology, topology_from_ray
 from rayemb.planner.traffic import predict_bytes_per_step, predict_table_bytes
-from rayemb.planner.types import ClusterTopology, Placement, PlanResult, TablePin, TableSpec
+from rayemb.planner.pins import TablePin
+from rayemb.planner.types import ClusterTopology, Placement, PlanResult, TableSpec
 
 __all__ = [
     "BytesCostModel", "ClusterTopology", "Placement", "PlanResult", "TablePin", "TableSpec",

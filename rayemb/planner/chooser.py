@@ -21,7 +21,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from rayemb.planner.compression import StoredCost
 from rayemb.planner.cost import OPTIMIZER_STATE_BYTES, BytesCostModel, replicated_bytes_per_rank, table_cost
 from rayemb.planner.step_time import Calibration, StepTimePrediction, _group_of, predict_step_time
-from rayemb.planner.types import ClusterTopology, Cost, Placement, PlacementChooser, TablePin, TableSpec
+from rayemb.planner.pins import TablePin
+from rayemb.planner.types import ClusterTopology, Cost, Placement, PlacementChooser, TableSpec
 
 logger = logging.getLogger(__name__)
 

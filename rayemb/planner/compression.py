@@ -42,7 +42,8 @@ import numpy as np
 
 from rayemb.embedding.compression_math import CompressionSpec, qr_buckets, qr_dims, qr_rows
 from rayemb.errors import PlanError
-from rayemb.planner.types import INVALID_PIN, ClusterTopology, Cost, Placement, TablePin, TableSpec
+from rayemb.planner.pins import TablePin
+from rayemb.planner.types import INVALID_PIN, ClusterTopology, Cost, Placement, TableSpec
 
 COMPRESSIONS = ("none", "qr", "block")
 KERNELS = ("fused", "cached")

@@ -54,6 +54,7 @@ from rayemb.planner.compression import (
     projection_elements,
     sharded_spec,
 )
+from rayemb.planner.pins import TablePin
 from rayemb.planner.types import (
     INSUFFICIENT_STORAGE,
     INVALID_PIN,
@@ -62,7 +63,6 @@ from rayemb.planner.types import (
     Cost,
     Placement,
     PlacementChooser,
-    TablePin,
     TableSpec,
 )
 from rayemb.planner.traffic import predict_table_bytes

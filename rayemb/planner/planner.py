@@ -43,6 +43,7 @@ from rayemb.errors import PlanError
 from rayemb.planner.assigners import GreedyRankAssigner
 from rayemb.planner.compression import StoredCost, auto_options, has_host_tier, host_capacity_bytes
 from rayemb.planner.cost import BytesCostModel, storage_cost, table_bytes, table_memory
+from rayemb.planner.pins import TablePin, parse_pins
 from rayemb.planner.types import (
     INSUFFICIENT_STORAGE,
     INVALID_PIN,
@@ -54,10 +55,8 @@ from rayemb.planner.types import (
     PlanResult,
     RankAssigner,
     RankUsage,
-    TablePin,
     TablePlan,
     TableSpec,
-    parse_pins,
 )
 
 logger = logging.getLogger(__name__)

@@ -33,6 +33,7 @@ from rayemb.embedding.sharders import CpuCapableEmbeddingBagCollectionSharder, c
 from rayemb.errors import PlanError
 from rayemb.planner.cost import OPTIMIZER_STATE_BYTES
 from rayemb.planner.proposers import MemoryBinnedKnapsackProposer
+from rayemb.planner.pins import TablePin
 from rayemb.planner.types import (
     INSUFFICIENT_STORAGE,
     INVALID_PIN,
@@ -42,7 +43,6 @@ from rayemb.planner.types import (
     GiB,
     Placement,
     PlanResult,
-    TablePin,
     TableSpec,
 )
 

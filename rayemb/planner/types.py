@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rayemb.errors import PlanError
 from rayemb.placements import HYBRID_COLD_PLACEMENTS, Placement
+
+if TYPE_CHECKING:
+    from rayemb.planner.pins import TablePin
 
 GiB: int = 1024**3
 GB_S: float = 1e9  # bytes per second in one GB/s
@@ -175,77 +178,9 @@ class TableSpec:
         return self.rows - self.hot_rows
 
 
-# ---- PLACEMENTS AND PINS ---- #
-
-
-# Placement and HYBRID_COLD_PLACEMENTS live in rayemb.placements (the embedding modules name them too); they are
-# part of the planner's vocabulary, imported from here.
-#: pin keys of compressed and cached tables (rayemb.planner.compression)
-STORAGE_PIN_KEYS = ("compression", "buckets", "combine", "block_dim", "kernel", "cache_load_factor")
-
-
-@dataclass(frozen=True)
-class TablePin:
-    """A user's per-table constraint (config ``tables: {C1: {sharding: row_wise, hybrid: false}}``).
-
-    ``sharding`` forces a placement (any :class:`Placement` value);
-    ``hybrid`` False forbids, True requires the hybrid placement;
-    ``compute_kernel`` is passed to TorchRec (e.g. ``fused``, ``fused_uvm_caching``); ``storage`` holds
-    the :data:`STORAGE_PIN_KEYS` as given (checked by :mod:`rayemb.planner.compression`).
-    """
-
-    sharding: Optional[Placement] = None
-    hybrid: Optional[bool] = None
-    compute_kernel: Optional[str] = None
-    storage: Tuple[Tuple[str, Any], ...] = ()
-
-    @classmethod
-    def from_dict(cls, table: str, d: Mapping[str, Any]) -> "TablePin":
-        known = {"sharding", "hybrid", "compute_kernel", *STORAGE_PIN_KEYS}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise PlanError(
-                f"Pin for table {table!r} has unknown key(s) {unknown}; known keys are {sorted(known)}, "
-                "e.g. {sharding: row_wise, hybrid: false, compute_kernel: fused}.", INVALID_PIN)
-        sharding = d.get("sharding")
-        if sharding is not None:
-            try:
-                sharding = Placement(str(sharding))
-            except ValueError:
-                raise PlanError(
-                    f"Pin for table {table!r} asks for sharding {sharding!r}, which is not a placement; "
-                    f"use one of {[p.value for p in Placement]}.", INVALID_PIN) from None
-        hybrid = d.get("hybrid")
-        if hybrid is not None and not isinstance(hybrid, bool):
-            raise PlanError(f"Pin for table {table!r}: hybrid must be true or false, got {hybrid!r}.", INVALID_PIN)
-        if sharding is not None and hybrid is not None and (sharding == Placement.HYBRID) != hybrid:
-            raise PlanError(
-                f"Pin for table {table!r} contradicts itself: sharding={sharding.value} with hybrid={hybrid}. "
-                "Drop one of the two keys.", INVALID_PIN)
-        kernel = d.get("compute_kernel")
-        return cls(sharding=sharding, hybrid=hybrid, compute_kernel=None if kernel is None else str(kernel),
-                   storage=tuple((k, d[k]) for k in STORAGE_PIN_KEYS if k in d))
-
-    def allows(self, placement: Placement) -> bool:
-        if self.sharding is not None:
-            return placement == self.sharding
-        if self.hybrid is True:
-            return placement == Placement.HYBRID
-        if self.hybrid is False:
-            return placement != Placement.HYBRID
-        return True
-
-
-def parse_pins(pins: Optional[Mapping[str, Any]], table_names: Sequence[str]) -> Dict[str, TablePin]:
-    """``{name: TablePin}`` from a plain mapping (config ``tables:`` section); unknown tables are an error."""
-    out: Dict[str, TablePin] = {}
-    for name, d in (pins or {}).items():
-        if name not in table_names:
-            raise PlanError(
-                f"A pin names table {name!r}, which is not among the dataset's sparse features "
-                f"{list(table_names)[:8]}{'...' if len(table_names) > 8 else ''}. Fix the table name.", INVALID_PIN)
-        out[name] = d if isinstance(d, TablePin) else TablePin.from_dict(name, d or {})
-    return out
+# ---- PLACEMENTS ---- #
+# Placement and HYBRID_COLD_PLACEMENTS (imported above) live in rayemb.placements: the embedding modules name them
+# too. A user's pins on placements (TablePin, parse_pins) are rayemb.planner.pins.
 
 
 # ---- COST ---- #
@@ -429,6 +364,6 @@ class RankAssigner(abc.ABC):
 __all__ = [
     "GiB", "GB_S", "PLAN_SCHEMA_VERSION", "INSUFFICIENT_STORAGE", "INVALID_PIN", "INVALID_TOPOLOGY",
     "INVALID_PLAN_FILE", "STORAGE_REMEDIES", "ClusterTopology", "TableSpec", "Placement", "HYBRID_COLD_PLACEMENTS",
-    "STORAGE_PIN_KEYS", "TablePin", "parse_pins", "Cost", "TablePlan", "RankUsage", "PlanResult",
+    "Cost", "TablePlan", "RankUsage", "PlanResult",
     "PlacementChooser", "RankAssigner",
 ]

@@ -29,7 +29,8 @@ import numpy as np
 from rayemb.config import JobConfig
 from rayemb.data.schema import DatasetSchema
 from rayemb.errors import PlanError
-from rayemb.planner.types import INVALID_PIN, TablePin, parse_pins
+from rayemb.planner.pins import TablePin, parse_pins
+from rayemb.planner.types import INVALID_PIN
 
 #: where the embedding module sits in the DLRM (prefix of its sharding plan keys)
 EMBEDDING_MODULE = "embedding"

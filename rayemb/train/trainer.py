@@ -39,7 +39,7 @@ from rayemb.logs import redact_uri
 from rayemb.model.factory import model_spec, user_loss
 from rayemb.planner.tables import split_rule
 from rayemb.planner.topology import resize_topology
-from rayemb.planner.types import parse_pins
+from rayemb.planner.pins import parse_pins
 from rayemb.publish import resolve_dataset
 from rayemb.train.artifacts import log_charts, log_plan, log_stats_and_split, to_json
 from rayemb.train.data_loader import split_steps

@@ -30,7 +30,8 @@ from rayemb.planner.report import load_plan_json, save_plan_json, summary_table
 from rayemb.planner.chooser import StepTimeCostModel
 from rayemb.planner.step_time import DEFAULT_CALIBRATION
 from rayemb.planner.topology import described_topology
-from rayemb.planner.types import STORAGE_REMEDIES, Placement, TablePin, TableSpec
+from rayemb.planner.pins import TablePin
+from rayemb.planner.types import STORAGE_REMEDIES, Placement, TableSpec
 
 MiB = 2**20
 V, E = 1_048_576, 512  # the reference table: 2 GiB of fp32 rows

@@ -92,7 +92,7 @@ def test_chooser_never_worse_than_the_bytes_choice():
 
 
 def test_pins_are_honoured():
-    from rayemb.planner.types import parse_pins
+    from rayemb.planner.pins import parse_pins
 
     tables = _tables()
     pins = parse_pins({"big1": {"sharding": "row_wise"}}, [t.name for t in tables])
@@ -168,7 +168,7 @@ def test_all_reduce_and_all_to_all_overlap_on_the_wire():
 def test_fully_hot_table_pinned_hybrid_is_data_parallel():
     """A hot set holding every row leaves no cold half to shard: the pin means all rows replicated."""
     from rayemb.planner.cost import BytesCostModel
-    from rayemb.planner.types import parse_pins
+    from rayemb.planner.pins import parse_pins
 
     tables = [TableSpec("tiny", rows=18, dim=16, hot_rows=18, hot_share=1.0),
               TableSpec("big", rows=100_000, dim=16, hot_rows=100, hot_share=0.8)]
