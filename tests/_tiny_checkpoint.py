@@ -19,7 +19,8 @@ def write_checkpoint(directory: str, schema: Any, model_cfg: Dict[str, Any], see
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from rayemb.checkpoint.store import DCP_METADATA, FORMAT, META_FILE
+    from rayemb.checkpoint.reader import FORMAT, META_FILE
+    from rayemb.checkpoint.safe_reader import DCP_METADATA
     from rayemb.serve.model import _table_of, build_inference_model
 
     torch.manual_seed(seed)

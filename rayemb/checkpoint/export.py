@@ -36,7 +36,7 @@ import torch
 from rayemb import storage
 from rayemb.checkpoint.meta import CheckpointMeta
 from rayemb.checkpoint.safe_reader import SafeFileSystemReader
-from rayemb.checkpoint.store import META_FILE, read_unsharded, verify
+from rayemb.checkpoint.reader import META_FILE, read_unsharded, verify
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
 

@@ -22,7 +22,7 @@ exchange. :func:`mapped_rows` reads the same files without that copy:
 
 Only the layout rayemb writes is read this way: row-sharded pieces of whole
 rows (:func:`rayemb.checkpoint.store.save_logical`). Run
-:func:`rayemb.checkpoint.store.verify` first: a file's size and SHA-256 are
+:func:`rayemb.checkpoint.reader.verify` first: a file's size and SHA-256 are
 checked there, before anything is mapped.
 
 Example::

@@ -33,14 +33,8 @@ files beside ``directory`` (:mod:`rayemb.checkpoint.staging`) and one
 anonymous memory a rank adds is the exchange's rounds (a few times
 ``chunk_mib``), whatever the size of the tables; the rest is page cache.
 
-Checkpoints may live on remote storage (``s3://bucket/runs/ray_results/<job>/checkpoint_...``,
-where Ray Train uploads them): :func:`read_meta`, :func:`verify` and
-:func:`checkpoints_newest_first` read them there (hashes streamed, nothing
-downloaded); loading needs a local copy (:func:`rayemb.storage.local_copy`).
-A read the store does not answer (an ``OSError`` other than a missing file) is
-tried again with exponential backoff (:data:`STORAGE_TRIES`, :data:`STORAGE_RETRY_S`), then
-raised as a :class:`DataError` (``storage``) naming the checkpoint: it never
-makes a checkpoint look absent.
+Reading one without a process group (its meta.json, :func:`~rayemb.checkpoint.reader.verify`,
+its tensors, on local or remote storage) is :mod:`rayemb.checkpoint.reader`.
 """
 
 from __future__ import annotations
@@ -50,35 +44,25 @@ import hashlib
 import json
 import logging
 import os
-import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from rayemb import storage
 from rayemb.checkpoint.exchange import Allocator, gather_canonical, row_range, scatter_canonical
 from rayemb.checkpoint.layout import (DTYPE_NAMES, MOMENTUM, WEIGHT, Slot, dense_entries, model_slots,
                                       set_step_counters, stored_tables, table_dtypes)
 from rayemb.checkpoint.mapped import mapped_rows
+from rayemb.checkpoint.meta import CheckpointMeta
+from rayemb.checkpoint.reader import FORMAT, META_FILE, verify
 from rayemb.checkpoint.safe_reader import DCP_METADATA, SafeFileSystemReader
 from rayemb.checkpoint.staging import Staging
 from rayemb.errors import DataError
-from rayemb.logs import redact_uri
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "rayemb-logical-v1"
-META_FILE = "meta.json"
-#: a checkpoint read the store did not answer is tried up to STORAGE_TRIES times, waiting
-#: STORAGE_RETRY_FIRST_S, then twice as long each time, for at most STORAGE_RETRY_S in all; then it fails
-STORAGE_TRIES = 5
-STORAGE_RETRY_FIRST_S = 1.0
-STORAGE_RETRY_S = 60.0
 #: MiB of rows a rank sends in one round of a save's or load's exchange (``train.checkpoint_chunk_mib``)
 DEFAULT_CHUNK_MIB = 64
-
-_T = TypeVar("_T")
 
 
 def table_key(table: str, state: str) -> str:
@@ -238,103 +222,6 @@ def model_compression(model: Any) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def _io_error(path: str, e: OSError) -> DataError:
-    """A local filesystem error as the ``storage`` error a remote one is (retried, never a verdict)."""
-    return DataError(f"Cannot read {redact_uri(path)!r} ({type(e).__name__}: {e}). Check that the filesystem "
-                     "holding it is mounted and readable from this process.", category="storage")
-
-
-def with_storage_retries(fn: Callable[[], _T], directory: str) -> _T:
-    """``fn()``, tried again with exponential backoff while it raises :class:`DataError` ``storage``.
-
-    The store not answering says nothing about the checkpoint ``directory``: after
-    :data:`STORAGE_TRIES` tries (or :data:`STORAGE_RETRY_S`) the last error is raised,
-    naming the checkpoint. Other errors (a corrupt checkpoint) are raised at once.
-    """
-    from rayemb.tracking.backoff import Backoff
-
-    backoff = Backoff(initial_s=STORAGE_RETRY_FIRST_S, max_s=max(STORAGE_RETRY_S, STORAGE_RETRY_FIRST_S))
-    start, tries = time.monotonic(), 0
-    while True:
-        tries += 1
-        try:
-            return fn()
-        except DataError as e:
-            if e.category != "storage":
-                raise
-            last = e
-        delay = backoff.next_delay_s(finishing=False)
-        if tries >= STORAGE_TRIES or time.monotonic() - start + delay > STORAGE_RETRY_S:
-            break
-        logger.warning("checkpoint %s: the store did not answer (%s); trying again in %.1f s",
-                       redact_uri(directory), last.message.split(". ", 1)[0], delay)
-        time.sleep(delay)
-    raise DataError(f"Checkpoint {redact_uri(directory)!r} could not be read: the store did not answer in {tries} "
-                    f"tries over {time.monotonic() - start:.0f} s. {last.message} This says nothing about the "
-                    "checkpoint itself: run again when the store answers.", category="storage")
-
-
-def _read_meta_once(directory: str) -> Optional[Dict[str, Any]]:
-    path = storage.join(directory, META_FILE)
-    try:
-        raw = storage.read_bytes(path)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return None
-    except OSError as e:
-        raise _io_error(path, e) from None
-    try:
-        meta = json.loads(raw.decode("utf-8"))
-    except ValueError:  # JSON or UTF-8: a damaged meta.json is not a checkpoint
-        return None
-    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
-
-
-def read_meta(directory: str) -> Optional[Dict[str, Any]]:
-    """``meta.json`` of a checkpoint; None when there is none or it is not one of :data:`FORMAT` (damaged).
-
-    A store that does not answer is tried again, then :class:`DataError` ``storage`` (never None).
-    """
-    return with_storage_retries(lambda: _read_meta_once(directory), directory)
-
-
-def verify(directory: str, hashes: bool = True, shown: Optional[str] = None) -> Dict[str, Any]:
-    """``meta.json`` of a complete, intact checkpoint; :class:`DataError` (``bad_checkpoint``) naming what is wrong.
-
-    Checks every file ``meta.json`` lists exists with its size and (``hashes``) its SHA-256.
-    ``directory`` may be a URI: sizes from the store, hashes streamed. ``shown``: the
-    name messages use (e.g. the URI a local download came from). A store that does not
-    answer is tried again, then :class:`DataError` ``storage``.
-    """
-    return with_storage_retries(lambda: _verify_once(directory, hashes, shown), shown or directory)
-
-
-def _verify_once(directory: str, hashes: bool, shown: Optional[str]) -> Dict[str, Any]:
-    fix = ("Use another checkpoint_* directory (an earlier one of the same job), or start fresh without "
-           "--resume-from / train.resume_from.")
-    shown = redact_uri(shown or directory)
-    if not storage.isdir(directory):
-        raise DataError(f"Checkpoint {shown!r} does not exist. {fix}", category="bad_checkpoint")
-    meta = _read_meta_once(directory)
-    if meta is None:
-        raise DataError(f"Checkpoint {shown!r} has no readable {META_FILE} of format {FORMAT} (an incomplete "
-                        f"write, or not a rayemb checkpoint). {fix}", category="bad_checkpoint")
-    problems = []
-    for name, info in sorted(meta.get("files", {}).items()):
-        path = storage.join(directory, name)
-        size = storage.size_and_mtime_ns(path)[0] if storage.isfile(path) else None
-        if size is None:
-            problems.append(f"{name} is missing")
-        elif size != info["bytes"]:
-            problems.append(f"{name} has {size} bytes, {info['bytes']} were written")
-        elif hashes and storage.sha256(path) != info["sha256"]:
-            problems.append(f"{name} is corrupt (SHA-256 differs from the one written)")
-    if DCP_METADATA not in meta.get("files", {}):
-        problems.append(f"{DCP_METADATA} is not listed")
-    if problems:
-        raise DataError(f"Checkpoint {shown!r}: {'; '.join(problems)}. {fix}", category="bad_checkpoint")
-    return meta
-
-
 def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
                  tables: Mapping[str, Tuple[int, int]], meta: Optional[Mapping[str, Any]] = None,
                  chunk_mib: Optional[float] = DEFAULT_CHUNK_MIB) -> Dict[str, Any]:
@@ -395,7 +282,7 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
             value.copy_(request[key].to(value.device))
     # a hybrid raw-id table's hot rows are replicated state: written with the state dicts
     raw_parts = rank_parts(directory, meta, model, model_state, optim_state["state"]) if raw else []
-    set_step_counters(optim_state["state"], int(meta.get("step", 0)))
+    set_step_counters(optim_state["state"], CheckpointMeta.from_dict(meta, shown=directory).step)
     model.load_state_dict(model_state)
     optimizer.load_state_dict(optim_state)
     if raw:  # after the state dicts: the raw tables' slots and rows are written in place
@@ -418,60 +305,4 @@ def _row_mean(rows: torch.Tensor) -> torch.Tensor:
     return rows.mean(dim=1)
 
 
-def _shapes(md: Any) -> Dict[str, List[int]]:
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    return {k: list(v.size) for k, v in md.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
-
-
-def state_shapes(directory: str, shown: Optional[str] = None) -> Dict[str, List[int]]:
-    """Global shape of every tensor in a DCP checkpoint (from ``.metadata``, read safely; no tensor data read)."""
-    return _shapes(SafeFileSystemReader(directory, shown).metadata())
-
-
-def read_unsharded(directory: str, keys: Optional[List[str]] = None, shown: Optional[str] = None
-                   ) -> Dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint (or ``keys``) as a full plain tensor, without a process group.
-
-    ``shown``: the name messages use for ``directory`` (e.g. the URI a download came from).
-    """
-    import torch.distributed.checkpoint as dcp
-
-    reader = SafeFileSystemReader(directory, shown)
-    entries = reader.metadata().state_dict_metadata
-    out = {k: torch.zeros(list(v.size), dtype=v.properties.dtype)
-           for k, v in entries.items() if keys is None or k in keys}
-    dcp.load(out, storage_reader=reader, no_dist=True)
-    return out
-
-
-def _entries(parent: str) -> List[str]:
-    """Names under ``parent``; [] when it does not exist, :class:`DataError` ``storage`` when it cannot be listed."""
-    if storage.is_remote(parent):
-        return storage.listdir(parent)
-    try:
-        return sorted(os.listdir(parent))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    except OSError as e:
-        raise _io_error(parent, e) from None
-
-
-def checkpoints_newest_first(parent: str) -> List[str]:
-    """Complete-looking logical checkpoints directly under ``parent`` (those with a meta.json), newest step first.
-
-    ``parent`` may be a URI; the checkpoints are then URIs too. A store that does not
-    answer is tried again, then :class:`DataError` ``storage`` (never an empty list).
-    """
-    found = []
-    remote = storage.is_remote(parent)
-    for name in with_storage_retries(lambda: _entries(parent), parent):
-        path = storage.join(parent, name)
-        meta = read_meta(path) if remote or os.path.isdir(path) else None
-        if meta is not None:
-            found.append((int(meta.get("step", -1)), name, path))
-    return [p for _, _, p in sorted(found, reverse=True)]
-
-
-__all__ = ["DEFAULT_CHUNK_MIB", "FORMAT", "META_FILE", "STORAGE_RETRY_S", "STORAGE_TRIES", "checkpoints_newest_first", "load_logical",
-           "read_meta", "read_unsharded", "save_logical", "state_shapes", "table_key", "verify", "with_storage_retries"]
+__all__ = ["DEFAULT_CHUNK_MIB", "load_logical", "model_compression", "save_logical", "table_key"]

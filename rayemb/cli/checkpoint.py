@@ -47,7 +47,7 @@ def checkpoint_main(args: argparse.Namespace) -> int:
               f"{redact_uri(args.out)} ({meta['world_size']} ranks, {len(meta['tables'])} tables)")
         return 0
     from rayemb.checkpoint.meta import CheckpointMeta
-    from rayemb.checkpoint.store import verify
+    from rayemb.checkpoint.reader import verify
 
     meta = verify(args.checkpoint)
     written = CheckpointMeta.from_dict(meta, shown=f"Checkpoint {redact_uri(args.checkpoint)!r}").to_dict()

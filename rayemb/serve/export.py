@@ -94,7 +94,7 @@ def _schema_of(cfg: JobConfig, where: str) -> tuple:
 
 
 def _verified(checkpoint: str, where: str) -> Dict[str, Any]:
-    from rayemb.checkpoint.store import verify
+    from rayemb.checkpoint.reader import verify
 
     try:
         return verify(checkpoint)

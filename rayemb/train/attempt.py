@@ -17,7 +17,7 @@ def claim_attempt(inputs: JobInputs, new_run: bool = False) -> JobInputs:
     """This driver's attempt of the job (:func:`rayemb.train.job_record.claim`), and for a continued run the
     newest intact checkpoint of its own folder to resume from (its tables checked like ``--resume-from``)."""
     from rayemb.checkpoint.meta import CheckpointMeta
-    from rayemb.checkpoint.store import checkpoints_newest_first, read_meta
+    from rayemb.checkpoint.reader import checkpoints_newest_first, read_meta
     from rayemb.train.job_record import claim
 
     cfg = inputs.cfg

@@ -16,7 +16,7 @@ the previous one (Ray Train keeps ``train.keep_checkpoints``); an explicit
 ``--resume-from`` that fails is an error (the driver checks it first). A store
 that does not answer is not a damaged checkpoint: listing, reading and
 downloading are tried again with backoff
-(:data:`rayemb.checkpoint.store.STORAGE_RETRY_S`), then the resume fails
+(:data:`rayemb.checkpoint.reader.STORAGE_RETRY_S`), then the resume fails
 naming the checkpoint (:class:`~rayemb.errors.DataError` ``storage``) instead
 of falling back or starting from scratch.
 
@@ -83,7 +83,7 @@ def _candidates(resume_from: Optional[str], checkpoint_root: Optional[str]) -> T
     import ray.train
 
     from rayemb import storage
-    from rayemb.checkpoint.store import checkpoints_newest_first, read_meta
+    from rayemb.checkpoint.reader import checkpoints_newest_first, read_meta
 
     checkpoint = ray.train.get_checkpoint()
     registered = None
@@ -119,7 +119,7 @@ def _node_copy(path: str, nonce: str) -> str:
     import shutil
 
     from rayemb import storage
-    from rayemb.checkpoint.store import with_storage_retries
+    from rayemb.checkpoint.reader import with_storage_retries
 
     if not storage.is_remote(path):
         return path
@@ -162,7 +162,8 @@ def restore(model: Any, optimizer: Any, remapper: Any, tables: Mapping[str, Tupl
 
     import torch.distributed as dist
 
-    from rayemb.checkpoint.store import DEFAULT_CHUNK_MIB, load_logical, verify
+    from rayemb.checkpoint.reader import verify
+    from rayemb.checkpoint.store import DEFAULT_CHUNK_MIB, load_logical
     from rayemb.errors import DataError
 
     rank = dist.get_rank()
@@ -255,7 +256,7 @@ def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, CheckpointMe
     """
     if not cfg.train.resume_from:
         return None
-    from rayemb.checkpoint.store import verify
+    from rayemb.checkpoint.reader import verify
     from rayemb.config import resolve_path
     from rayemb.errors import DataError
 

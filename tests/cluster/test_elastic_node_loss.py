@@ -47,7 +47,7 @@ def two_node_cluster():
 
 
 def test_elastic_job_survives_losing_a_node(two_node_cluster, tiny_data, tmp_path, monkeypatch):
-    from rayemb.checkpoint.store import verify
+    from rayemb.checkpoint.reader import verify
     from rayemb.errors import DataError
     from rayemb.train.trainer import run_training
 

@@ -88,7 +88,7 @@ def _client_env(cluster: EmulatedCluster):
 def _newest_intact(root: str, at_least: int = 0):
     """(path, meta) of the newest checkpoint under ``root`` whose files are all there, at or after a step."""
     from rayemb import storage
-    from rayemb.checkpoint.store import checkpoints_newest_first, verify
+    from rayemb.checkpoint.reader import checkpoints_newest_first, verify
     from rayemb.errors import DataError
 
     if not storage.isdir(root):
@@ -135,7 +135,7 @@ def test_job_survives_losing_its_head_node(where, tiny_data, tmp_path, monkeypat
     from mlflow import MlflowClient
 
     from rayemb import storage
-    from rayemb.checkpoint.store import verify
+    from rayemb.checkpoint.reader import verify
     from rayemb.train.job_record import read_record
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -178,7 +178,7 @@ def test_the_plan_places_raw_tables_row_wise_or_hybrid_with_their_managed_rows_i
 
 def test_the_job_model_trains_raw_and_encoded_tables_and_checkpoints_them(job):
     from rayemb.checkpoint.raw_files import raw_tables_of
-    from rayemb.checkpoint.store import verify
+    from rayemb.checkpoint.reader import verify
 
     trained = job["trained"]
     losses = np.mean([r["losses"] for r in trained], axis=0)
@@ -204,7 +204,7 @@ def test_the_job_model_trains_raw_and_encoded_tables_and_checkpoints_them(job):
     assert parts[0]["meta.counts"][on0].min() >= max(p["meta.counts"][~np.isin(p["ids"], hot)].max() for p in parts)
     assert trained[0]["evictions"] == {"S1": 0, "U1": 0}  # room for every id
     # the raw tables' slots and rows are in the raw parts only: no DCP entry of theirs
-    from rayemb.checkpoint.store import state_shapes
+    from rayemb.checkpoint.reader import state_shapes
 
     keys = state_shapes(job["checkpoint"])
     assert not [k for k in keys if "U1" in k or "S1" in k or "_managed_collision" in k], keys
@@ -227,7 +227,7 @@ def test_the_job_model_trains_raw_and_encoded_tables_and_checkpoints_them(job):
 
 def test_every_raw_id_scores_the_same_on_3_ranks_resharded_and_back_on_2(job):
     from rayemb.checkpoint.raw_files import raw_tables_of
-    from rayemb.checkpoint.store import read_meta
+    from rayemb.checkpoint.reader import read_meta
     from rayemb.embedding.raw_ids import raw_ids_to_int64
 
     probe = _probe_ids()

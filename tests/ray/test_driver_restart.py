@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rayemb.checkpoint.store import checkpoints_newest_first, verify
+from rayemb.checkpoint.reader import checkpoints_newest_first, verify
 from rayemb.errors import DataError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

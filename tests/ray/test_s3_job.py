@@ -31,7 +31,7 @@ from sklearn.metrics import roc_auc_score
 
 from rayemb import storage
 from rayemb.checkpoint.export import unsharded_state
-from rayemb.checkpoint.store import checkpoints_newest_first
+from rayemb.checkpoint.reader import checkpoints_newest_first
 from rayemb.publish import resolve
 from rayemb.cli import main as rayemb_main
 from rayemb.config import load_config

@@ -18,7 +18,8 @@ from _tiny_checkpoint import tiny_model
 
 from rayemb.batch_shape import BatchShape
 from rayemb.checkpoint.meta import CheckpointMeta
-from rayemb.checkpoint.store import META_FILE, read_meta, save_logical
+from rayemb.checkpoint.reader import META_FILE, read_meta
+from rayemb.checkpoint.store import save_logical
 from rayemb.errors import DataError
 from rayemb.train.resume import position_from_meta
 

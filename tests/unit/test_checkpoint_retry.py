@@ -17,8 +17,9 @@ from _tiny_checkpoint import tiny_model
 
 from rayemb.batch_shape import BatchShape
 from rayemb import storage
-from rayemb.checkpoint import store
-from rayemb.checkpoint.store import checkpoints_newest_first, read_meta, save_logical, verify
+from rayemb.checkpoint import reader
+from rayemb.checkpoint.reader import checkpoints_newest_first, read_meta, verify
+from rayemb.checkpoint.store import save_logical
 from rayemb.errors import DataError
 
 BUCKET = "retry"
@@ -94,7 +95,7 @@ def s3(server, monkeypatch):
     for k, v in server.env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(storage, "filesystem", _one_attempt(storage.filesystem))
-    monkeypatch.setattr(store, "STORAGE_RETRY_FIRST_S", 0.1)
+    monkeypatch.setattr(reader, "STORAGE_RETRY_FIRST_S", 0.1)
     yield server
     if not server.up:
         server.start()
@@ -103,7 +104,7 @@ def s3(server, monkeypatch):
 @pytest.fixture
 def restart_on_retry(server):
     handler = _StartOnFirstRetry(server)
-    logger = logging.getLogger("rayemb.checkpoint.store")
+    logger = logging.getLogger("rayemb.checkpoint.reader")
     logger.addHandler(handler)
     yield handler
     logger.removeHandler(handler)
@@ -123,7 +124,7 @@ def _fake_checkpoint(path, step: int) -> None:
         payload = (name * 40).encode()
         (path / name).write_bytes(payload)
         listed[name] = {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
-    (path / "meta.json").write_text(json.dumps({"format": store.FORMAT, "world_size": 1, "step": step, "epoch": 0,
+    (path / "meta.json").write_text(json.dumps({"format": reader.FORMAT, "world_size": 1, "step": step, "epoch": 0,
                                                 "files": listed, "tables": {}}))
 
 
@@ -149,7 +150,7 @@ def test_a_store_that_stays_down_is_an_error_naming_the_checkpoint(s3, tmp_path,
     from rayemb.config import load_config
     from rayemb.train.resume import check_resume_from
 
-    monkeypatch.setattr(store, "STORAGE_TRIES", 2)
+    monkeypatch.setattr(reader, "STORAGE_TRIES", 2)
     _fake_checkpoint(tmp_path / "job" / "checkpoint_a", 10)
     root = storage.join(_root(request), "job")
     storage.upload_dir(str(tmp_path / "job"), root)
@@ -181,7 +182,7 @@ def test_resume_falls_back_past_damaged_checkpoints_but_not_past_an_unreachable_
     from rayemb.train.resume import restore
 
     monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)  # a job's first start: Ray Train hands none
-    monkeypatch.setattr(store, "STORAGE_TRIES", 2)
+    monkeypatch.setattr(reader, "STORAGE_TRIES", 2)
     weights = {}
     for step in (10, 20, 30):
         model, opt = tiny_model(step)

@@ -9,7 +9,7 @@ import pytest
 
 from rayemb.batch_shape import BatchShape
 from rayemb.checkpoint.exchange import row_range
-from rayemb.checkpoint.store import FORMAT, checkpoints_newest_first, verify
+from rayemb.checkpoint.reader import FORMAT, checkpoints_newest_first, verify
 from rayemb.config import load_config
 from rayemb.errors import ConfigError, DataError
 from rayemb.train.resume import position_from_meta

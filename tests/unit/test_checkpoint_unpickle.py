@@ -23,7 +23,8 @@ import torch.distributed as dist
 from _tiny_checkpoint import tiny_model
 
 from rayemb.checkpoint.safe_reader import ALLOWED_GLOBALS, SafeFileSystemReader, load_metadata
-from rayemb.checkpoint.store import load_logical, read_unsharded, save_logical, verify
+from rayemb.checkpoint.reader import read_unsharded, verify
+from rayemb.checkpoint.store import load_logical, save_logical
 from rayemb.errors import DataError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,7 +14,7 @@ import pytest
 from _servers import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, MotoS3Server, free_port
 
 from rayemb import storage
-from rayemb.checkpoint.store import FORMAT, checkpoints_newest_first, read_meta, verify
+from rayemb.checkpoint.reader import FORMAT, checkpoints_newest_first, read_meta, verify
 from rayemb.config import load_config
 from rayemb.data.fingerprint import dataset_fingerprint
 from rayemb.data.schema import DatasetSchema, SparseFeature, count_rows, load_checked, parquet_files
