@@ -1,8 +1,9 @@
-"""The package's shape: no import cycles, no module too big to read, light packages stay light.
+"""The package's shape: imports go down the layers, no import cycles, no module too big to read, light packages
+stay light.
 
 The import graph is read from the source with ``ast`` (module-level and
-function-level imports alike, ``TYPE_CHECKING`` blocks excluded), so a cycle is
-found even where a lazy import hides it at run time.
+function-level imports alike, ``TYPE_CHECKING`` blocks excluded), so a cycle or
+an upward import is found even where a lazy import hides it at run time.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import pytest
 
@@ -24,6 +25,26 @@ MAX_MODULE_LINES = 800
 NEAR_CAP = 0.02
 #: commits in a row (of those changing the module) that may leave it just under the cap
 NEAR_CAP_COMMITS = 2
+
+
+#: rayemb's top-level packages and modules, bottom layer first: each imports only from the layers below its own
+#: (a name imported from the facade ``rayemb/__init__.py`` counts as the module that defines it). Packages that
+#: share a layer do not import each other. A new top-level package or module gets its place here.
+LAYERS: List[Tuple[str, ...]] = [
+    ("errors", "units", "constants", "_version", "batch_shape", "placements", "logs", "multiprocess", "_ray"),
+    ("storage",),
+    ("publish",),
+    ("embedding",),  # TorchRec modules: tables, hybrid, compression, sequences
+    ("model", "planner"),  # the model contract and factory; the pure planner (sizes tables with embedding/)
+    ("config",),  # validates names against the model factory and the embedding's options
+    ("config_reference", "tracking"),
+    ("data",),
+    ("checkpoint", "convert", "models"),
+    ("train",),
+    ("api", "serve"),
+    ("cli",),
+    ("rayemb", "__main__"),  # the facade (rayemb/__init__.py) and `python -m rayemb`
+]
 
 
 def _module_name(path: Path) -> str:
@@ -44,8 +65,13 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(path: Path, module: str, known: Set[str]) -> Set[str]:
-    """rayemb modules that ``module`` imports anywhere in its body (TYPE_CHECKING blocks excluded)."""
+def _imports(path: Path, module: str, known: Set[str], facade: Optional[Mapping[str, str]] = None) -> Set[str]:
+    """rayemb modules that ``module`` imports anywhere in its body (TYPE_CHECKING blocks excluded).
+
+    ``facade``: name -> defining module of what ``rayemb/__init__.py`` re-exports; given, ``from rayemb import
+    Name`` is an import of the module defining ``Name``, and a bare ``import rayemb`` (the package, loaded with
+    any of its modules) is none.
+    """
     tree = ast.parse(path.read_text())
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found: Set[str] = set()
@@ -66,7 +92,8 @@ def _imports(path: Path, module: str, known: Set[str]) -> Set[str]:
             return
         if isinstance(node, ast.Import):
             for alias in node.names:
-                resolve(alias.name)
+                if facade is None or alias.name != "rayemb":
+                    resolve(alias.name)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -74,7 +101,10 @@ def _imports(path: Path, module: str, known: Set[str]) -> Set[str]:
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
             for alias in node.names:
-                resolve(f"{base}.{alias.name}")
+                if facade is not None and base == "rayemb" and alias.name in facade:
+                    resolve(facade[alias.name])
+                else:
+                    resolve(f"{base}.{alias.name}")
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -83,10 +113,43 @@ def _imports(path: Path, module: str, known: Set[str]) -> Set[str]:
     return found
 
 
-def _graph() -> Dict[str, Set[str]]:
+def _graph(facade: Optional[Mapping[str, str]] = None) -> Dict[str, Set[str]]:
     mods = _modules()
     known = set(mods)
-    return {m: _imports(p, m, known) for m, p in mods.items()}
+    return {m: _imports(p, m, known, facade) for m, p in mods.items()}
+
+
+def _facade_names() -> Dict[str, str]:
+    """Names ``rayemb/__init__.py`` re-exports -> the module defining them (its imports and its lazy-name map)."""
+    names: Dict[str, str] = {}
+    for node in ast.parse((PACKAGE / "__init__.py").read_text()).body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rayemb."):
+            names.update({a.asname or a.name: str(node.module) for a in node.names})
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
+            names.update({k.value: v.value for k, v in zip(node.value.keys, node.value.values)
+                          if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
+                          and str(v.value).startswith("rayemb.")})
+    return names
+
+
+def _top(module: str) -> str:
+    """The top-level package or module of ``rayemb.a.b`` (``a``); ``rayemb`` for the facade itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def upward_imports(graph: Mapping[str, Set[str]], layers: Sequence[Tuple[str, ...]] = LAYERS) -> List[str]:
+    """Imports of a module from a top-level package in its own layer or above, as ``a -> b (why)``."""
+    level = {name: i for i, group in enumerate(layers) for name in group}
+    found = []
+    for module, deps in sorted(graph.items()):
+        here = _top(module)
+        for dep in sorted(deps):
+            there = _top(dep)
+            if there != here and level.get(there, len(layers)) >= level.get(here, -1):
+                found.append(f"{module} -> {dep} ({here!r} is layer {level.get(here)}, {there!r} layer "
+                             f"{level.get(there)})")
+    return found
 
 
 def _cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
@@ -131,6 +194,32 @@ def test_the_import_graph_sees_imports():
     graph = _graph()
     assert "rayemb.config" in graph["rayemb.train.trainer"]  # the walker works at all
     assert len(graph) > 30
+
+
+def test_every_top_level_package_has_a_layer():
+    unplaced = sorted({_top(m) for m in _modules()} - {name for group in LAYERS for name in group})
+    assert not unplaced, f"top-level packages/modules without a layer (give each its place in LAYERS): {unplaced}"
+
+
+def test_nothing_imports_upward():
+    upward = upward_imports(_graph(_facade_names()))
+    assert not upward, ("imports from the same layer or one above (move the shared name down, or the importing "
+                        f"module up): {upward}")
+
+
+def test_upward_imports_are_found_lazy_and_through_the_facade_alike(tmp_path):
+    """The check itself: a function-level import counts, a facade name is its defining module's, a bare
+    ``import rayemb`` is no import, and a same-layer import is refused like an upward one."""
+    source = tmp_path / "factory.py"
+    source.write_text("import rayemb\nfrom rayemb import DatasetSchema\nfrom rayemb.errors import ConfigError\n\n\n"
+                      "def build():\n    from rayemb.train.retrieval import towers\n")
+    known = set(_modules())
+    deps = _imports(source, "rayemb.model.factory", known, _facade_names())
+    assert deps == {"rayemb.data.schema", "rayemb.errors", "rayemb.train.retrieval"}
+    assert [u.split(" (")[0] for u in upward_imports({"rayemb.model.factory": deps})] == [
+        "rayemb.model.factory -> rayemb.data.schema", "rayemb.model.factory -> rayemb.train.retrieval"]
+    assert upward_imports({"rayemb.planner.cost": {"rayemb.model.factory"}}) != []  # the same layer
+    assert upward_imports({"rayemb.planner.cost": {"rayemb.embedding.hybrid", "rayemb.placements"}}) == []
 
 
 def test_no_import_cycles():
