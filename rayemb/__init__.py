@@ -23,8 +23,8 @@ from rayemb.errors import ConfigError, DataError, PlanError, RayembError, Traini
 from rayemb.train.trainer import TrainResult, run_training
 
 
-#: the Python API's trainer and the model contract's names (torch, TorchRec, Ray): imported on first use, so
-#: that `import rayemb` stays light
+#: the Python API's trainer, the model contract's names and the exported model (torch, TorchRec, Ray): imported
+#: on first use, so that `import rayemb` stays light
 _MODEL_API = {
     "EmbeddingTrainer": "rayemb.api",
     "Embeddings": "rayemb.model.contract",
@@ -32,6 +32,7 @@ _MODEL_API = {
     "SequenceFeature": "rayemb.embedding.sequence",
     "UserHistoryTower": "rayemb.embedding.sequence",
     "pad_sequences": "rayemb.embedding.sequence",
+    "InferenceModel": "rayemb.serve.model",
 }
 
 

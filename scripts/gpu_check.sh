@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs rayemb's CUDA-path tests (tests/gpu/) on an offline GPU machine whose python3 has a torch but not the
-# pinned stack (docs/gpu.md says why and how): scripts/gpu_env.sh installs the pinned wheels from $PARTS,
+# pinned stack (docs/dev/gpu.md says why and how): scripts/gpu_env.sh installs the pinned wheels from $PARTS,
 # then this runs pytest.
 # Usage (on the GPU machine, repo root): bash scripts/gpu_check.sh [pytest args]   (logs go to $OUT when set)
 set -uo pipefail

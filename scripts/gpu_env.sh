@@ -1,5 +1,5 @@
 # Sourced by scripts/gpu_check.sh and scripts/gpu_job.sh on an offline GPU machine whose python3 has a torch but
-# not the pinned stack (docs/gpu.md says why and how). The pinned wheels arrive as 60 MiB pieces pNN of one tar
+# not the pinned stack (docs/dev/gpu.md says why and how). The pinned wheels arrive as 60 MiB pieces pNN of one tar
 # (torch 2.13.0, fbgemm_gpu 1.8.0, torchrec 1.8.0, small/{tensordict, pyvers}, nccl/nvidia-nccl-cu13 2.29.7 and,
 # for a full job, rt*/ with Ray, MLflow and what they need), copied into $PARTS (default /tmp/parts) beforehand.
 # This joins them, installs them into /tmp/site (--no-deps, once) ahead of the machine's own torch and exports

@@ -17,7 +17,7 @@
 # https://download.pytorch.org/whl/cpu, added as an extra index; empty: none),
 # as in scripts/install.sh: the script refuses a lock whose torch is not a
 # `+cpu` build. Every pin must have wheels for Python 3.11 and 3.12, the tested
-# versions (docs/testing.md): check a new lock on both.
+# versions (docs/dev/testing.md): check a new lock on both.
 #
 # GPU lock: pip's resolver, without installing anything (`pip install --dry-run
 # --report`, metadata read with HTTP range requests), for the `gpu` and `test`

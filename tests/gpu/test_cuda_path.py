@@ -1,7 +1,7 @@
 """rayemb's CUDA path on one GPU: FBGEMM CUDA kernels through TorchRec sharding, NCCL, world size 1.
 
 The CPU suite (``tests/dist``) proves the sharded model equal to an unsharded one over gloo; this
-module runs the same checks on a GPU machine (``docs/gpu.md``), with the same reference code
+module runs the same checks on a GPU machine (``docs/dev/gpu.md``), with the same reference code
 (imported from ``tests/dist/test_hybrid_equivalence.py``, ``tests/dist/test_export_equivalence.py``
 and ``tests/_sparse.py``, not copied):
 
@@ -357,7 +357,7 @@ def test_calibration_compute_probes_on_cuda(caplog) -> None:
     slopes are positive and physically sane, the fixed costs positive, the whole probe fast and small.
 
     The CPU's probe sizes (256 vs 8192 ids, 1k vs 50k rows) are launch-bound on an H100 and gave slopes of 0
-    or noise; on CUDA the probes grow until the kernels' work doubles the time (docs/gpu.md). ``calibrate_rank``
+    or noise; on CUDA the probes grow until the kernels' work doubles the time (docs/dev/gpu.md). ``calibrate_rank``
     itself imports ``rayemb.train.backend`` (Ray) and is exercised with Ray in CI."""
     import logging
 

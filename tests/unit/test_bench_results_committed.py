@@ -222,7 +222,7 @@ def unbacked_figures(text: str, results: dict) -> list:
 
 
 def _doc_pages():
-    return sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
+    return sorted((REPO / "docs").rglob("*.md")) + [REPO / "README.md"]
 
 
 def test_every_figure_beside_a_result_file_occurs_in_it():

@@ -164,7 +164,7 @@ DOC_MODULE = re.compile(r"(?<![\w./-])(rayemb(?:\.\w+)+)")
 
 
 def _doc_files() -> List[Path]:
-    return sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
+    return sorted((REPO / "docs").rglob("*.md")) + [REPO / "README.md"]
 
 
 def _module_file(parts: List[str]) -> Optional[Path]:
