@@ -24,6 +24,7 @@ import yaml
 
 from rayemb import storage
 from rayemb.constants import DEFAULT_LOG_EVERY_N_STEPS, WORKSPACE_ENV_VAR
+from rayemb.embedding.qcomm import COMM_PRECISIONS, DIRECTIONS as COMM_DIRECTIONS
 from rayemb.errors import ConfigError
 from rayemb.units import flatten
 
@@ -197,6 +198,12 @@ class TrainConfig:
     compile: str = "none"
     #: torch.compile's mode for ``compile: dense``: default, reduce-overhead (CUDA graphs on a GPU), max-autotune
     compile_mode: str = "default"
+    #: the step's float exchanges on the wire, per direction: ``forward`` the sharded tables' looked-up rows
+    #: (pooled all-to-all, row-wise reduce-scatter, a hybrid table's cold rows), ``backward`` their gradients and
+    #: the all-reduce of the replicated parameters' gradients (an all-reduce has no forward); each fp32, bf16 or
+    #: fp16; a direction left out is fp32; ids stay integers, tables and optimizers fp32 (docs/hybrid.md,
+    #: "Exchange precision")
+    comm_precision: Dict[str, str] = field(default_factory=lambda: {"forward": "fp32", "backward": "fp32"})
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train.epochs", f"{self.epochs} < 1", "Train at least one epoch.")
@@ -209,6 +216,13 @@ class TrainConfig:
             _require(math.isfinite(lr) and lr > 0, key, f"{lr} is not a positive finite number", "Use e.g. 0.05.")
         _require(self.precision in PRECISIONS, "train.precision", f"{self.precision!r} is unknown",
                  "Use fp32, or bf16 for the dense layers under autocast.")
+        unknown = sorted(set(self.comm_precision) - set(COMM_DIRECTIONS))
+        _require(not unknown, "train.comm_precision", f"{unknown} is not a direction",
+                 "Set forward and/or backward, e.g. {forward: bf16, backward: bf16}.")
+        for direction, value in self.comm_precision.items():
+            _require(value in COMM_PRECISIONS, f"train.comm_precision.{direction}", f"{value!r} is unknown",
+                     f"Use one of {COMM_PRECISIONS}.")
+        object.__setattr__(self, "comm_precision", {d: self.comm_precision.get(d, "fp32") for d in COMM_DIRECTIONS})
         _require(self.compile in COMPILE_CHOICES, "train.compile", f"{self.compile!r} is unknown",
                  f"Use one of {COMPILE_CHOICES}: none (eager), or dense (torch.compile of the dense layers).")
         _require(self.compile_mode in COMPILE_MODES, "train.compile_mode", f"{self.compile_mode!r} is unknown",
@@ -527,6 +541,7 @@ CHOICES: Dict[str, Tuple[Any, ...]] = {
     "model.embedding_dtype": tuple(EMBEDDING_DTYPE_BYTES),
     "train.embedding_optimizer": EMBEDDING_OPTIMIZERS,
     "train.precision": PRECISIONS,
+    "train.comm_precision": COMM_PRECISIONS,
     "train.compile": COMPILE_CHOICES,
     "train.compile_mode": COMPILE_MODES,
     "scaling.placement_strategy": PLACEMENT_STRATEGIES,

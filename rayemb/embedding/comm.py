@@ -12,6 +12,11 @@ wrapper and the DDP TorchRec puts around data-parallel embedding lookups).
 When the DDP parameters carry in-backward optimizers (TorchRec
 ``apply_optimizer_in_backward``) DDP installs its own hook lazily; we run
 that lazy setup ourselves with a counting wrapper around the hook factory.
+A DDP that all-reduces in 16 bits (``train.comm_precision``, DDP's
+``bf16_compress_hook`` / ``fp16_compress_hook``, or
+:func:`~rayemb.embedding.qcomm.bf16_allreduce_hook`) already issues its
+all-reduce from Python, on the 16-bit tensor: the wrapped
+``dist.all_reduce`` counts it at its wire size, so it gets no counting hook.
 
 Convention: bytes *sent off this rank*, the amount a bandwidth-optimal
 algorithm puts on the wire (W = group size, N = bytes of the local tensor):
@@ -43,6 +48,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from rayemb.embedding.qcomm import bf16_allreduce_hook
 
 logger = logging.getLogger(__name__)
 
@@ -254,6 +262,10 @@ def _counting(hook: Callable[..., Any], world_size: int) -> Callable[..., Any]:
     return counted_hook
 
 
+#: DDP comm hooks whose all-reduce is a ``dist.all_reduce`` call on the tensor that crosses the wire
+_PYTHON_ALLREDUCE_HOOKS = (default_hooks.bf16_compress_hook, default_hooks.fp16_compress_hook, bf16_allreduce_hook)
+
+
 def _find_ddps(model: nn.Module, ddp_type: type) -> List[tuple]:
     """Every DDP reachable from ``model``, including those TorchRec keeps in the
     plain-list ``_lookups`` attribute of sharded modules (invisible to ``named_modules``)."""
@@ -280,10 +292,10 @@ def instrument_ddp(model: nn.Module) -> int:
     Call once per model, after ``DistributedModelParallel`` is built and
     before the first forward (DDP accepts one comm hook, registered before
     training starts). The hooks record into whichever :class:`CommCounter`
-    is active and cost nothing otherwise. DDPs with a hook already
+    is active and cost nothing otherwise. A DDP with a 16-bit compression
+    hook is counted where its hook sends; other DDPs with a hook already
     registered are left alone (logged).
     """
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import optimizer_overlap_hooks as ooh
     from torch.nn.parallel import DistributedDataParallel
 
@@ -292,6 +304,10 @@ def instrument_ddp(model: nn.Module) -> int:
         if getattr(m, "_rayemb_counted", False):
             continue
         w = m.process_group.size()
+        if m._comm_hooks and all(h in _PYTHON_ALLREDUCE_HOOKS for h, _ in m._comm_hooks):
+            m._rayemb_counted = True  # its dist.all_reduce of the compressed bucket is counted as it is sent
+            n += 1
+            continue
         if getattr(m, "_lazy_init_ran", False) or m._comm_hooks:
             logger.warning("DDP %r already initialised or hooked; its all-reduce is not counted", name)
             continue

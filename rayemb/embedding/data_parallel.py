@@ -17,6 +17,11 @@ trained values are those of TorchRec's wrappers (``tests/dist/test_one_ddp.py``
 checks it against them, step by step). Names, state dicts and checkpoints do not
 change: only who all-reduces which gradient.
 
+``allreduce_comm_precision`` (``"bf16"`` / ``"fp16"``, TorchRec's argument; the backward direction of
+``train.comm_precision``) all-reduces those gradients in 16 bits through DDP's
+``bf16_compress_hook`` / ``fp16_compress_hook``: on the one DDP, and on every DDP TorchRec keeps
+where the wrapper leaves its own.
+
 Example::
 
     >>> model = DistributedModelParallel(module, device=device, plan=plan, sharders=cpu_capable_sharders(),
@@ -32,6 +37,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
+
+from rayemb.embedding.qcomm import compress_hook
 
 if TYPE_CHECKING:
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -92,7 +99,8 @@ class OneDataParallelWrapper(DefaultDataParallelWrapper):
 
     Those lookups' own DDPs are taken apart (autograd hooks removed, the lookup put back unwrapped)
     and their parameters join the one DDP's buckets. A model without dense parameters keeps TorchRec's
-    wrappers: there is nothing to merge them into. Keyword arguments are ``DefaultDataParallelWrapper``'s.
+    wrappers: there is nothing to merge them into. Keyword arguments are ``DefaultDataParallelWrapper``'s;
+    ``allreduce_comm_precision`` (None, ``"bf16"``, ``"fp16"``) puts DDP's compression hook on each DDP left.
     """
 
     def wrap(self, dmp: "DistributedModelParallel", env: "ShardingEnv", device: torch.device) -> None:
@@ -101,11 +109,14 @@ class OneDataParallelWrapper(DefaultDataParallelWrapper):
         inner = dmp._dmp_wrapped_module
         if isinstance(inner, DistributedDataParallel):
             return
-        if self._allreduce_comm_precision:  # TorchRec's compressed all-reduce hooks: its own wrapping
-            return super().wrap(dmp, env, device)
+        hook = compress_hook(self._allreduce_comm_precision)
         ignore = set(DistributedModelParallel._sharded_parameter_names(inner)) | self._additional_params_to_ignore
         if not set(dict(dmp.named_parameters())) - ignore:
-            return super().wrap(dmp, env, device)
+            super().wrap(dmp, env, device)  # hooks the dense DDP, if any, itself
+            if hook is not None:
+                for lookups, i in _data_parallel_lookups(inner):
+                    lookups[i].register_comm_hook(lookups[i].process_group, hook)
+            return
         pg = env.process_group
         if pg is None:
             raise RuntimeError("OneDataParallelWrapper needs a ProcessGroup-based ShardingEnv")
@@ -130,6 +141,8 @@ class OneDataParallelWrapper(DefaultDataParallelWrapper):
             bucket_cap_mb=self._bucket_cap_mb,
             **self._ddp_kwargs,
         )
+        if hook is not None:
+            dmp._dmp_wrapped_module.register_comm_hook(pg, hook)
         logger.debug("one DDP for the dense arch and %d data-parallel lookups", len(replicated))
 
 

@@ -9,6 +9,10 @@ unsharded model to 1e-5. These subclasses lift the gate so the planner can
 propose RW/TWRW on CPU clusters and the CPU test suite exercises the same
 sharding types as a GPU run.
 
+``comm_precision`` (``train.comm_precision``) puts TorchRec's quantized-comm
+codecs on the sharded tables' float exchanges, on CPU and GPU alike
+(:mod:`rayemb.embedding.qcomm`).
+
 Example::
 
     >>> from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -17,11 +21,13 @@ Example::
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Mapping, Union
 
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ModuleSharder, ShardingType
+
+from rayemb.embedding.qcomm import CommPrecision, qcomm_codecs_registry
 
 #: sharding types TorchRec only offers on CUDA that also work on CPU with gloo
 _CPU_UNGATED = (ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value)
@@ -40,7 +46,8 @@ class CpuCapableEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         return types
 
 
-def cpu_capable_sharders() -> List[ModuleSharder]:
+def cpu_capable_sharders(comm_precision: Union[None, CommPrecision, Mapping[str, str]] = None
+                         ) -> List[ModuleSharder]:
     """The sharders to pass to ``DistributedModelParallel`` / ``EmbeddingShardingPlanner.plan`` (the only list).
 
     They shard plain ``EmbeddingBagCollection`` s and every half of a
@@ -49,8 +56,14 @@ def cpu_capable_sharders() -> List[ModuleSharder]:
     TorchRec's ``EmbeddingCollectionSharder`` already offers data_parallel,
     table_wise, column_wise and row_wise on CPU (its sharded module has no
     TWRW/TWCW implementation), so it is used as is.
+
+    ``comm_precision``: ``train.comm_precision`` (None: fp32 both ways, TorchRec's plain exchanges); the
+    pooled all-to-alls, reduce-scatters and sequence all-to-alls of both sharders then go through
+    :func:`~rayemb.embedding.qcomm.qcomm_codecs_registry`'s codecs.
     """
-    return [CpuCapableEmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+    codecs = qcomm_codecs_registry(comm_precision)
+    return [CpuCapableEmbeddingBagCollectionSharder(qcomm_codecs_registry=codecs),
+            EmbeddingCollectionSharder(qcomm_codecs_registry=codecs)]
 
 
 __all__ = [
