@@ -34,9 +34,12 @@ import importlib
 import os
 import shutil
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from rayemb.errors import BAD_FACTORY, ConfigError, DataError
+
+if TYPE_CHECKING:
+    from rayemb.config import ModelConfig
 
 #: the category of the error about an export whose code folder is not its own
 BAD_EXPORT_CODE = "bad_export_code"
@@ -84,7 +87,7 @@ def pooled_module(schema: Any, model_cfg: Mapping[str, Any], device: Any) -> Any
     return EmbeddingBagCollection(tables=tables, device=device)
 
 
-def job_model_config(model_cfg: Mapping[str, Any]) -> Any:
+def job_model_config(model_cfg: Mapping[str, Any]) -> "ModelConfig":
     """The job's :class:`~rayemb.config.ModelConfig` again, from model.json's ``model`` section (its entries
     beside the config's, e.g. ``compression``, left out; exports made before ``sequence_tower`` have none)."""
     from rayemb.config import ModelConfig
