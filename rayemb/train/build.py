@@ -32,7 +32,9 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     halves, data-parallel tables) are dense parameters with all-reduced gradients: the same optimizer kind,
     their own instance; the MLPs use Adagrad. One DDP all-reduces the MLPs' and the replicated rows' gradients
     (:class:`~rayemb.embedding.data_parallel.OneDataParallelWrapper`; ``one_ddp=False``: TorchRec's DDP per
-    data-parallel lookup, for A/B benchmarks). Needs the process group (every rank calls it alike).
+    data-parallel lookup, for A/B benchmarks, their all-reduce in fp32 whatever ``train.comm_precision``). The
+    exchanges run at ``train.comm_precision`` (:mod:`rayemb.embedding.qcomm`). Needs the process group (every rank
+    calls it alike).
     """
     import torch
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -42,6 +44,7 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from rayemb.embedding.data_parallel import OneDataParallelWrapper, replicated_embedding_parameters
+    from rayemb.embedding.qcomm import CommPrecision, qcomm_codecs_registry
     from rayemb.embedding.raw_tables import RawIdEmbeddingBagCollectionSharder
     from rayemb.embedding.sharders import cpu_capable_sharders
     from rayemb.train.optim import dense_optimizer, embedding_optimizer
@@ -59,9 +62,12 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
             tables = [p for m in module.modules() if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))
                       for p in m.parameters()]
             apply_optimizer_in_backward(emb_opt_cls, tables, {"lr": cfg.train.embedding_lr})
+    comm = CommPrecision.of(cfg.train.comm_precision)
+    sharders = [*cpu_capable_sharders(comm), RawIdEmbeddingBagCollectionSharder(
+        qcomm_codecs_registry=qcomm_codecs_registry(comm))]
     model = DistributedModelParallel(module=model, device=device, plan=plan_for_model(job_plan.sharding_plan, paths),
-                                     sharders=[*cpu_capable_sharders(), RawIdEmbeddingBagCollectionSharder()],
-                                     data_parallel_wrapper=OneDataParallelWrapper() if one_ddp else None)
+                                     sharders=sharders, data_parallel_wrapper=OneDataParallelWrapper(
+                                         allreduce_comm_precision=comm.allreduce) if one_ddp else None)
     replicated = replicated_embedding_parameters(model)
     dense = {n: p for n, p in in_backward_optimizer_filter(model.named_parameters()) if n not in replicated}
     optimizers = [model.fused_optimizer,

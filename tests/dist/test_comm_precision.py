@@ -15,7 +15,7 @@ and at fp16 forward / fp32 backward. What :class:`~rayemb.embedding.comm.CommCou
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import numpy as np
 import pytest
@@ -119,3 +119,44 @@ def test_16_bit_exchanges_send_half_the_float_bytes_and_train_alike():
             got = np.array(run[rank]["losses"])
             assert np.allclose(got, ref, rtol=0, atol=1e-2), (got, ref)
             assert not np.array_equal(got, ref), "16-bit exchanges gave fp32's losses bit for bit"
+
+
+def _job_rank(rank: int, world_size: int, cfg: Any, schema: Any) -> Dict[str, Dict[str, float]]:
+    """One forward and backward of the job's own model as ``build_step`` sets it up; the bytes by phase."""
+    import torch.distributed as dist
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from rayemb.embedding.comm import CommCounter
+    from rayemb.embedding.sharders import cpu_capable_sharders
+    from rayemb.train.build import build_step
+    from rayemb.train.sharding import JobPlan, build_model
+
+    meta_model, _, _ = build_model(cfg, schema, {}, {}, torch.device("meta"), torch.device("meta"))
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device="cpu")).collective_plan(
+        meta_model, cpu_capable_sharders(), dist.GroupMember.WORLD)
+    built = build_step(cfg, schema, JobPlan(sharding_plan=plan, placements={}, hot_ids={}, summary={}),
+                       torch.device("cpu"), compile=False)
+    g = torch.Generator().manual_seed(rank)
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=["a", "b"], values=torch.randint(0, 50, (12,), generator=g),
+                                              lengths=torch.full((12,), 1))
+    with CommCounter() as cc:
+        built.model(torch.randn(6, 1, generator=g), built.remapper.remap(kjt)).sum().backward()
+    return cc.bytes_by_phase()
+
+
+@pytest.mark.timeout(300)
+def test_the_jobs_step_exchanges_at_train_comm_precision():
+    from rayemb.config import config_from_dict
+    from rayemb.data.schema import DatasetSchema
+
+    schema = DatasetSchema.from_dict({"label": "label", "dense": ["d"], "sparse": [
+        {"name": "a", "num_embeddings": 50}, {"name": "b", "num_embeddings": 50}]})
+    job = {"name": "comm-precision", "data": {"path": "unused", "batch_size": 12}, "model": {"embedding_dim": 8, "bottom_mlp": [8]}}
+    full = run_multiprocess(_job_rank, 2, cfg=config_from_dict(job), schema=schema)
+    half = run_multiprocess(_job_rank, 2, cfg=config_from_dict(
+        job, ["train.comm_precision={forward: bf16, backward: bf16}"]), schema=schema)
+    for a, b in zip(full, half):
+        # TorchRec plans both tables row-wise: pooled rows reduce-scattered, their gradients all-gathered
+        for phase, c in (("forward", "reduce_scatter"), ("backward", "all_gather"), ("backward", "all_reduce")):
+            assert a[phase][c] > 0 and b[phase][c] == a[phase][c] / 2, (phase, c, a, b)
