@@ -4,7 +4,10 @@ Notation: global batch B, dim D, stored element bytes s (4 fp32, 2 fp16 tables),
 devices per node L, pooling factor P, hot rows |F|, hot share h, rows V.
 Traffic per placement is :func:`rayemb.planner.traffic.predict_table_bytes`
 (one formula for every placement, checked against measured collective bytes
-by the hybrid benchmark); :func:`table_bytes` feeds it a :class:`TableSpec`.
+by the hybrid benchmark); :func:`table_bytes` feeds it a :class:`TableSpec`
+and the :class:`ExchangeBytes` of ``train.comm_precision``: the element size
+on the wire of the exchanged rows (forward) and of their gradients and the
+all-reduced ones (backward); ids and lengths stay integers.
 
 Memory (weights + optimizer state; model-parallel tables use FBGEMM's
 row-wise Adagrad, one fp32 per row; data-parallel rows use a dense Adagrad, one
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rayemb.errors import PlanError
@@ -65,7 +68,7 @@ from rayemb.planner.types import (
     PlacementChooser,
     TableSpec,
 )
-from rayemb.planner.traffic import predict_table_bytes
+from rayemb.planner.traffic import OUTPUT_ELEM_BYTES, predict_table_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -85,16 +88,55 @@ def column_shards(dim: int, world_size: int) -> int:
     return max(1, min(world_size, dim // COLUMN_SHARD_DIM))
 
 
+@dataclass(frozen=True)
+class ExchangeBytes:
+    """Bytes per element on the wire, per direction: ``train.comm_precision`` (rayemb.embedding.qcomm) as the
+    planner counts it. ``forward``: the looked-up rows the all-to-alls and reduce-scatters move; ``backward``:
+    their gradients, and the all-reduced gradients of replicated rows (4: the all-reduce is the rows' own dtype).
+
+    >>> ExchangeBytes.of({"forward": "bf16", "backward": "fp32"})
+    ExchangeBytes(forward=2, backward=4)
+    """
+
+    forward: int = OUTPUT_ELEM_BYTES
+    backward: int = OUTPUT_ELEM_BYTES
+
+    #: bytes per element of each ``train.comm_precision`` value
+    SIZES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+    @classmethod
+    def of(cls, comm_precision: Optional[Mapping[str, str]]) -> "ExchangeBytes":
+        """From ``train.comm_precision`` (None, or a direction left out: fp32)."""
+        p = comm_precision or {}
+        return cls(cls.SIZES[p.get("forward", "fp32")], cls.SIZES[p.get("backward", "fp32")])
+
+    @property
+    def rows(self) -> float:
+        """The element size to give :func:`~rayemb.planner.traffic.predict_table_bytes`: every exchanged row
+        crosses once forward and its gradient once backward, so the mean of the two counts their sum."""
+        return (self.forward + self.backward) / 2
+
+    def all_reduce(self, table: TableSpec) -> int:
+        """Element size of a replicated table's all-reduced gradients: 16-bit when the backward is."""
+        return table.bytes_per_element if self.backward == OUTPUT_ELEM_BYTES else self.backward
+
+
+#: fp32 both ways (the default ``train.comm_precision``)
+FP32_EXCHANGE = ExchangeBytes()
+
+
 def table_bytes(
-    table: TableSpec, placement: Placement, world_size: int, devices_per_node: int, global_batch: int
+    table: TableSpec, placement: Placement, world_size: int, devices_per_node: int, global_batch: int,
+    exchange: ExchangeBytes = FP32_EXCHANGE,
 ) -> float:
-    """Predicted bytes per step (summed over ranks, fwd + bwd) of ``table`` under ``placement``."""
+    """Predicted bytes per step (summed over ranks, fwd + bwd) of ``table`` under ``placement``, at ``exchange``."""
     if world_size == 1:
         return 0.0
     by_collective = predict_table_bytes(
         placement, batch_size=global_batch, dim=table.dim, world_size=world_size, pooling=table.pooling_factor,
-        num_rows=table.rows, hot_share=table.hot_share, num_hot=table.hot_rows, grad_elem_bytes=table.bytes_per_element,
-        column_shards=column_shards(table.dim, world_size), devices_per_node=devices_per_node,
+        num_rows=table.rows, hot_share=table.hot_share, num_hot=table.hot_rows, elem_bytes=exchange.rows,
+        grad_elem_bytes=exchange.all_reduce(table), column_shards=column_shards(table.dim, world_size),
+        devices_per_node=devices_per_node,
     )
     return float(sum(by_collective.values()))
 
@@ -125,11 +167,12 @@ def table_memory(table: TableSpec, placement: Placement, world_size: int, device
 
 
 def table_cost(
-    table: TableSpec, placement: Placement, world_size: int, devices_per_node: int, global_batch: int
+    table: TableSpec, placement: Placement, world_size: int, devices_per_node: int, global_batch: int,
+    exchange: ExchangeBytes = FP32_EXCHANGE,
 ) -> Cost:
     """Bytes per step and memory of one placement of one table (pure)."""
     mem = table_memory(table, placement, world_size, devices_per_node)
-    return Cost(placement, table_bytes(table, placement, world_size, devices_per_node, global_batch),
+    return Cost(placement, table_bytes(table, placement, world_size, devices_per_node, global_batch, exchange),
                 mem.memory_bytes, mem.max_shard_bytes)
 
 
@@ -146,7 +189,7 @@ def _shards(rows: int, placement: Placement, w: int, l: int, dim: int) -> Tuple[
 
 def storage_cost(
     table: TableSpec, option: StorageOption, placement: Placement, topology: ClusterTopology, global_batch: int,
-    reason: str = "",
+    reason: str = "", exchange: ExchangeBytes = FP32_EXCHANGE,
 ) -> StoredCost:
     """Memory (device and host) and bytes per step of ``table`` stored as ``option`` under ``placement``.
 
@@ -165,7 +208,8 @@ def storage_cost(
     mem = table_memory(spec, placement, w, l)
     wire = spec if placement == Placement.DATA_PARALLEL else replace(spec, dim=output_dim(table, opt))
     proj = projection_elements(table, opt)
-    net = table_bytes(wire, placement, w, l, global_batch) + (2.0 * (w - 1) * proj * table.bytes_per_element)
+    net = table_bytes(wire, placement, w, l, global_batch, exchange) + (
+        2.0 * (w - 1) * proj * exchange.all_reduce(table))
     extra = proj * (table.bytes_per_element + OPTIMIZER_STATE_BYTES)
     device_total, device_max = mem.memory_bytes, mem.max_shard_bytes
     host_total, host_max, hit, host_bytes = 0, 0, 1.0, 0.0
@@ -209,8 +253,11 @@ class BytesCostModel(PlacementChooser):
     ('data_parallel', 'row_wise')
     """
 
-    def __init__(self, replicated_fraction: float = DEFAULT_REPLICATED_FRACTION) -> None:
+    def __init__(self, replicated_fraction: float = DEFAULT_REPLICATED_FRACTION,
+                 exchange: ExchangeBytes = FP32_EXCHANGE) -> None:
         self.replicated_fraction = replicated_fraction
+        #: the element sizes on the wire the bytes are counted at (``train.comm_precision``)
+        self.exchange = exchange
 
     def candidates(
         self, table: TableSpec, topology: ClusterTopology, global_batch: int, fair_share_bytes: float,
@@ -238,7 +285,7 @@ class BytesCostModel(PlacementChooser):
                     options = [Placement.DATA_PARALLEL]
                 else:
                     options = [p for p in options if pin.allows(p)]
-        costs = [table_cost(table, p, w, l, global_batch) for p in options]
+        costs = [table_cost(table, p, w, l, global_batch, self.exchange) for p in options]
         return sorted(costs, key=lambda c: (c.bytes_per_step, c.max_shard_bytes))
 
     def stored_candidates(
@@ -252,7 +299,7 @@ class BytesCostModel(PlacementChooser):
                 f"Pin for table {table.name!r}: {option.compression if option.compression != 'none' else 'a cached'} "
                 f"table cannot be {pin.sharding.value}; use one of {[p.value for p in allowed]} or drop the "
                 "sharding key.", INVALID_PIN)
-        costs = [storage_cost(table, option, p, topology, global_batch, reason) for p in allowed
+        costs = [storage_cost(table, option, p, topology, global_batch, reason, self.exchange) for p in allowed
                  if pin is None or pin.allows(p)]
         host_cap = host_capacity_bytes(topology)
         fits = [c for c in costs if c.fits_in(topology.capacity_bytes) and c.fits_host(host_cap)]
@@ -284,7 +331,7 @@ class BytesCostModel(PlacementChooser):
                 skipped = f" (tried first: {'; '.join(tried.values())})" if tried else ""
                 return [replace(c, reason=f"{why}; {needs}{skipped}") for c in cs]
             kind = option.compression if option.compression != "none" else "cached"
-            least = min((storage_cost(table, option, p, topology, global_batch)
+            least = min((storage_cost(table, option, p, topology, global_batch, exchange=self.exchange)
                          for p in allowed_placements(option, topology)), key=lambda c: c.device_per_rank)
             tried[kind] = f"{least.option.label} needs {_gib(least.device_per_rank)} device" + (
                 f", {_gib(least.max_host_shard_bytes)} host" if option.kernel == "cached" else "")
@@ -394,6 +441,6 @@ def _storage_error(
 
 
 __all__ = [
-    "BytesCostModel", "storage_cost", "table_bytes", "table_memory", "table_cost", "column_shards",
+    "BytesCostModel", "ExchangeBytes", "FP32_EXCHANGE", "storage_cost", "table_bytes", "table_memory", "table_cost", "column_shards",
     "replicated_bytes_per_rank", "OPTIMIZER_STATE_BYTES", "COLUMN_SHARD_DIM", "DEFAULT_REPLICATED_FRACTION",
 ]

@@ -42,7 +42,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 from rayemb.errors import PlanError
 from rayemb.planner.assigners import GreedyRankAssigner
 from rayemb.planner.compression import StoredCost, auto_options, has_host_tier, host_capacity_bytes
-from rayemb.planner.cost import BytesCostModel, storage_cost, table_bytes, table_memory
+from rayemb.planner.cost import FP32_EXCHANGE, BytesCostModel, ExchangeBytes, storage_cost, table_bytes, table_memory
 from rayemb.planner.pins import TablePin, parse_pins
 from rayemb.planner.types import (
     INSUFFICIENT_STORAGE,
@@ -78,6 +78,7 @@ def plan(
     engine: str = "auto",
     chooser: Optional[PlacementChooser] = None,
     assigner: Optional[RankAssigner] = None,
+    exchange: ExchangeBytes = FP32_EXCHANGE,
 ) -> PlanResult:
     """Plans ``tables`` on ``topology`` for ``global_batch`` samples per step.
 
@@ -86,7 +87,8 @@ def plan(
     ``block_dim``, ``kernel``, ``cache_load_factor``: :mod:`rayemb.planner.compression`). A table
     that fits no plain placement is cached or compressed (``TablePlan.storage`` says which and why).
     ``proposer``: a TorchRec ``Proposer`` (or a list) for the ``torchrec`` engine (default
-    :class:`~rayemb.planner.proposers.MemoryBinnedKnapsackProposer`).
+    :class:`~rayemb.planner.proposers.MemoryBinnedKnapsackProposer`). ``exchange``: the element sizes on the
+    wire (``train.comm_precision``) the bytes per step count, and the default chooser chooses by.
     Raises :class:`PlanError` (``insufficient_storage``, ``invalid_pin``).
     """
     if engine not in ENGINES:
@@ -101,7 +103,7 @@ def plan(
     pin_map = _without_host_cache(parse_pins(pins, [t.name for t in tables]), topology)
     made_room: Dict[str, str] = {}  # table -> why it was stored although it fits a rank on its own
     for _ in range(len(tables) + 1):
-        result = _plan_once(tables, topology, global_batch, pin_map, proposer, engine, chooser, assigner)
+        result = _plan_once(tables, topology, global_batch, pin_map, proposer, engine, chooser, assigner, exchange)
         over = [u for u in result.ranks if not u.fits()]
         if not over:
             break
@@ -131,9 +133,9 @@ def plan(
 
 def _plan_once(tables: Sequence[TableSpec], topology: ClusterTopology, global_batch: int,
                pin_map: Dict[str, TablePin], proposer: Any, engine: str, chooser: Optional[PlacementChooser],
-               assigner: Optional[RankAssigner]) -> PlanResult:
+               assigner: Optional[RankAssigner], exchange: ExchangeBytes = FP32_EXCHANGE) -> PlanResult:
     """Choose placements, then place them on ranks; per-rank memory over capacity is left to the caller."""
-    choices = (chooser or BytesCostModel()).choose(tables, topology, global_batch, pin_map)
+    choices = (chooser or BytesCostModel(exchange=exchange)).choose(tables, topology, global_batch, pin_map)
     stored = {n: c for n, c in choices.items() if isinstance(c, StoredCost) and not c.option.is_plain}
     if engine == "auto":
         small = topology.world_size * len(tables) <= TORCHREC_ENGINE_MAX_CELLS
@@ -176,10 +178,11 @@ def _plan_once(tables: Sequence[TableSpec], topology: ClusterTopology, global_ba
         chosen = choices[t.name].placement
         sharding_type, ranks_t, kernel = placed[t.name]
         placement = chosen if chosen in (Placement.HYBRID, Placement.DATA_PARALLEL) else Placement(sharding_type)
-        nbytes, storage = table_bytes(t, placement, w, l, global_batch), None
+        nbytes, storage = table_bytes(t, placement, w, l, global_batch, exchange), None
         memory = table_memory(t, placement, w, l).memory_bytes
         if t.name in stored:  # compressed / cached: its own memory and bytes, the projection on every rank
-            sc = storage_cost(t, stored[t.name].option, placement, topology, global_batch, stored[t.name].reason)
+            sc = storage_cost(t, stored[t.name].option, placement, topology, global_batch, stored[t.name].reason,
+                              exchange)
             nbytes, memory, storage = sc.bytes_per_step, sc.memory_bytes + w * sc.extra_bytes_per_rank, sc.to_json(w)
             for r in range(w):
                 load[r] += sc.extra_bytes_per_rank

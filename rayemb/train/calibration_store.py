@@ -220,9 +220,11 @@ def job_key_fields(inputs: Any, topology: Any, resources: Any, shape: Mapping[st
     return key_fields({**shape, **step_numerics(cfg)}, ranks, cluster_nodes())
 
 
-def step_numerics(cfg: Any) -> Dict[str, str]:
-    """What the plan probe's step times beyond the shape: its precision and the tables' dtype."""
-    return {"precision": cfg.train.precision, "embedding_dtype": cfg.model.embedding_dtype}
+def step_numerics(cfg: Any) -> Dict[str, Any]:
+    """What the plan probe's step times beyond the shape: its precision, the tables' dtype and the exchanges'
+    wire precision (``train.comm_precision``: a 16-bit exchange moves half the bytes)."""
+    return {"precision": cfg.train.precision, "embedding_dtype": cfg.model.embedding_dtype,
+            "comm_precision": dict(cfg.train.comm_precision)}
 
 
 def kept_max_age_s(cfg: Any) -> float:
