@@ -10,6 +10,8 @@ elastic worlds, its checkpoints and its progress line agree on them::
     (70, 50)
     >>> shape.resized(3).steps_in(512 * 10)   # another world size resumes at the same samples
     6
+    >>> BatchShape.of_global(1024, world=4).local   # a what-if plan, given only the global batch
+    256
 """
 
 from __future__ import annotations
@@ -24,6 +26,12 @@ class BatchShape:
     local: int
     #: ranks
     world: int
+
+    @classmethod
+    def of_global(cls, global_size: int, world: int) -> "BatchShape":
+        """The shape whose ``world`` ranks share ``global_size`` rows per step: each rank's share rounded down, at
+        least one row, as TorchRec's planner takes a rank's batch (a plan made from the global batch alone)."""
+        return cls(max(1, global_size // world), world)
 
     @property
     def global_size(self) -> int:

@@ -190,9 +190,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     pinned: Optional[List[str]] = None
     if args.pin_hybrid:  # the job's own statistics pass and split, as run_training does it
         from rayemb.train.trainer import check_inputs, compute_statistics, job_topology
+        from rayemb.train.world_plan import plan_world
 
         cfg = load_config(args.config, [*args.set, "planner.hybrid=true"])
-        _, split = compute_statistics(check_inputs(cfg), job_topology(cfg))
+        split = plan_world(cfg, job_topology(cfg), compute_statistics(check_inputs(cfg))).split
         pinned = hot_tables(split.to_dict())
         print(f"--pin-hybrid: pinning hybrid on {len(pinned)} tables: {' '.join(pinned)}", flush=True)
 

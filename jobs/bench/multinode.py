@@ -520,10 +520,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     acc = acceptance(rows, variants, args.bandwidth_mbit)
     choice = plan_choice(runs)
     png = plot(rows, os.path.splitext(args.out)[0] + ".png")
+    from rayemb.batch_shape import BatchShape
+
     doc = {"schema_version": SCHEMA_VERSION, "benchmark": "multinode",
            "config": {"bandwidths_mbit": args.bandwidth_mbit, "latency_ms": args.latency_ms, "nodes": args.nodes,
                       "cpus_per_node": args.cpus_per_node, "steps": args.steps, "window": args.window,
-                      "batch_size": args.batch_size, "global_batch": args.batch_size * args.world,
+                      "batch_size": args.batch_size, "global_batch": BatchShape(args.batch_size, args.world).global_size,
                       "repeats": args.repeats, "repeats_other": args.repeats_other,
                       "variants": variants, "hot_tables": hot,
                       "infrequent_tables": infrequent_by_bw, "wall_s": time.monotonic() - t0,

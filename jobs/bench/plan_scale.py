@@ -33,11 +33,12 @@ DEFAULT_CASES = ("8x26", "64x26", "128x100", "512x250", "1024x500")
 
 
 def _case(world_size: int, num_tables: int, engine: str) -> Dict[str, Any]:
+    from rayemb.batch_shape import BatchShape
     from rayemb.planner import criteo_1tb_tables, described_topology, plan
 
     topo = described_topology(world_size, min(8, world_size), hbm_gib=80)
     tables = criteo_1tb_tables(num_tables, dim=128)
-    batch = 1024 * world_size
+    batch = BatchShape(1024, world_size).global_size
     plan(tables[:2], topo, batch, engine="fast")  # warm-up: imports, caches
     t0 = time.perf_counter()
     r = plan(tables, topo, batch, engine=engine)

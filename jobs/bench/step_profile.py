@@ -193,8 +193,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from rayemb.data.stats_io import load_stats_json
     from rayemb.multiprocess import run_multiprocess
     from rayemb.planner.topology import described_topology
-    from rayemb.planner.tables import split_rule
     from rayemb.train.sharding import make_job_plan
+    from rayemb.train.world_plan import plan_world
 
     cfg = load_config(args.config, args.overrides + [f"scaling.num_workers={args.world}"])
     schema = load_checked(resolve_path(cfg.data.path))
@@ -204,9 +204,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("no stats.json: pass --stats (a job's output dir has one, or run `rayemb stats`)")
     stats = load_stats_json(stats_path)
     topology = described_topology(world_size=args.world, gpus_per_node=args.world, compute_device="cpu", ddr_gib=8)
-    global_batch = cfg.data.batch_size * args.world
-    split = split_rule(topology, global_batch, cfg.model.embedding_dim).split(stats)
-    job_plan = make_job_plan(cfg, schema, stats, split, topology)
+    world = plan_world(cfg, topology, stats)
+    global_batch = world.batch.global_size
+    job_plan = make_job_plan(cfg, schema, stats, world.split, topology)
     rows = []
     def flags(on: bool) -> Dict[str, bool]:
         return {"counter": on and args.ab == "counter", "prefetch": on and args.ab == "prefetch",

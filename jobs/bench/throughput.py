@@ -617,13 +617,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows = aggregate(runs)
     acc = acceptance(rows, forced, extra)
     out_rows = table_rows(rows, acc)
-    png = plot(out_rows, acc, os.path.splitext(args.out)[0] + ".png", args.batch_size * args.world)
+    from rayemb.batch_shape import BatchShape
+
+    batch = BatchShape(args.batch_size, args.world)
+    png = plot(out_rows, acc, os.path.splitext(args.out)[0] + ".png", batch.global_size)
     doc = {
         "schema_version": SCHEMA_VERSION,
         "benchmark": "throughput",
         "config": {"data": args.data, "config": args.config, "steps": args.steps, "window": args.window,
                    "repeats": args.repeats, "batch_size": args.batch_size, "world_size": args.world,
-                   "global_batch": args.batch_size * args.world, "variants": variants, "hot_tables": hot,
+                   "global_batch": batch.global_size, "variants": variants, "hot_tables": hot,
                    "cpu_count": os.cpu_count(), "wall_s": time.monotonic() - t_start},
         "results": out_rows,
         "acceptance": acc,

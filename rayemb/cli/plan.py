@@ -38,6 +38,7 @@ def plan_main(args: argparse.Namespace) -> int:
     from rayemb.planner.tables import tables_from_schema
     from rayemb.planner.topology import described_topology
     from rayemb.publish import resolve_dataset
+    from rayemb.train.world_plan import plan_world
 
     overrides = list(args.overrides)
     if args.hbm_gib and not args.world_size:  # the live cluster's plan: the job's GPU memory per device
@@ -49,7 +50,6 @@ def plan_main(args: argparse.Namespace) -> int:
             args.world_size, args.gpus_per_node or (1 if args.cpu else 8), hbm_gib=args.hbm_gib,
             ddr_gib=args.ddr_gib, compute_device="cpu" if args.cpu else "cuda",
         )
-        global_batch = cfg.data.batch_size * args.world_size
     else:
         from rayemb._ray import init_ray
 
@@ -59,7 +59,6 @@ def plan_main(args: argparse.Namespace) -> int:
         topo = job_topology(cfg)  # the shape the config asks for (use_gpu, GPUs per node), on the live nodes
         if args.hbm_gib:
             topo = topo.with_overrides(hbm_bytes=int(args.hbm_gib * GiB))
-        global_batch = cfg.data.batch_size * topo.world_size
     stats = None
     if args.stats:
         from rayemb.data.stats_io import load_stats_json
@@ -73,9 +72,11 @@ def plan_main(args: argparse.Namespace) -> int:
         from rayemb.train.sharding import raw_pin
 
         pins = {**(pins or {}), **{t: raw_pin(t, (pins or {}).get(t), cfg.planner.hybrid) for t in schema.raw_names}}
-    tables = tables_from_schema(schema, cfg.model.embedding_dim, topo, global_batch, stats,
+    # uncalibrated (HugeCTR's rule): across nodes a calibrated job's hot set comes from its measured break-even
+    world = plan_world(cfg, topo, stats)
+    tables = tables_from_schema(schema, cfg.model.embedding_dim, stats=stats, split=world.split,
                                 bytes_per_element=cfg.model.embedding_bytes_per_element)
-    result = plan(tables, topo, global_batch, pins=pins, engine=args.engine)
+    result = plan(tables, topo, world.batch.global_size, pins=pins, engine=args.engine)
     save_plan_json(result, args.out)
     png = plot_plan(result, os.path.splitext(args.out)[0] + ".png")
     print(summary_table(result))

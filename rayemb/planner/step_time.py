@@ -55,6 +55,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from rayemb.batch_shape import BatchShape
 from rayemb.planner.compression import StoredCost, storage_step_seconds
 from rayemb.planner.cost import column_shards
 from rayemb.planner.traffic import predict_table_bytes
@@ -230,7 +231,7 @@ def normalize_probes(groups: Mapping[str, Tuple[float, float]], links: Mapping[s
     (:data:`REPLICATED_KINDS`), as :func:`predict_step_time` prices the job's one wrapper once.
     """
     out: Dict[str, Tuple[float, float]] = {}
-    global_batch = local_batch * world
+    global_batch = BatchShape(local_batch, world).global_size
     for kind, (fixed, per_table) in groups.items():
         p = Placement(kind)
         hybrid = p == Placement.HYBRID
@@ -259,7 +260,7 @@ def predict_step_time(
     ``storage``: the compressed / cached tables' chosen costs (their placement is theirs, not ``placements``').
     """
     cal, w, l = calibration, topology.world_size, topology.devices_per_node
-    local_batch = global_batch / w
+    local_batch = BatchShape.of_global(global_batch, w).local
     comp = {"dense": cal.dense_step_s, "ddp": cal.ddp_step_s if w > 1 else 0.0, "lookup": 0.0, "replicated": 0.0,
             "pool": 0.0, "overhead": 0.0, "latency": 0.0, "transfer": 0.0}
     per_table: Dict[str, float] = {}

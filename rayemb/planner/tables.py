@@ -1,6 +1,6 @@
 """The planner's inputs: :class:`TableSpec` s from a dataset schema and statistics, and the default split rule.
 
-:func:`tables_from_schema` turns ``schema.yaml`` (+ ``stats.json``) into
+:func:`tables_from_schema` turns ``schema.yaml`` (+ ``stats.json`` and its split) into
 table specs with pooling factors and hot sets; :func:`split_rule` is the
 frequent-category rule (HugeCTR's, :mod:`rayemb.planner.split`) sized for a
 topology; :func:`criteo_1tb_tables` gives benchmark tables. Pure: no torch.
@@ -44,25 +44,21 @@ def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: int,
     )
 
 
-def tables_from_schema(
-    schema: Any,
-    embedding_dim: int,
-    topology: ClusterTopology,
-    global_batch: int,
-    stats: Any = None,
-    bytes_per_element: int = 4,
-    split: Any = None,
-) -> List[TableSpec]:
-    """TableSpecs of a dataset schema; with ``stats`` (a DatasetStats) pooling factors and hot sets from the split.
+def tables_from_schema(schema: Any, embedding_dim: int, *, stats: Any = None, split: Any = None,
+                       bytes_per_element: int = 4) -> List[TableSpec]:
+    """TableSpecs of a dataset schema; with ``stats`` (a DatasetStats) pooling factors, and hot sets from
+    ``split`` (the :class:`rayemb.planner.split.FrequentSplit` of those statistics, required with them).
 
-    The hot set comes from ``split`` (a :class:`rayemb.planner.split.FrequentSplit`)
-    when given, else from :func:`split_rule` applied to ``stats``.
+    The split is the caller's: it depends on the world size, the global batch and (across nodes) the
+    calibration the job plans with, which a schema and statistics do not know.
     """
     hot: Dict[str, Tuple[int, float]] = {}
     pooling: Dict[str, float] = {}
     if stats is not None:
         if split is None:
-            split = split_rule(topology, global_batch, embedding_dim, bytes_per_element).split(stats)
+            raise TypeError("tables_from_schema(stats=...) needs split=, the frequent-category split of those "
+                            "statistics for the world planned (split_rule(topology, global_batch, dim).split(stats); "
+                            "rayemb.train.world_plan.plan_world makes a job's)")
         for name, ts in split.tables.items():
             hot[name] = (ts.num_hot, float(ts.hot_share))
         for name, st in stats.tables.items():

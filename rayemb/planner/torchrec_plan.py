@@ -25,6 +25,7 @@ from torchrec.distributed.planner.storage_reservations import FixedPercentageSto
 from torchrec.distributed.planner.types import HardwareConfig, KernelConfig, PlannerError, TopologyFactory, TrainerConfig
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 
+from rayemb.batch_shape import BatchShape
 from rayemb.embedding.compression_math import (BLOCK_SUFFIX, QR_QUOTIENT_SUFFIX, QR_REMAINDER_SUFFIX,
                                                 CompressionSpec, physical_tables)
 from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
@@ -159,7 +160,7 @@ def torchrec_plan(
     )
     planner = EmbeddingShardingPlanner(
         topology=to_torchrec_topology(topology),
-        batch_size=max(1, global_batch // topology.world_size),
+        batch_size=BatchShape.of_global(global_batch, topology.world_size).local,
         constraints=constraints,
         proposer=proposer if proposer is not None else MemoryBinnedKnapsackProposer(),
         storage_reservation=FixedPercentageStorageReservation(topology.reserved_fraction),

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from rayemb.checkpoint.meta import CheckpointMeta
 from rayemb.config import JobConfig
 from rayemb.data.schema import DatasetSchema
+from rayemb.train.world_plan import WorldPlan
 
 #: plan.json entries measured or predicted at job start, left out of the plan fingerprint
 MEASURED_PLAN_KEYS = ("calibration", "predicted_step_time_s", "predicted_step_time_components_s",
@@ -39,21 +40,35 @@ class JobInputs:
 
 @dataclass(frozen=True)
 class PlannedJob:
-    topology: Any
     stats: Any  # rayemb.data.stats_types.DatasetStats
-    split: Any  # rayemb.planner.split.Split
-    job_plan: Any  # rayemb.train.sharding.JobPlan (TorchRec plan of the real model)
+    #: world size -> its WorldPlan (batch, topology, split, JobPlan): the planned world, and each smaller one an
+    #: elastic job may restart at
+    plans: Dict[int, WorldPlan]
+    #: the planned world size (``scaling.num_workers``): its plan is the one logged (plan.json, split.json)
+    world_size: int
+    #: what shards the planned world's model (plan.json less what was measured on the way)
     fingerprint: str
     #: CPUs per worker, in-memory data, warnings (rayemb.train.resources.WorkerResources)
     resources: Any = None
     #: (directory, its meta) of train.resume_from (JobInputs.resume)
     resume: Optional[Tuple[str, CheckpointMeta]] = None
-    #: world size -> JobPlan: the planned world, and each smaller one an elastic job may restart at
-    plans_by_world: Dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def world_plan(self) -> WorldPlan:
+        """The plan of the planned world size."""
+        return self.plans[self.world_size]
+
+    @property
+    def topology(self) -> Any:
+        return self.world_plan.topology
+
+    @property
+    def split(self) -> Any:
+        return self.world_plan.split
 
     @property
     def summary(self) -> Dict[str, Any]:
-        return self.job_plan.summary
+        return self.world_plan.job_plan.summary
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
     if world not in plans:
         raise RuntimeError(f"no plan for {world} ranks (planned: {sorted(plans)}): the driver plans every world size "
                            "of scaling.num_workers")
-    job_plan = plans[world]
+    job_plan = plans[world].job_plan
     spec = ray.get(job.model) if job.model is not None else None  # a ModelSpec
     built = build_step(cfg, schema, job_plan, device, model_spec=spec, table_stats=job.table_stats, log=rank == 0)
     model, optimizer, remapper = built.model, built.optimizer, built.remapper

@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from rayemb.batch_shape import BatchShape
 from rayemb.errors import ConfigError
 
 #: the cut-offs validation reports hit rate at
@@ -167,7 +168,7 @@ def catalogue_vectors(model: Any, candidates: Callable[..., Any], num_items: int
 
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
-    per_round = world * batch_size
+    per_round = BatchShape(batch_size, world).global_size
     out = []
     for start in range(0, num_items, per_round):
         lo = min(num_items, start + rank * batch_size)

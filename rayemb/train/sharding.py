@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from rayemb.batch_shape import BatchShape
 from rayemb.config import JobConfig
 from rayemb.data.schema import DatasetSchema
 from rayemb.errors import PlanError
@@ -133,7 +134,7 @@ def sequence_plan(cfg: JobConfig, schema: DatasetSchema, topology: Any, global_b
         for f in features
     }
     planner = EmbeddingShardingPlanner(topology=to_torchrec_topology(topology),
-                                       batch_size=max(1, global_batch // topology.world_size),
+                                       batch_size=BatchShape.of_global(global_batch, topology.world_size).local,
                                        constraints=constraints)
     try:
         plan = planner.plan(holder, cpu_capable_sharders())
@@ -280,9 +281,9 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
     from rayemb.planner.chooser import StepTimeCostModel
     from rayemb.planner.step_time import DEFAULT_CALIBRATION, predict_step_time
 
-    global_batch = cfg.data.batch_size * topology.world_size
-    specs = tables_from_schema(schema, cfg.model.embedding_dim, topology, global_batch, stats,
-                               bytes_per_element=cfg.model.embedding_bytes_per_element, split=split)
+    global_batch = BatchShape(cfg.data.batch_size, topology.world_size).global_size
+    specs = tables_from_schema(schema, cfg.model.embedding_dim, stats=stats, split=split,
+                               bytes_per_element=cfg.model.embedding_bytes_per_element)
     calibration = calibration or DEFAULT_CALIBRATION
     # ties to one module group on one node only: measured there (docs/planner.md, "Ties")
     tie_margin = cfg.planner.tie_margin if topology.num_nodes == 1 else 0.0

@@ -4,10 +4,11 @@
 
     check_inputs(cfg)                      -> JobInputs    config, schema.yaml, every parquet footer, pins, steps,
                                                            the checkpoint to resume from
-    compute_statistics(inputs, topology)   -> (DatasetStats, split)   one pass (Ray Data; a small split here);
+    compute_statistics(inputs)             -> DatasetStats one pass (Ray Data; a small split here);
                                                            labels, dense, ids checked
-    plan_job(inputs, topology, stats, split) -> PlannedJob  the cost-model plan (a Ray task, or here when this
-                                                           process has TorchRec loaded)
+    plan_job(inputs, topology, stats)      -> PlannedJob   per world size its split and cost-model plan
+                                                           (rayemb.train.world_plan; a Ray task, or here when
+                                                           this process has TorchRec loaded)
     start_tracking(inputs, planned)        -> Tracking     the MLflow run, params, config, plan/stats artifacts
     train(inputs, planned, tracking)       -> TrainResult  Ray Train workers; the run ends FINISHED or FAILED
 
@@ -28,7 +29,7 @@ import hashlib
 import os
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional
 
 from rayemb._ray import init_ray
 from rayemb.config import JobConfig, resolve_path
@@ -37,7 +38,6 @@ from rayemb.data.schema import DatasetSchema, count_rows, load_checked, parquet_
 from rayemb.errors import DataError, TrainingError, find_user_error
 from rayemb.logs import redact_uri
 from rayemb.model.factory import model_spec, user_loss
-from rayemb.planner.tables import split_rule
 from rayemb.planner.topology import resize_topology
 from rayemb.planner.pins import parse_pins
 from rayemb.publish import resolve_dataset
@@ -73,11 +73,11 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any
     init_ray()
     topology = job_topology(cfg)
     phases.mark("ray")
-    stats, split = compute_statistics(inputs, topology)
+    stats = compute_statistics(inputs)
     # standardize's mean and std travel to the workers (and into checkpoints) on the schema
     inputs = dataclasses.replace(inputs, schema=inputs.schema.with_dense_params(stats))
     phases.mark("statistics")
-    planned = plan_job(inputs, topology, stats, split)
+    planned = plan_job(inputs, topology, stats)
     phases.mark("plan")
     # the first output: from here a rerun of the job continues this run (nothing is written before)
     heartbeat, status, result = Heartbeat(inputs.out_dir, inputs.attempt).start(), "FAILED", None
@@ -150,14 +150,15 @@ def job_topology(cfg: JobConfig) -> Any:
     return topo
 
 
-# ---- STAGE 2: STATISTICS AND SPLIT ---- #
+# ---- STAGE 2: STATISTICS ---- #
 
 
-def compute_statistics(inputs: JobInputs, topology: Any) -> Tuple[Any, Any]:
-    """One statistics pass (or a matching stats.json), the value checks, and the frequent-category split.
+def compute_statistics(inputs: JobInputs) -> Any:
+    """One statistics pass (or a matching stats.json) and the value checks; returns the DatasetStats.
 
     Bad labels, NaN dense values and (under ``data.id_policy: error``) out-of-range
-    ids fail here, before any worker starts.
+    ids fail here, before any worker starts. The frequent-category split depends on the world size (and, across
+    nodes, on the calibration): :func:`plan_job` makes one per world size.
     """
     from rayemb.data.checks import check_ids, check_values, dense_transform_warnings
     from rayemb.data.stats import compute_stats
@@ -174,67 +175,65 @@ def compute_statistics(inputs: JobInputs, topology: Any) -> Tuple[Any, Any]:
         print(f"rayemb: warning: {line}", flush=True)
     valid_values = compute_stats(data_dir, split=VALID_SPLIT, tables=False).values
     check_values(valid_values, schema.labels, f"{data_dir}/{VALID_SPLIT}")
-    global_batch = cfg.data.batch_size * topology.world_size
-    split = split_rule(topology, global_batch, cfg.model.embedding_dim,
-                       cfg.model.embedding_bytes_per_element).split(stats)
-    # the split's table is printed by plan_job, once: across nodes the calibrated break-even replaces this split
     print(f"rayemb: statistics of {stats.rows:,} rows in {time.monotonic() - t0:.1f}s", flush=True)
-    return stats, split
+    return stats
 
 
 # ---- STAGE 3: PLAN ---- #
 
 
-def plan_job(inputs: JobInputs, topology: Any, stats: Any, split: Any) -> PlannedJob:
-    """The cost-model plan of the real model, made in a Ray task (TorchRec loads there, not in the driver,
-    unless the driver has it loaded already)."""
+def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
+    """The plan of every world size the job may run at (:func:`~rayemb.train.world_plan.plan_world`): the
+    planned one on ``topology``, and each smaller one of an elastic job. Their cost-model plans of the real model
+    are made in a Ray task (TorchRec loads there, not in the driver, unless the driver has it loaded already)."""
     import ray
+
+    from rayemb.train.world_plan import plan_world
 
     cfg = inputs.cfg
     resources = worker_resources(cfg, inputs.schema, stats, inputs.train_rows, inputs.valid_rows)
     calibration, key_fields = calibrate(inputs, topology, resources)
-    rule = split_rule(topology, cfg.data.batch_size * topology.world_size, cfg.model.embedding_dim,
-                      cfg.model.embedding_bytes_per_element, calibration=calibration)
-    if rule.given_threshold is not None:  # across nodes: hot from the calibrated break-even (split_rule)
-        split = rule.split(stats)
-    print(f"rayemb: frequent-category split ({split.rule} threshold, W={split.world_size}, "
-          f"B={split.global_batch_size}):\n{split.summary_table()}", flush=True)
 
-    def plan_for(config: JobConfig, plan_split: Any = None, topo: Any = topology) -> Any:
-        args = (config, inputs.schema, stats, plan_split or split, topo, calibration, inputs.model)
+    def make_plan(config: JobConfig, split: Any, topo: Any) -> Any:
+        args = (config, inputs.schema, stats, split, topo, calibration, inputs.model)
         if "torchrec" in sys.modules:  # a caller that has TorchRec loaded already: no worker to start and load it
             return _plan_remote(*args)
-        return ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(*args))
+        try:
+            return ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(*args))
+        except ray.exceptions.RayTaskError as e:
+            user_error = find_user_error(e)
+            if user_error is not None:  # the planner's own message, not the remote traceback
+                raise user_error from None
+            raise
 
-    try:
-        job_plan = plan_for(cfg)
-    except ray.exceptions.RayTaskError as e:
-        user_error = find_user_error(e)
-        if user_error is not None:  # the planner's own message, not the remote traceback
-            raise user_error from None
-        raise
+    def make_shown_plan(config: JobConfig, split: Any, topo: Any) -> Any:
+        """The planned world's plan, its split's table printed first (the elastic worlds' are not)."""
+        print(f"rayemb: frequent-category split ({split.rule} threshold, W={split.world_size}, "
+              f"B={split.global_batch_size}):\n{split.summary_table()}", flush=True)
+        return make_plan(config, split, topo)
+
+    job = plan_world(cfg, topology, stats, calibration, plan_fn=make_shown_plan)
     if calibration is not None and inputs.world_size > 1:  # measured at job start: the plan too
         from rayemb.train.plan_probe import choose_by_probe
 
         kept = (inputs.out_dir, key_fields, kept_max_age_s(cfg))
-        job_plan = choose_by_probe(cfg, inputs.schema, job_plan, stats, split, plan_for, inputs.world_size,
-                                   resources.cpus_per_worker, inputs.model, kept=kept)
-    summary = job_plan.summary
+        chosen = choose_by_probe(cfg, inputs.schema, job.job_plan, stats, job.split,
+                                 functools.partial(make_plan, split=job.split, topo=topology), inputs.world_size,
+                                 resources.cpus_per_worker, inputs.model, kept=kept)
+        job = dataclasses.replace(job, job_plan=chosen)
+    summary = job.job_plan.summary
     # what shards the model, not what was measured on the way (a resumed job calibrates again, or reuses a kept one)
     fingerprint = hashlib.sha1(to_json({k: v for k, v in summary.items() if k not in MEASURED_PLAN_KEYS})
                                .encode()).hexdigest()[:12]
     print(f"rayemb: plan {fingerprint}: " + ", ".join(f"{p} x{n}" for p, n in _placement_counts(summary).items())
           + f"; predicted {1e3 * summary['predicted_step_time_s']:.1f} ms/step ({summary['objective']} objective)"
           + (f", probed {1e3 * summary['probed_step_time_s']:.1f} ms" if "probed_step_time_s" in summary else ""), flush=True)
-    plans = {inputs.world_size: job_plan}
+    plans = {inputs.world_size: job}
     for world in elastic_worlds(cfg):  # an elastic job restarts on fewer ranks: a plan (and hot set) for each
-        topo = resize_topology(topology, world)
-        world_split = split_rule(topo, cfg.data.batch_size * world, cfg.model.embedding_dim,
-                                 cfg.model.embedding_bytes_per_element, calibration=calibration).split(stats)
-        plans[world] = plan_for(cfg, world_split, topo)
+        plans[world] = plan_world(cfg, resize_topology(topology, world), stats, calibration, plan_fn=make_plan)
         print(f"rayemb: elastic plan for {world} ranks: " + ", ".join(
-            f"{p} x{n}" for p, n in _placement_counts(plans[world].summary).items()), flush=True)
-    return PlannedJob(topology, stats, split, job_plan, fingerprint, resources, inputs.resume, plans_by_world=plans)
+            f"{p} x{n}" for p, n in _placement_counts(plans[world].job_plan.summary).items()), flush=True)
+    return PlannedJob(stats, plans, inputs.world_size, fingerprint, resources, inputs.resume)
 
 
 def elastic_worlds(cfg: JobConfig) -> List[int]:
@@ -345,7 +344,7 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: An
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
-    progress = ProgressPrinter(cfg.train.epochs, steps, cfg.data.batch_size * world)
+    progress = ProgressPrinter(cfg.train.epochs, steps, planned.world_plan.batch.global_size)
     # a continued run: the points its dead attempt logged after the checkpoint are not logged twice
     drainer = QueueDrainer(queue, run_logger, progress=progress, after_step=run_logger.resumed_at_step).start()
     status, reason, best_checkpoint, last_checkpoint = "FAILED", None, None, None
@@ -440,7 +439,7 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
     # small ones in the object store, in-memory ones read by each rank: neither is a Ray Dataset
     held = {name: s for name, s in splits.items() if isinstance(s, (HeldSplit, FileSplit))}
     job = WorkerJob(
-        cfg=cfg, schema=inputs.schema, plans=ray.put(planned.plans_by_world),
+        cfg=cfg, schema=inputs.schema, plans=ray.put(planned.plans),
         model=ray.put(inputs.model) if inputs.model is not None else None, train_rows=inputs.train_rows,
         plan_fingerprint=planned.fingerprint, checkpoint_root=tracking.outputs.checkpoint_root,
         resume_from=planned.resume[0] if planned.resume else None, in_memory=resources.in_memory,

@@ -21,8 +21,8 @@ from rayemb.data.schema import DatasetSchema
 class WorkerJob:
     cfg: JobConfig
     schema: DatasetSchema
-    #: object ref of ``{world size: JobPlan}``: the planned world, and each smaller one an elastic job may
-    #: restart at (hot set and shards for its size)
+    #: object ref of ``{world size: WorldPlan}`` (:mod:`rayemb.train.world_plan`): the planned world, and each
+    #: smaller one an elastic job may restart at (its batch, hot set and shards)
     plans: Any
     #: object ref of the model's :class:`~rayemb.model.factory.ModelSpec`, or None (the config names the model)
     model: Any

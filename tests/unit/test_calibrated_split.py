@@ -77,7 +77,7 @@ def test_calibrated_hot_set_is_predicted_faster_than_hugectrs_and_than_a_larger_
     def predicted(threshold: float) -> float:
         rule = split_rule(TWO_NODES, BATCH, DIM, calibration=MEASURED)
         rule.given_threshold = threshold
-        spec = tables_from_schema(_Schema, DIM, TWO_NODES, BATCH, stats, split=rule.split(stats))
+        spec = tables_from_schema(_Schema, DIM, stats=stats, split=rule.split(stats))
         return predict_step_time(spec, {"C1": Placement.HYBRID}, TWO_NODES, BATCH, MEASURED).total_s
 
     best = predicted(hot_threshold(MEASURED, 2, DIM))
