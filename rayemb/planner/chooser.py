@@ -40,7 +40,8 @@ class StepTimeCostModel(PlacementChooser):
     types are final (``placements_are_final``): the torchrec engine places
     their ranks without swapping types by TorchRec's own perf estimate, which
     does not know the calibrated costs (it turned table-wise into column-wise
-    at random on gloo, where column-wise is much slower).
+    at random on gloo, where column-wise is much slower). Transfers are timed at
+    ``bytes_model.exchange`` (``train.comm_precision``).
     """
 
     placements_are_final = True
@@ -82,7 +83,8 @@ class StepTimeCostModel(PlacementChooser):
                        for n, p in ch.items() if n not in forced)
 
         def total(ch: Mapping[str, Placement]) -> float:
-            return predict_step_time(tables, ch, topology, global_batch, self.calibration, stored).total_s
+            return predict_step_time(tables, ch, topology, global_batch, self.calibration, stored,
+                                     self.bytes_model.exchange).total_s
 
         def moves(ch: Mapping[str, Placement]):
             # one table at a time, and every table of one placement at once: a module group's fixed cost is
@@ -118,10 +120,12 @@ class StepTimeCostModel(PlacementChooser):
                     replicated(trial) > budget and replicated(trial) > replicated(choice)):
                 best, choice = cost, trial
                 break
-        self.prediction = predict_step_time(tables, choice, topology, global_batch, self.calibration, stored)
+        self.prediction = predict_step_time(tables, choice, topology, global_batch, self.calibration, stored,
+                                            self.bytes_model.exchange)
         logger.info("step-time model: %.2f ms/step predicted (%s)", 1e3 * best,
                     ", ".join(f"{k} {1e3 * v:.2f}" for k, v in self.prediction.components.items()))
-        return {t.name: stored.get(t.name) or table_cost(t, choice[t.name], w, l, global_batch) for t in tables}
+        return {t.name: stored.get(t.name) or table_cost(t, choice[t.name], w, l, global_batch, self.bytes_model.exchange)
+                for t in tables}
 
 
 __all__ = ["StepTimeCostModel"]

@@ -57,7 +57,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rayemb.batch_shape import BatchShape
 from rayemb.planner.compression import StoredCost, storage_step_seconds
-from rayemb.planner.cost import column_shards
+from rayemb.planner.cost import FP32_EXCHANGE, ExchangeBytes, column_shards
 from rayemb.planner.traffic import predict_table_bytes
 from rayemb.planner.types import ClusterTopology, Placement, TableSpec
 
@@ -208,10 +208,11 @@ def _group_of(placement: Placement) -> List[str]:
     return [placement.value]
 
 
-def _bytes(t: TableSpec, p: Placement, global_batch: int, w: int, l: int) -> Dict[str, float]:
+def _bytes(t: TableSpec, p: Placement, global_batch: int, w: int, l: int,
+           exchange: ExchangeBytes = FP32_EXCHANGE) -> Dict[str, float]:
     return predict_table_bytes(
         p, batch_size=global_batch, dim=t.dim, world_size=w, pooling=t.pooling_factor, num_rows=t.rows,
-        hot_share=t.hot_share, num_hot=t.hot_rows, grad_elem_bytes=t.bytes_per_element,
+        hot_share=t.hot_share, num_hot=t.hot_rows, elem_bytes=exchange.rows, grad_elem_bytes=exchange.all_reduce(t),
         column_shards=column_shards(t.dim, w), devices_per_node=l,
     )
 
@@ -254,10 +255,12 @@ def normalize_probes(groups: Mapping[str, Tuple[float, float]], links: Mapping[s
 def predict_step_time(
     tables: Sequence[TableSpec], placements: Mapping[str, Placement], topology: ClusterTopology, global_batch: int,
     calibration: Calibration, storage: Optional[Mapping[str, StoredCost]] = None,
+    exchange: ExchangeBytes = FP32_EXCHANGE,
 ) -> StepTimePrediction:
     """Predicted seconds per step of ``tables`` placed as ``placements`` (module docstring).
 
     ``storage``: the compressed / cached tables' chosen costs (their placement is theirs, not ``placements``').
+    ``exchange``: the element sizes on the wire (``train.comm_precision``) the transfers are timed at.
     """
     cal, w, l = calibration, topology.world_size, topology.devices_per_node
     local_batch = BatchShape.of_global(global_batch, w).local
@@ -301,7 +304,7 @@ def predict_step_time(
             lookup, pool = ids_local * per_id, ids_local * pool_per_id
         transfer = 0.0
         if w > 1:
-            by_collective = _bytes(t, p, global_batch, w, l)
+            by_collective = _bytes(t, p, global_batch, w, l, exchange)
             for collective, total_bytes in by_collective.items():
                 sent["all_reduce" if collective == "all_reduce" else "all_to_all"] += total_bytes / w
                 if collective == "all_reduce" and probed:

@@ -279,6 +279,7 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
 
     from rayemb.planner import plan, tables_from_schema
     from rayemb.planner.chooser import StepTimeCostModel
+    from rayemb.planner.cost import BytesCostModel, ExchangeBytes
     from rayemb.planner.step_time import DEFAULT_CALIBRATION, predict_step_time
 
     global_batch = BatchShape(cfg.data.batch_size, topology.world_size).global_size
@@ -287,10 +288,12 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
     calibration = calibration or DEFAULT_CALIBRATION
     # ties to one module group on one node only: measured there (docs/planner.md, "Ties")
     tie_margin = cfg.planner.tie_margin if topology.num_nodes == 1 else 0.0
-    chooser = StepTimeCostModel(calibration, tie_margin=tie_margin) if cfg.planner.objective == "step_time" else None
+    exchange = ExchangeBytes.of(cfg.train.comm_precision)  # the bytes a 16-bit exchange really sends
+    chooser = StepTimeCostModel(calibration, BytesCostModel(exchange=exchange), tie_margin=tie_margin) \
+        if cfg.planner.objective == "step_time" else None
     # Training needs a TorchRec plan of the real module, so the torchrec engine; "fast" is for what-if plans.
     result = plan(specs, topology, global_batch, pins=pins_of(cfg, schema.sparse_names, schema.raw_names, split),
-                  engine="torchrec", chooser=chooser)
+                  engine="torchrec", chooser=chooser, exchange=exchange)
     hot_ids = {name: split.hot_ids(name) for name, tp in result.tables.items() if tp.placement.value == "hybrid"}
     sharding_plan = ShardingPlan(
         plan={f"{EMBEDDING_MODULE}.{path}": module_plan for path, module_plan in result.sharding_plan.plan.items()}
@@ -304,7 +307,7 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
         sharding_plan.plan[SEQUENCE_MODULE] = seq_plan
         summary["sequence"] = {"tower": cfg.model.sequence_tower, "tables": sequence_summary(seq_plan)}
     predicted = predict_step_time(specs, {n: tp.placement for n, tp in result.tables.items()}, topology,
-                                  global_batch, calibration)
+                                  global_batch, calibration, exchange=exchange)
     summary["objective"] = cfg.planner.objective
     summary["predicted_step_time_s"] = predicted.total_s
     summary["predicted_step_time_components_s"] = predicted.components

@@ -86,3 +86,22 @@ def test_the_calibration_key_holds_the_comm_precision():
     keys = {cache_key(key_fields(step_numerics(load_config(CONFIG, o)), {"world": 2}, []))
             for o in ([], ["train.comm_precision.forward=bf16"], ["train.comm_precision.backward=bf16"])}
     assert len(keys) == 3
+
+
+def test_the_step_time_model_times_the_bytes_sent():
+    from rayemb.planner.chooser import StepTimeCostModel
+    from rayemb.planner.cost import BytesCostModel
+    from rayemb.planner.step_time import DEFAULT_CALIBRATION, predict_step_time
+
+    tables = [TableSpec("big", rows=10**6, dim=D, pooling_factor=2.0)]
+    topo = ClusterTopology(num_nodes=2, devices_per_node=W // 2)
+    placed = {"big": Placement.TABLE_WISE}
+    full = predict_step_time(tables, placed, topo, B, DEFAULT_CALIBRATION)
+    half = predict_step_time(tables, placed, topo, B, DEFAULT_CALIBRATION, exchange=BF16)
+    assert 0 < half.components["transfer"] < full.components["transfer"]
+    chooser = StepTimeCostModel(DEFAULT_CALIBRATION, BytesCostModel(exchange=BF16))
+    chosen = chooser.choose(tables, topo, B, {})["big"]
+    assert chosen.bytes_per_step == table_bytes(tables[0], chosen.placement, W, W // 2, B, BF16)
+    assert chooser.prediction.components["transfer"] == pytest.approx(
+        predict_step_time(tables, {"big": chosen.placement}, topo, B, DEFAULT_CALIBRATION,
+                          exchange=BF16).components["transfer"])
