@@ -105,3 +105,11 @@ def test_the_step_time_model_times_the_bytes_sent():
     assert chooser.prediction.components["transfer"] == pytest.approx(
         predict_step_time(tables, {"big": chosen.placement}, topo, B, DEFAULT_CALIBRATION,
                           exchange=BF16).components["transfer"])
+
+
+def test_the_planner_and_the_exchanges_agree_on_the_element_sizes():
+    from rayemb.config import CHOICES
+    from rayemb.embedding.qcomm import ELEMENT_BYTES
+
+    assert ExchangeBytes.SIZES == ELEMENT_BYTES
+    assert tuple(ELEMENT_BYTES) == CHOICES["train.comm_precision"]
