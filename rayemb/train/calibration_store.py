@@ -222,9 +222,13 @@ def job_key_fields(inputs: Any, topology: Any, resources: Any, shape: Mapping[st
 
 def step_numerics(cfg: Any) -> Dict[str, Any]:
     """What the plan probe's step times beyond the shape: its precision, the tables' dtype and the exchanges'
-    wire precision (``train.comm_precision``: a 16-bit exchange moves half the bytes)."""
-    return {"precision": cfg.train.precision, "embedding_dtype": cfg.model.embedding_dtype,
-            "comm_precision": dict(cfg.train.comm_precision)}
+    wire precision (``train.comm_precision``: a 16-bit exchange moves half the bytes). fp32 exchanges, the
+    default, are left out, so that measurements kept before the key existed still match the jobs they fit."""
+    numerics = {"precision": cfg.train.precision, "embedding_dtype": cfg.model.embedding_dtype}
+    comm = dict(cfg.train.comm_precision)
+    if any(v != "fp32" for v in comm.values()):
+        numerics["comm_precision"] = comm
+    return numerics
 
 
 def kept_max_age_s(cfg: Any) -> float:

@@ -86,6 +86,8 @@ def test_the_calibration_key_holds_the_comm_precision():
     keys = {cache_key(key_fields(step_numerics(load_config(CONFIG, o)), {"world": 2}, []))
             for o in ([], ["train.comm_precision.forward=bf16"], ["train.comm_precision.backward=bf16"])}
     assert len(keys) == 3
+    # fp32 exchanges are the key measurements kept before the field existed had
+    assert "comm_precision" not in step_numerics(load_config(CONFIG, []))
 
 
 def test_the_step_time_model_times_the_bytes_sent():
