@@ -20,14 +20,14 @@ Example::
 from rayemb._version import __version__
 from rayemb.config import JobConfig, load_config
 from rayemb.errors import ConfigError, DataError, PlanError, RayembError, TrainingError
-from rayemb.train.trainer import TrainResult, run_training
+from rayemb.train.driver.trainer import TrainResult, run_training
 
 
 #: the Python API's trainer, the model contract's names and the exported model (torch, TorchRec, Ray): imported
 #: on first use, so that `import rayemb` stays light
 _MODEL_API = {
     "EmbeddingTrainer": "rayemb.api",
-    "Embeddings": "rayemb.model.contract",
+    "Embeddings": "rayemb.contract.model",
     "DatasetSchema": "rayemb.data.schema",
     "SequenceFeature": "rayemb.embedding.sequence",
     "UserHistoryTower": "rayemb.embedding.sequence",

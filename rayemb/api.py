@@ -42,7 +42,7 @@ SPLITS = ("train", "valid")
 
 
 def _model_spec(model: Union[str, Callable[..., Any]], args: Mapping[str, Any], name: str) -> Any:
-    from rayemb.model.factory import SHIPPED_MODELS, ModelSpec, model_spec, ship_function
+    from rayemb.contract.factory import SHIPPED_MODELS, ModelSpec, model_spec, ship_function
 
     if callable(model):
         ship_function(model)
@@ -89,7 +89,7 @@ class EmbeddingTrainer:
         self.config: JobConfig = config_from_dict(d)
         self._spec = _model_spec(model, self.config.model.args, str(self.config.model.factory))
         if loss is not None:  # the caller's loss(output, labels) -> scalar, shipped to the workers with the job
-            from rayemb.model.factory import model_spec, ship_function
+            from rayemb.contract.factory import model_spec, ship_function
 
             ship_function(loss)
             self._spec = dataclasses.replace(self._spec or model_spec(self.config.model), loss=loss)
@@ -106,7 +106,7 @@ class EmbeddingTrainer:
         The job is named by ``RunConfig(name=...)`` (the config's ``name``) in its output folder: calling ``fit()``
         again while its last run is unfinished (a driver that died) continues that run from its newest
         checkpoint; a finished run is returned as it is. ``new_run=True`` starts another run."""
-        from rayemb.train.trainer import run_training
+        from rayemb.train.driver.trainer import run_training
 
         cfg = self.config
         if not isinstance(self._datasets, str):

@@ -33,7 +33,7 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_SPREAD")
 EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
 #: model.embedding_dtype -> bytes per stored table element (what the planner's memory estimates count)
 EMBEDDING_DTYPE_BYTES = {"fp32": 4, "fp16": 2}
-#: train.compile: none, or torch.compile of the model's dense part (rayemb.train.compile)
+#: train.compile: none, or torch.compile of the model's dense part (rayemb.train.worker.compile)
 COMPILE_CHOICES = ("none", "dense")
 #: train.compile_mode: torch.compile's modes (reduce-overhead: CUDA graphs on a CUDA device)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
@@ -90,7 +90,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    #: a shipped model (rayemb.models; the list is rayemb.model.factory.SHIPPED_MODELS)
+    #: a shipped model (rayemb.models; the list is rayemb.contract.factory.SHIPPED_MODELS)
     name: str = "dlrm"
     #: a model factory of your own, "package.module:function" (replaces name; docs/api.md, "The contract")
     factory: Optional[str] = None
@@ -112,7 +112,7 @@ class ModelConfig:
     embedding_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
-        from rayemb.model.factory import SHIPPED_MODELS
+        from rayemb.contract.factory import SHIPPED_MODELS
 
         _require(self.name in SHIPPED_MODELS, "model.name", f"{self.name!r} is not a shipped model",
                  f"Use one of {sorted(SHIPPED_MODELS)}, or model.factory: 'package.module:function' for your own.")
@@ -325,7 +325,7 @@ class PlannerConfig:
     recalibrate: bool = False
     #: one node: a plan placing every table alike wins when predicted within this fraction of the best mix
     tie_margin: float = 0.05
-    #: steps of the plan probe at job start (rayemb.train.plan_probe): the step-time model's plan and the same
+    #: steps of the plan probe at job start (rayemb.train.calibration.plan_probe): the step-time model's plan and the same
     #: job on the other side of the hybrid choice, built as the workers will and timed on the live cluster; the
     #: faster trains and its step is the predicted one. 0: no probe (the model's choice and prediction stand)
     probe_steps: int = 30
@@ -355,7 +355,7 @@ class TrackingConfig:
     #: the MLflow experiment the job's runs go to
     experiment: str = "rayemb"
     #: job outputs (MLflow sqlite store, Ray Train storage); relative paths: see ``resolve_path``. A URI
-    #: (s3://bucket/runs) holds job files and checkpoints; MLflow then stays local (rayemb.train.outputs)
+    #: (s3://bucket/runs) holds job files and checkpoints; MLflow then stays local (rayemb.train.driver.outputs)
     output_dir: str = "runs"
     #: MLflow tracking URI; None means $MLFLOW_TRACKING_URI, else sqlite under output_dir
     tracking_uri: Optional[str] = None
@@ -534,7 +534,7 @@ def resolve_path(path: str) -> str:
 
 
 #: the keys that take one of a fixed set of values, and that set (the validation above reads the same constants;
-#: model.name's set is rayemb.model.factory.SHIPPED_MODELS)
+#: model.name's set is rayemb.contract.factory.SHIPPED_MODELS)
 CHOICES: Dict[str, Tuple[Any, ...]] = {
     "data.id_policy": ID_POLICIES,
     "model.sequence_tower": SEQUENCE_TOWERS,

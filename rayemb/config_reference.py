@@ -103,7 +103,7 @@ def _default(f: dataclasses.Field) -> str:
 
 
 def _choices() -> Dict[str, Tuple[Any, ...]]:
-    from rayemb.model.factory import SHIPPED_MODELS
+    from rayemb.contract.factory import SHIPPED_MODELS
 
     return {**config.CHOICES, "model.name": tuple(SHIPPED_MODELS)}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, List, Optional, Set, Tuple
 
 
-#: the category of every error about a model factory (rayemb.model): one that cannot be found or breaks the contract
+#: the category of every error about a model factory (rayemb.contract): one that cannot be found or breaks the contract
 BAD_FACTORY = "bad_model_factory"
 
 

@@ -5,7 +5,7 @@
 follows the plan is the same: a few optimizer steps on this rank's slice of
 the training rows, ``save_logical`` (the checkpoint ``rayemb export`` reads),
 and this rank's half of the validation rows scored as
-``rayemb.train.validation.evaluate`` does. :func:`fixed_job_plan` plans a job's
+``rayemb.train.worker.validation.evaluate`` does. :func:`fixed_job_plan` plans a job's
 model with placements given table by table.
 """
 
@@ -27,8 +27,8 @@ def train_save_score(rank: int, world_size: int, cfg: Any, schema: Any, job_plan
     from rayemb.checkpoint.store import save_logical
     from rayemb.data.batching import BatchConverter
     from rayemb.data.schema import parquet_files
-    from rayemb.model.tables import sequence_features, table_configs
-    from rayemb.train.loop import sharded_model
+    from rayemb.contract.tables import sequence_features, table_configs
+    from rayemb.train.worker.build import sharded_model
 
     torch.manual_seed(cfg.train.seed)
     model, optimizer, remapper = sharded_model(cfg, schema, job_plan, torch.device("cpu"))
@@ -94,7 +94,7 @@ def fixed_job_plan(cfg: Any, schema: Any, plan: Dict[str, Tuple[str, str, Any]],
 
     from rayemb.embedding.placements import hybrid_from_placements
     from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.tables import table_configs
     from rayemb.train.sharding import JobPlan, build_model
 
     placements = {t: Placement(p, s) for t, (p, s, _) in plan.items()}

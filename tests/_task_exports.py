@@ -76,9 +76,9 @@ def reference_outputs(checkpoint: str, data_dir: str, model: Dict[str, Any], row
     from rayemb.config import config_from_dict
     from rayemb.data.batching import BatchConverter
     from rayemb.data.schema import DatasetSchema
-    from rayemb.model.contract import Embeddings
-    from rayemb.model.factory import model_spec
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.model import Embeddings
+    from rayemb.contract.factory import model_spec
+    from rayemb.contract.tables import table_configs
 
     schema = DatasetSchema.load(data_dir)
     cfg = config_from_dict({"name": "ref", "data": {"path": data_dir}, "model": {"embedding_dim": 4, **model}})

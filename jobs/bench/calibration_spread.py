@@ -2,7 +2,7 @@
 
 Brings up ``--nodes`` Ray nodes in network namespaces with links shaped to
 ``--bandwidth-mbit`` (``cluster/emulate.py``, needs root), then calls
-``rayemb.train.calibrate.calibrate_cluster`` ``--repeats`` times from the head's
+``rayemb.train.calibration.calibrate.calibrate_cluster`` ``--repeats`` times from the head's
 namespace, placed as ``jobs/bench/multinode.py``'s jobs are (one rank per node,
 1 CPU each, SPREAD), with the default job's shape. Prints, per probe kind, the
 fixed cost per step and the cost per table of every calibration, with their
@@ -36,7 +36,7 @@ from _report import report  # noqa: E402
 _CALIBRATE = r"""
 import json, sys
 from rayemb._ray import init_ray
-from rayemb.train.calibrate import calibrate_cluster
+from rayemb.train.calibration.calibrate import calibrate_cluster
 init_ray()
 shape = json.loads(sys.argv[1])
 for _ in range(int(sys.argv[2])):
@@ -44,7 +44,7 @@ for _ in range(int(sys.argv[2])):
     print("CAL " + json.dumps(c.to_dict()), flush=True)
 """
 SHAPE = dict(local_batch=512, num_dense=13, num_sparse=26, dim=16, bottom_mlp=[64, 16], top_mlp=[64, 32, 1],
-             prefetch_input_dist=True)  # the default job's (rayemb.train.calibration_store.calibrate)
+             prefetch_input_dist=True)  # the default job's (rayemb.train.calibration.store.calibrate)
 
 
 def spread(values: Sequence[float]) -> Optional[float]:

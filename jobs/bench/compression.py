@@ -208,7 +208,7 @@ def auc_rows(config: str, overrides: Sequence[str], n_tables: int, seed: int, do
     import ray
 
     from rayemb.config import load_config
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     if not ray.is_initialized():
         ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING")

@@ -3,8 +3,8 @@
 Rows, at each global batch of ``--batches`` (default 512, 8192, 65536) on one rank (world size 1):
 
 * ``rayemb``: the job's own model and step: the DLRM of ``--config`` (jobs/configs/synth_small.yaml) sharded by
-  ``rayemb.train.build.build_step`` with the plan the job's planner makes, stepped by its
-  ``rayemb.train.step.TrainStep`` with the loop's loss, prefetch, byte counter and timer, on the converted batches
+  ``rayemb.train.worker.build.build_step`` with the plan the job's planner makes, stepped by its
+  ``rayemb.train.worker.step.TrainStep`` with the loop's loss, prefetch, byte counter and timer, on the converted batches
   the loader holds in host memory (pinned on CUDA), each copied to the device by the loop's ``DeviceFeed``
   while the step before it runs;
 * ``dmp_on_device``: TorchRec's ``DLRMTrain`` (same tables and MLPs) under ``DistributedModelParallel`` with
@@ -12,13 +12,13 @@ Rows, at each global batch of ``--batches`` (default 512, 8192, 65536) on one ra
 * ``torchrec_pipeline``: the same model stepped by TorchRec's ``TrainPipelineSparseDist`` over host batches
   (pinned on CUDA): it copies the next batch and starts its input exchange while the current one trains;
 * ``rayemb_compiled`` (only with ``--compile MODE``): the ``rayemb`` row with the dense part of its model
-  compiled in torch.compile's MODE (``train.compile: dense``, rayemb.train.compile; ``reduce-overhead``: CUDA
+  compiled in torch.compile's MODE (``train.compile: dense``, rayemb.train.worker.compile; ``reduce-overhead``: CUDA
   graphs). It starts from the same weights and steps the same batches as ``rayemb``, so its losses should
   match: ``loss_max_diff_vs_rayemb`` says by how much they differ.
 
 The data is synthetic (``rayemb.data.synthetic``; ``--tiny``: small tables), made in a temp dir; each row
 cycles ``--pool`` distinct batches. The rows of a batch size live side by side and are timed round-robin
-(``rayemb.train.calibrate_probes.Interleaved``: a round runs ``--steps`` steps of each row, the order rotated
+(``rayemb.train.calibration.probes.Interleaved``: a round runs ``--steps`` steps of each row, the order rotated
 each round, the device synchronised before the clock stops): ``--repeats`` rounds after one warm-up round, a
 row the median per step over its rounds with their min-max, and its mean loss per round.
 
@@ -121,7 +121,7 @@ def host_tables(data_dir: str, batch: int, pool: int) -> List[Any]:
 def rayemb_row(cfg: Any, schema: Any, stats: Any, tables: Sequence[Any], device: Any,
                hbm_gib: Optional[float], compile_mode: Optional[str] = None) -> Dict[str, Any]:
     """The job's plan for one rank of this device (no calibration at one rank: a job makes none), then the
-    loop's step (rayemb.train.loop.train_loop_per_worker) on the loader's host batches; ``compile_mode``: the
+    loop's step (rayemb.train.worker.loop.train_loop_per_worker) on the loader's host batches; ``compile_mode``: the
     dense part compiled in that mode, as ``train.compile: dense`` compiles it."""
     import dataclasses
 
@@ -131,11 +131,11 @@ def rayemb_row(cfg: Any, schema: Any, stats: Any, tables: Sequence[Any], device:
     from rayemb.embedding.comm import CommCounter
     from rayemb.planner.tables import split_rule
     from rayemb.planner.topology import described_topology
-    from rayemb.train.build import build_step
-    from rayemb.train.device_feed import DeviceFeed, pinned
-    from rayemb.train.loop import _step_batch
+    from rayemb.train.worker.build import build_step
+    from rayemb.train.worker.device_feed import DeviceFeed, pinned
+    from rayemb.train.worker.loop import _step_batch
     from rayemb.train.sharding import make_job_plan
-    from rayemb.train.step import LossWindow, StepTimer
+    from rayemb.train.worker.step import LossWindow, StepTimer
 
     topology = described_topology(1, 1, hbm_gib=hbm_gib, compute_device=device.type)
     split = split_rule(topology, cfg.data.batch_size, cfg.model.embedding_dim).split(stats)
@@ -255,7 +255,7 @@ def time_batch(builders: Mapping[str, Callable[[], Dict[str, Any]]], steps: int,
     """Every row built, then timed round-robin: ``repeats`` rounds after one warm-up round."""
     import torch
 
-    from rayemb.train.calibrate_probes import Interleaved
+    from rayemb.train.calibration.probes import Interleaved
 
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     rows = {name: _Timed(build, steps) for name, build in builders.items()}

@@ -182,14 +182,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     import ray
 
     from rayemb.config import load_config
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     if not ray.is_initialized():
         ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING")
 
     pinned: Optional[List[str]] = None
     if args.pin_hybrid:  # the job's own statistics pass and split, as run_training does it
-        from rayemb.train.trainer import check_inputs, compute_statistics, job_topology
+        from rayemb.train.driver.trainer import check_inputs, compute_statistics, job_topology
         from rayemb.train.world_plan import plan_world
 
         cfg = load_config(args.config, [*args.set, "planner.hybrid=true"])

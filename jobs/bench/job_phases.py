@@ -6,7 +6,7 @@ The config (default jobs/configs/synth_small.yaml, with ``train.epochs=1``; ``--
 gen-data --rows 400000`` when absent) runs ``--runs`` times on one local Ray cluster started before the first
 (as a job submitted to a running cluster), every run into the same fresh output folder: the first measures
 the calibration and probes the plans, the later ones find both kept there (``planner.calibration_max_age_h``).
-Each run's phases come from the job itself (``phase_s.*``: rayemb.train.phases). Writes ``{"schema_version": 1,
+Each run's phases come from the job itself (``phase_s.*``: rayemb.train.driver.phases). Writes ``{"schema_version": 1,
 "config", "overrides", "data", "runs": [{"run", "phases", "calibration_source", "probe_kept", "wall_s",
 "outside_steps_fraction", "valid_auc"}], "warm": {phase: {"median", "min", "max"}}, "target"}`` after every run
 and prints a table. ``target``: the warm runs' median share of the wall outside training steps against 40 %.
@@ -49,7 +49,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from rayemb.config import load_config
     from rayemb.data.synthetic import SyntheticSpec, generate
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     data = os.path.abspath(args.data)
     if not os.path.exists(os.path.join(data, "schema.yaml")):

@@ -4,12 +4,12 @@ uses a good description of the wire?
 Brings up ``--nodes`` network-namespace nodes with links shaped to
 ``--bandwidth-mbit`` (``cluster/emulate.py``, needs root), starts one gloo rank
 per node (no Ray work: plain processes in the namespaces), and times, in one
-interleaved set (``rayemb.train.calibrate_probes.Interleaved``), all-to-all and
+interleaved set (``rayemb.train.calibration.probes.Interleaved``), all-to-all and
 all-reduce of 4 KiB .. 1 MiB per rank: one call between the other collectives,
 one call after a 30 ms idle gap, and three all-to-alls back to back. Prints,
 per size and pattern, the bytes one rank sent, the median time, ns per byte,
 and what the calibration's α-β line (through 4 KiB and 1 MiB, as
-``rayemb.train.calibrate`` fits it) predicts for the same call.
+``rayemb.train.calibration.calibrate`` fits it) predicts for the same call.
 
 Usage::
 
@@ -37,7 +37,7 @@ SIZES = (4096, 16384, 32768, 65536, 131072, 2**20)
 _RANK = r"""
 import datetime, json, statistics, sys, time
 import torch, torch.distributed as dist
-from rayemb.train.calibrate_probes import Interleaved
+from rayemb.train.calibration.probes import Interleaved
 rank, world, master, sizes, rounds = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world,
@@ -126,7 +126,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                ("ms", ">8", "{:.2f}"), ("ns/B", ">7", "{:.1f}"), ("α-β ms", ">8", "{:.2f}")]
     return report(args.out, doc, rows, columns, ["pattern", "bytes_per_rank", "sent_kb", "ms", "ns_per_byte", "line_ms"],
                   footer=f"{world} nodes at {args.bandwidth_mbit:g} mbit; α-β: the line through "
-                         f"{min(SIZES)} and {max(SIZES)} bytes, as rayemb.train.calibrate fits it")
+                         f"{min(SIZES)} and {max(SIZES)} bytes, as rayemb.train.calibration.calibrate fits it")
 
 
 if __name__ == "__main__":

@@ -182,7 +182,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     import ray
 
     from rayemb.config import load_config
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     multitask = args.suite == "multitask"
     data_per_seed = {s: dataset_for_seed(args.data, s, args.rows, multitask) for s in args.seeds}

@@ -47,7 +47,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import torch
     from torchrec.optim import RowWiseAdagrad
 
-    from rayemb.train.optim import MultiTensorRowWiseAdagrad
+    from rayemb.train.worker.optim import MultiTensorRowWiseAdagrad
 
     torch.set_num_threads(args.threads)
     rows = table_rows(args.data, args.tables)

@@ -80,7 +80,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from rayemb.config import load_config
     from rayemb.data.synthetic import SyntheticSpec, generate
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     data = os.path.abspath(args.data)
     if not os.path.exists(os.path.join(data, "schema.yaml")):

@@ -2,7 +2,7 @@
 
 Builds the plan of ``--config`` (with ``--set`` overrides) from a ``stats.json``
 (a job's output, or ``rayemb stats``) exactly as a job does, then each rank
-(``rayemb.multiprocess``) sets the job's step up with ``rayemb.train.build.build_step``,
+(``rayemb.multiprocess``) sets the job's step up with ``rayemb.train.worker.build.build_step``,
 converts its share of the train split in memory, and times ``--steps`` steps
 per phase (forward, backward, optimizer), with the collective byte counter
 on and off, and the torch profiler's top operators on request. Use it to find
@@ -40,7 +40,7 @@ def _rank_batches(cfg: Any, schema: Any, remap: Any, rank: int, world: int, max_
     from rayemb.data.batching import BatchConverter
     from rayemb.data.schema import parquet_files
     from rayemb.config import resolve_path
-    from rayemb.train.step import StepBatch
+    from rayemb.train.worker.step import StepBatch
 
     files = parquet_files(resolve_path(cfg.data.path), "train")
     table = pq.read_table(files)
@@ -53,7 +53,7 @@ def _rank_batches(cfg: Any, schema: Any, remap: Any, rank: int, world: int, max_
 
 
 class _Variant:
-    """One model of a rank, built and stepped as the job does (its :class:`~rayemb.train.step.TrainStep`), with
+    """One model of a rank, built and stepped as the job does (its :class:`~rayemb.train.worker.step.TrainStep`), with
     its own timers (and counter, prefetch)."""
 
     def __init__(self, cfg: Any, schema: Any, job_plan: Any, counter: bool, prefetch: bool, one_ddp: bool) -> None:
@@ -62,8 +62,8 @@ class _Variant:
         import dataclasses
 
         from rayemb.embedding.comm import CommCounter
-        from rayemb.train.build import build_step
-        from rayemb.train.step import StepTimer
+        from rayemb.train.worker.build import build_step
+        from rayemb.train.worker.step import StepTimer
 
         torch.manual_seed(cfg.train.seed)
         cfg = cfg.replace(train=dataclasses.replace(cfg.train, prefetch_input_dist=prefetch))

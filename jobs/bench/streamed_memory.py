@@ -40,7 +40,7 @@ cannot pass the limit in cgroup v1 (the kernel reclaims or kills first), so the 
 sampled peak of what cannot be reclaimed: anonymous memory plus shmem (the object store).
 
 **Rows/s.** On the same head (limit back at the ceiling), an actor of 1 CPU iterates a
-:class:`~rayemb.train.data_loader.RankBatches` over a Ray Data shard of the train split
+:class:`~rayemb.train.worker.data_loader.RankBatches` over a Ray Data shard of the train split
 (``streaming_split``, as Ray Train hands a rank its shard) with the job's converter, every table hybrid
 with the statistics' heavy hitters as hot ids (the remap a hybrid plan runs): Ray Data's read, the
 conversion and the hybrid remap, without a training step. Batch 512 and 8192 alternate over ``--runs``
@@ -87,7 +87,7 @@ MIN_RUNS = 3
 RATIO = 4.0
 #: the job's progress line, e.g. "rayemb: epoch 1/1 step 120/439 (27%) ..."
 PROGRESS = re.compile(r"epoch \d+/\d+ step (\d+)/(\d+)")
-#: what the job prints when it streams (rayemb/train/trainer.py)
+#: what the job prints when it streams (rayemb/train/driver/trainer.py)
 STREAMED_LINE = "data streamed from Ray Data"
 #: environment that would point the head or the driver at another cluster
 _SCRUBBED_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "MLFLOW_TRACKING_URI")
@@ -590,7 +590,7 @@ def _rate_actor_class():
         def __init__(self, schema: Any, hot_ids: Mapping[str, Any], embedding_dim: int) -> None:
             from rayemb.data.batching import BatchConverter
             from rayemb.embedding.remap import HybridRemapper
-            from rayemb.model.tables import table_configs
+            from rayemb.contract.tables import table_configs
 
             remapper = HybridRemapper(table_configs(schema, embedding_dim), dict(hot_ids))
             self.convert = BatchConverter(schema, "error", remap=remapper.remap)
@@ -598,7 +598,7 @@ def _rate_actor_class():
         def run(self, shard: Any, batch_size: int, timeout_s: float) -> Dict[str, Any]:
             import resource
 
-            from rayemb.train.data_loader import RankBatches
+            from rayemb.train.worker.data_loader import RankBatches
 
             batches = RankBatches(shard, batch_size, self.convert, in_memory=False, first_batch_timeout_s=timeout_s,
                                   split="train", rank=0, cpus_per_worker=1.0)

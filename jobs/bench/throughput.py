@@ -440,7 +440,7 @@ def run_rayemb(variant: str, args: argparse.Namespace, tmp: str, r: int, tables:
             run["plan_summary"] = plan_summary(run["plan"])
             run["predicted_bytes_per_step"] = plan.get("predicted_bytes_per_step")
             run["predicted_step_time_s"] = plan.get("predicted_step_time_s")  # the step-time model's
-            run["probed_step_time_s"] = plan.get("probed_step_time_s")  # the plan probe's (rayemb.train.plan_probe)
+            run["probed_step_time_s"] = plan.get("probed_step_time_s")  # the plan probe's (rayemb.train.calibration.plan_probe)
             run["plan_probe"] = plan.get("plan_probe")
             run["calibration"] = plan.get("calibration")
     db = os.path.join(out_dir, "mlflow.db")

@@ -82,7 +82,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from rayemb.convert.common import ConvertOptions
     from rayemb.convert.movielens import convert_movielens
     from rayemb.storage import sha256
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     data = os.path.abspath(args.data)
     if not os.path.exists(os.path.join(data, "schema.yaml")):

@@ -58,7 +58,7 @@ class CheckpointMeta:
     placements: Optional[Mapping[str, str]] = None
     #: the world size the plan was made for
     world_size_planned: Optional[int] = None
-    #: ``best_<metric>``, ``best_epoch``, ``epochs_without_gain`` (:class:`rayemb.train.loop.EarlyStopping`)
+    #: ``best_<metric>``, ``best_epoch``, ``epochs_without_gain`` (:class:`rayemb.train.worker.loop.EarlyStopping`)
     early_stopping: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: dense column -> its schema.yaml transform (:func:`rayemb.data.transforms.checkpoint_entry`)
     dense_transforms: Optional[Mapping[str, Any]] = None

@@ -54,7 +54,7 @@ def plan_main(args: argparse.Namespace) -> int:
         from rayemb._ray import init_ray
 
         init_ray()
-        from rayemb.train.trainer import job_topology
+        from rayemb.train.driver.trainer import job_topology
 
         topo = job_topology(cfg)  # the shape the config asks for (use_gpu, GPUs per node), on the live nodes
         if args.hbm_gib:

@@ -91,7 +91,7 @@ def train_main(args: argparse.Namespace) -> int:
     from rayemb.config import resolve_path
     from rayemb.tracking import ensure_store
     from rayemb.tracking.sweep import run_sweep
-    from rayemb.train.outputs import tracking_uri
+    from rayemb.train.driver.outputs import tracking_uri
 
     def run_one(overrides: List[str], parent_run_id: str) -> int:
         try:
@@ -126,7 +126,7 @@ def write_result_json(result, path: str) -> None:
 
 def print_result(result) -> None:
     """The lines a user reads at the end of a job: outcome, best epoch, checkpoint, where the run is."""
-    from rayemb.train.metrics import primary_metric, secondary_metric
+    from rayemb.train.worker.metrics import primary_metric, secondary_metric
 
     m = result.metrics
     nan = float("nan")

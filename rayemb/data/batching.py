@@ -143,7 +143,7 @@ class BatchConverter:
         #: also build Batch.sequence from the schema's sequence features
         self.sequence = sequence
         #: a one-id-per-row sparse feature whose ids (checked, not remapped) also go to ``Batch.ids``: a
-        #: retrieval model's item feature (rayemb.train.retrieval)
+        #: retrieval model's item feature (rayemb.train.worker.retrieval)
         self.keep_ids = keep_ids
         if keep_ids is not None and keep_ids not in {f.name for f in schema.sparse if not f.multi_hot}:
             raise DataError(f"keep_ids={keep_ids!r} is not a one-id-per-row sparse feature of the schema.",

@@ -37,7 +37,7 @@ prices a plan as (per rank, seconds per step)::
   over the host link; their bytes are priced at the all-to-all β.
 
 The constants are a :class:`Calibration`: measured at job start on the live
-backend by :mod:`rayemb.train.calibrate` (raw collectives across the job's
+backend by :mod:`rayemb.train.calibration.calibrate` (raw collectives across the job's
 ranks, compute micro-benchmarks on a worker's CPU share), or
 :data:`DEFAULT_CALIBRATION` (2-core CPU, gloo over loopback). Pure: no torch.
 
@@ -133,7 +133,7 @@ class Calibration:
     #: bytes one rank sends in the dense arch's gradient all-reduce (its time is inside ``dense_step_s``)
     dense_sync_bytes: float = 0.0
     #: seconds per step of the job's one DistributedDataParallel wrapper (hooks, its all-reduce's round trip),
-    #: measured by :func:`rayemb.train.calibrate_probes.add_probes` (``ddp/wrapped`` - ``ddp/local``); 0: not measured (older calibrations, and
+    #: measured by :func:`rayemb.train.calibration.probes.add_probes` (``ddp/wrapped`` - ``ddp/local``); 0: not measured (older calibrations, and
     #: then the probes' fixed costs still hold it)
     ddp_step_s: float = 0.0
     #: seconds between its measurement and this job, when kept from an earlier job (``source`` "cached"; else 0)
@@ -160,7 +160,7 @@ class Calibration:
         return cls(**kw)  # type: ignore[arg-type]
 
 
-#: 2 CPU cores, 2 gloo ranks on one node, 0.5 CPU each (measured by rayemb.train.calibrate on the dev machine)
+#: 2 CPU cores, 2 gloo ranks on one node, 0.5 CPU each (measured by rayemb.train.calibration.calibrate on the dev machine)
 DEFAULT_CALIBRATION = Calibration(
     all_reduce=LinkCost(latency_s=2.0e-4, seconds_per_byte=1.0e-9),
     all_to_all=LinkCost(latency_s=2.0e-4, seconds_per_byte=1.0e-9),

@@ -16,7 +16,7 @@ retrieval            ``user_embedding``              ``user_embedding``: the row
 retrieval            ``item_embedding``              ``item_embedding``: the row's item's candidate vector
 ===================  ==============================  ===================================================
 
-A retrieval model (one naming an ``item_feature``, :mod:`rayemb.train.retrieval`)
+A retrieval model (one naming an ``item_feature``, :mod:`rayemb.train.worker.retrieval`)
 needs every feature column for ``score``, every one but the item's for
 ``user_embedding``, and only the item's for ``item_embedding``. Vectors are
 ``list<float>`` columns.

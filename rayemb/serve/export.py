@@ -53,7 +53,7 @@ from rayemb.publish import has_output, publish_dir, resolve_dataset
 
 logger = logging.getLogger(__name__)
 
-#: checkpoint kinds of a run: tag names rayemb.train.trainer sets when a job ends
+#: checkpoint kinds of a run: tag names rayemb.train.driver.trainer sets when a job ends
 CHECKPOINT_TAGS = {"best": "rayemb.best_checkpoint", "last": "rayemb.last_checkpoint"}
 #: run metrics recorded with the model when logged at the checkpoint's step
 STEP_METRICS = ("valid_auc", "valid_logloss", "valid_rows")
@@ -106,8 +106,8 @@ def _check_tables(meta: Dict[str, Any], schema: DatasetSchema, cfg: JobConfig, c
     """Every table the config and schema make (pooled, and the sequence tables of a history tower) is in the
     checkpoint's meta.json with its shape, and the model's factory can be imported and carried: a mismatch
     fails here, before the (large) tables are read."""
-    from rayemb.model.factory import model_spec
-    from rayemb.model.tables import sequence_features
+    from rayemb.contract.factory import model_spec
+    from rayemb.contract.tables import sequence_features
     from rayemb.serve.user_model import check_exportable
 
     check_exportable(cfg.model.factory)

@@ -227,7 +227,7 @@ class InferenceModel:
                  info: Optional[Dict[str, Any]] = None, paths: Optional[Mapping[str, str]] = None,
                  raw_rows: Any = None) -> None:
         from rayemb.data.batching import BatchConverter
-        from rayemb.train.retrieval import item_feature_of
+        from rayemb.train.worker.retrieval import item_feature_of
 
         self.model = model.eval()
         self.schema = schema
@@ -242,7 +242,7 @@ class InferenceModel:
         remap = raw_rows.remap if raw_rows is not None else None
         # ids are logical (one table per feature): no hybrid remap; raw ids become their rows
         self.converter = BatchConverter(schema, id_policy, remap=remap, sequence=self.sequence)
-        #: a retrieval model's item feature (rayemb.train.retrieval), None for a ranking model
+        #: a retrieval model's item feature (rayemb.train.worker.retrieval), None for a ranking model
         self.item_feature = item_feature_of(model)
         #: batches whose item column must hold an item on every row (pair scores, catalogue candidates)
         self.item_converter = None if self.item_feature is None else BatchConverter(
@@ -386,7 +386,7 @@ class InferenceModel:
         """The model's outputs of each batch of ``batch_rows`` rows of a :meth:`rows` table, under no_grad."""
         import torch
 
-        from rayemb.model.contract import model_inputs
+        from rayemb.contract.model import model_inputs
 
         converter, device = converter or self.converter, self.device
         with torch.no_grad():

@@ -1,6 +1,6 @@
 """What an exported retrieval model serves: pair scores, user vectors, item vectors, and the catalogue on disk.
 
-A retrieval model (:mod:`rayemb.train.retrieval`; the shipped one is
+A retrieval model (:mod:`rayemb.train.worker.retrieval`; the shipped one is
 ``model.name: two_tower``) names the one-id-per-row sparse feature that holds a
 row's item (``item_feature``) and returns ``(query, candidate)``, two ``(B, d)``
 tensors whose dot product scores the pair. From an export it serves:
@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from rayemb.errors import DataError
 from rayemb.serve.columns import id_column, missing_columns_error, vector_array
-from rayemb.train.retrieval import towers
+from rayemb.train.worker.retrieval import towers
 
 #: the catalogue file of a retrieval model's export
 ITEMS_FILE = "items.parquet"
@@ -96,7 +96,7 @@ def _item_batches(model: Any, ids: np.ndarray, batch_rows: int) -> Any:
     """``(ids, (n, d) float32 candidate vectors)`` per batch of ``batch_rows`` ids."""
     import torch
 
-    from rayemb.model.contract import model_inputs
+    from rayemb.contract.model import model_inputs
 
     device = model.device
     with torch.no_grad():

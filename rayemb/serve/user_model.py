@@ -7,7 +7,7 @@ way the job built it, ``factory(embeddings, schema, **args)``, around plain
 modules: the pooled tables as one ``EmbeddingBagCollection`` of the job's
 ``table_configs`` (a ``CompressedEmbeddingBagCollection`` when the checkpoint's
 tables are compressed), the sequence tables as the job's ``EmbeddingCollection``.
-:func:`rayemb.model.contract.check_model` says where the model holds them; the
+:func:`rayemb.contract.model.check_model` says where the model holds them; the
 checkpoint's logical tables map onto those paths
 (:func:`rayemb.serve.model.inference_state`).
 
@@ -74,7 +74,7 @@ def pooled_module(schema: Any, model_cfg: Mapping[str, Any], device: Any) -> Any
     (table -> storage, from the checkpoint's meta.json) a ``CompressedEmbeddingBagCollection`` stored alike."""
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.tables import table_configs
 
     tables = table_configs(schema, int(model_cfg["embedding_dim"]))  # fp32: fp16-trained rows widen exactly
     if model_cfg.get("compression"):
@@ -99,7 +99,7 @@ def job_model_config(model_cfg: Mapping[str, Any]) -> "ModelConfig":
 
 def sequence_parts(schema: Any, model_cfg: Mapping[str, Any], device: Any) -> Tuple[Any, List[Any]]:
     """(the sequence ``EmbeddingCollection`` or None, its features) as the training job builds them."""
-    from rayemb.model.tables import sequence_features, sequence_module
+    from rayemb.contract.tables import sequence_features, sequence_module
 
     cfg = job_model_config(model_cfg)
     return sequence_module(cfg, schema, device=device), sequence_features(cfg, schema)
@@ -109,8 +109,8 @@ def build_factory_model(schema: Any, model_cfg: Mapping[str, Any], device: Any) 
     """(the model its factory builds around plain embedding modules on ``device``, where it holds them)."""
     import torch
 
-    from rayemb.model.contract import Embeddings
-    from rayemb.model.factory import model_spec_from_json
+    from rayemb.contract.model import Embeddings
+    from rayemb.contract.factory import model_spec_from_json
 
     device = torch.device(device or "cpu")
     dim = int(model_cfg["embedding_dim"])
@@ -132,7 +132,7 @@ def _module_root(module_name: str, path: str) -> str:
 def copy_factory_code(factory: str, directory: str) -> Optional[Dict[str, Any]]:
     """Copies the module of ``factory`` (``module:function``) into ``directory/code`` unless it is installed;
     returns model.json's ``code`` entry (None: nothing copied)."""
-    from rayemb.model.factory import _installed
+    from rayemb.contract.factory import _installed
 
     check_exportable(factory)
     module_name = factory.partition(":")[0]

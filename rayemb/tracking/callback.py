@@ -69,7 +69,7 @@ class QueueDrainer:
         #: reports at or before this step are kept but not logged (a continued run has them already)
         self.after_step = after_step
         self.run_logger = run_logger
-        #: e.g. a :class:`rayemb.train.progress.ProgressPrinter`: ``update(report)`` per report
+        #: e.g. a :class:`rayemb.train.driver.progress.ProgressPrinter`: ``update(report)`` per report
         self.progress = progress
         self.poll_s = poll_s
         self.reports: List[Dict[str, Any]] = []

@@ -1,7 +1,7 @@
 """Small splits held in Ray's object store: the driver reads them, each rank slices its own rows.
 
 A split of at most :data:`~rayemb.constants.SMALL_SPLIT_MAX_ROWS` rows is read by the driver in one go
-(:func:`rayemb.train.outputs.read_splits`) and put into the object store as one Arrow table. Handing it to Ray
+(:func:`rayemb.train.driver.outputs.read_splits`) and put into the object store as one Arrow table. Handing it to Ray
 Train as a Ray Dataset would cost a split coordinator actor per split and a dataset manager per worker group
 (each a process to start and import Ray Data in, seconds on a small machine, for every group a job starts or
 restarts); a rank instead maps the table from the object store (no copy on its node) and takes its rows:
@@ -9,10 +9,10 @@ restarts); a rank instead maps the table from the object store (no copy on its n
 * the train split: ``rows // world`` consecutive rows per rank, as Ray Train's ``streaming_split(equal=True)``
   gives each rank equal counts (up to ``world - 1`` rows dropped);
 * the valid split: every row, ranks' shares differing by at most one row (validation scores all rows,
-  :mod:`rayemb.train.validation`).
+  :mod:`rayemb.train.worker.validation`).
 
 A rank's rows come back in batches through :meth:`HeldShard.iter_batches`, the part of Ray Data's
-``DataIterator`` that :class:`~rayemb.train.data_loader.RankBatches` uses. An elastic group restarted on
+``DataIterator`` that :class:`~rayemb.train.worker.data_loader.RankBatches` uses. An elastic group restarted on
 another world size slices the same table again.
 
 A split too large for the driver to hold whose rank shards still fit in the ranks' memory (``data.in_memory``)

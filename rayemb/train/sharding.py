@@ -58,11 +58,11 @@ class JobPlan:
 
 def build_embeddings(cfg: JobConfig, schema: DatasetSchema, placements: Mapping[str, Any],
                      hot_ids: Mapping[str, np.ndarray], embedding_device: Any, dense_device: Any) -> Any:
-    """The job's :class:`~rayemb.model.contract.Embeddings`: rayemb's hybrid embedding over the pooled tables
+    """The job's :class:`~rayemb.contract.model.Embeddings`: rayemb's hybrid embedding over the pooled tables
     (tables not placed hybrid stay an ordinary EBC) and the sequence collection, if the job uses one."""
     from rayemb.embedding.placements import hybrid_from_placements
-    from rayemb.model.contract import Embeddings
-    from rayemb.model.tables import sequence_features, sequence_module, table_configs
+    from rayemb.contract.model import Embeddings
+    from rayemb.contract.tables import sequence_features, sequence_module, table_configs
 
     tables = table_configs(schema, cfg.model.embedding_dim, cfg.model.embedding_dtype)
     raw = [f for f in schema.sparse if f.name in schema.raw_names]
@@ -76,10 +76,10 @@ def build_model(
     cfg: JobConfig, schema: DatasetSchema, placements: Mapping[str, Any], hot_ids: Mapping[str, np.ndarray],
     embedding_device: Any, dense_device: Any, model: Any = None,
 ) -> Tuple[Any, Any, Dict[str, str]]:
-    """(the job's model, its :class:`~rayemb.model.contract.Embeddings`, where the model holds them).
+    """(the job's model, its :class:`~rayemb.contract.model.Embeddings`, where the model holds them).
 
-    ``model``: a :class:`~rayemb.model.factory.ModelSpec` (None: the config's ``model`` section's)."""
-    from rayemb.model.factory import model_spec
+    ``model``: a :class:`~rayemb.contract.factory.ModelSpec` (None: the config's ``model`` section's)."""
+    from rayemb.contract.factory import model_spec
 
     spec = model if model is not None else model_spec(cfg.model)
     embeddings = build_embeddings(cfg, schema, placements, hot_ids, embedding_device, dense_device)
@@ -119,7 +119,7 @@ def sequence_plan(cfg: JobConfig, schema: DatasetSchema, topology: Any, global_b
 
     from rayemb.embedding.sharders import cpu_capable_sharders
     from rayemb.errors import PlanError
-    from rayemb.model.tables import sequence_features, sequence_module
+    from rayemb.contract.tables import sequence_features, sequence_module
     from rayemb.planner.torchrec_plan import to_torchrec_topology
 
     features = sequence_features(cfg.model, schema)
@@ -163,7 +163,7 @@ def raw_plan(cfg: JobConfig, schema: DatasetSchema, planned: Dict[str, Any], top
     """
     from rayemb.embedding.raw_tables import raw_id_collection, row_wise_plan
     from rayemb.embedding.remap import COLD_SUFFIX
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.tables import table_configs
     from rayemb.planner.types import INSUFFICIENT_STORAGE
 
     plain, cold = f"{EMBEDDING_MODULE}.plain", f"{EMBEDDING_MODULE}.cold."

@@ -1,7 +1,7 @@
 """What the driver hands every Ray Train worker: one frozen, typed :class:`WorkerJob`.
 
-The driver (:func:`rayemb.train.trainer.train`) puts one ``WorkerJob`` in the object store and
-gives Ray Train a loop bound to its reference (:func:`rayemb.train.loop.worker_loop`), so Ray
+The driver (:func:`rayemb.train.driver.trainer.train`) puts one ``WorkerJob`` in the object store and
+gives Ray Train a loop bound to its reference (:func:`rayemb.train.worker.loop.worker_loop`), so Ray
 Train's controller, which unpickles the loop, never loads the plans (they would import TorchRec
 there); each worker fetches the job once. Large or TorchRec-typed parts travel as their own
 object-store references inside it (the plans, the model spec).
@@ -24,7 +24,7 @@ class WorkerJob:
     #: object ref of ``{world size: WorldPlan}`` (:mod:`rayemb.train.world_plan`): the planned world, and each
     #: smaller one an elastic job may restart at (its batch, hot set and shards)
     plans: Any
-    #: object ref of the model's :class:`~rayemb.model.factory.ModelSpec`, or None (the config names the model)
+    #: object ref of the model's :class:`~rayemb.contract.factory.ModelSpec`, or None (the config names the model)
     model: Any
     #: the train split's rows (every world size's steps per epoch come from it)
     train_rows: int

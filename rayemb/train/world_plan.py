@@ -9,7 +9,7 @@ world size, and handed on with the batch it was made for::
     world.batch.global_size == world.split.global_batch_size     # the rows per step the hot set was sized for
     world.job_plan.hot_ids                                       # hybrid tables' replicated ids, from world.split
 
-The driver (:func:`rayemb.train.trainer.plan_job`) makes one per world size and the workers take the one of
+The driver (:func:`rayemb.train.driver.trainer.plan_job`) makes one per world size and the workers take the one of
 their world (:class:`rayemb.train.worker_job.WorkerJob`); ``rayemb plan`` makes one without a ``plan_fn``
 and plans the tables of its hot set with the engine it is asked for.
 """
@@ -24,7 +24,7 @@ from rayemb.config import JobConfig
 from rayemb.planner.tables import split_rule
 
 #: how a world's :class:`~rayemb.train.sharding.JobPlan` is made from (config, split, topology): in this
-#: process, or in a Ray task where TorchRec loads (:func:`rayemb.train.trainer.plan_job`)
+#: process, or in a Ray task where TorchRec loads (:func:`rayemb.train.driver.trainer.plan_job`)
 PlanFn = Callable[[JobConfig, Any, Any], Any]
 
 

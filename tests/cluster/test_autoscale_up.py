@@ -56,7 +56,7 @@ def _wait(predicate, timeout_s, what):
 def test_job_needing_more_workers_than_exist_makes_a_node_appear_and_finishes(tiny_data, tmp_path, monkeypatch):
     import ray
 
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     for var in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         monkeypatch.delenv(var, raising=False)

@@ -49,7 +49,7 @@ def two_node_cluster():
 def test_elastic_job_survives_losing_a_node(two_node_cluster, tiny_data, tmp_path, monkeypatch):
     from rayemb.checkpoint.reader import verify
     from rayemb.errors import DataError
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     # Right after the loss Ray still counts the lost node's CPUs, so Ray Train first tries 2 workers again and
     # waits out its group start timeout (60 s by default) before it shrinks to 1: a shorter wait, same path.

@@ -136,7 +136,7 @@ def test_job_survives_losing_its_head_node(where, tiny_data, tmp_path, monkeypat
 
     from rayemb import storage
     from rayemb.checkpoint.reader import verify
-    from rayemb.train.job_record import read_record
+    from rayemb.train.driver.job_record import read_record
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     server, cluster, first = None, None, None

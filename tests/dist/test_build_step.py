@@ -1,8 +1,8 @@
-"""The plan probe steps the loop's own step: built once (rayemb.train.build.build_step) for both.
+"""The plan probe steps the loop's own step: built once (rayemb.train.worker.build.build_step) for both.
 
 On 2 gloo ranks a two-tower retrieval job (``item`` the item feature, ``train.precision: bf16``) is set up
 twice on the same plan: as the loop sets it up (``build_step`` with the statistics pass's tables, as
-``train_loop_per_worker`` passes them) and as the plan probe does (``rayemb.train.plan_probe.probe_step``).
+``train_loop_per_worker`` passes them) and as the plan probe does (``rayemb.train.calibration.plan_probe.probe_step``).
 Both losses must be the logQ-corrected in-batch softmax with the correction of the item table's
 statistics (equal to ``item_log_q`` of that table: a probe without the statistics would time a softmax
 without it), and both steps must run in the job's precision, with the same item feature and prefetch.
@@ -47,9 +47,9 @@ def _seen(built: Any) -> Dict[str, Any]:
 def _built_rank(rank: int, world_size: int, cfg: Any, schema: Any, tables: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
-    from rayemb.model.factory import model_spec
-    from rayemb.train.build import build_step
-    from rayemb.train.plan_probe import probe_step
+    from rayemb.contract.factory import model_spec
+    from rayemb.train.worker.build import build_step
+    from rayemb.train.calibration.plan_probe import probe_step
 
     cpu = torch.device("cpu")
     spec = model_spec(cfg.model)
@@ -63,7 +63,7 @@ def test_the_probes_step_has_the_loops_loss_statistics_and_precision():
     from rayemb.config import config_from_dict
     from rayemb.data.schema import DatasetSchema
     from rayemb.data.stats_types import TableStats
-    from rayemb.train.retrieval import item_log_q
+    from rayemb.train.worker.retrieval import item_log_q
 
     schema = DatasetSchema.from_dict({"label": "label", "dense": ["d"], "sparse": [
         {"name": "user", "num_embeddings": USERS}, {"name": "item", "num_embeddings": ITEMS}]})

@@ -13,7 +13,7 @@ def _rank(rank, world_size):
     import torch
     import torch.distributed as dist
 
-    from rayemb.train.calibrate import measure_rank
+    from rayemb.train.calibration.calibrate import measure_rank
 
     torch.set_num_threads(1)
     measured = measure_rank(torch.device("cpu"), world_size, {**SHAPE, "prefetch_input_dist": True})  # as jobs step
@@ -28,8 +28,8 @@ def test_calibration_on_two_gloo_ranks_prices_plans():
     from rayemb.planner.chooser import StepTimeCostModel
     from rayemb.planner.step_time import Calibration, predict_step_time
     from rayemb.planner.types import ClusterTopology, Placement, TableSpec
-    from rayemb.train.calibrate import combine
-    from rayemb.train.calibrate_probes import PROBE_KINDS
+    from rayemb.train.calibration.calibrate import combine
+    from rayemb.train.calibration.probes import PROBE_KINDS
 
     results = run_multiprocess(_rank, 2)
     cal = combine(results, "gloo", 1, seconds=1.0, shape=SHAPE)
@@ -61,7 +61,7 @@ def _remeasure(rank, world_size):
     import torch
 
     from rayemb.planner.step_time import LinkCost
-    from rayemb.train.calibrate import measure_collectives
+    from rayemb.train.calibration.calibrate import measure_collectives
 
     torch.set_num_threads(1)
     free = {"all_reduce": LinkCost(1e-3, 0.0), "all_to_all": LinkCost(1e-3, 0.0)}  # bytes free: beta clamped to 0

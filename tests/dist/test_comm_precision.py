@@ -129,7 +129,7 @@ def _job_rank(rank: int, world_size: int, cfg: Any, schema: Any) -> Dict[str, Di
 
     from rayemb.embedding.comm import CommCounter
     from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.train.build import build_step
+    from rayemb.train.worker.build import build_step
     from rayemb.train.sharding import JobPlan, build_model
 
     meta_model, _, _ = build_model(cfg, schema, {}, {}, torch.device("meta"), torch.device("meta"))

@@ -1,6 +1,6 @@
 """The exported model of a job with compressed tables predicts what the sharded model predicts.
 
-On 2 gloo ranks the job's own model code (``rayemb.train.loop.sharded_model``:
+On 2 gloo ranks the job's own model code (``rayemb.train.worker.build.sharded_model``:
 ``build_model`` -> ``hybrid_from_placements`` reading each table plan's
 ``storage``, then ``DistributedModelParallel``) shards a DLRM whose tables are
 QR-mult (table-wise), QR-add (data-parallel), QR-concat (column-wise), block
@@ -52,7 +52,7 @@ def _job_plan(cfg: Any, schema: Any, world_size: int) -> Any:
 
     from rayemb.embedding.placements import hybrid_from_placements
     from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.tables import table_configs
     from rayemb.train.sharding import JobPlan, build_model
 
     placements = {t: _Placement(p, s, st) for t, (p, s, _, st) in PLAN.items()}

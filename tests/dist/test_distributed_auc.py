@@ -1,4 +1,4 @@
-"""Validation metrics over 3 gloo ranks without gathering every row (rayemb.train.dist_metrics) equal
+"""Validation metrics over 3 gloo ranks without gathering every row (rayemb.train.worker.dist_metrics) equal
 the metrics of all rows on one process, to float64 rounding.
 
 The ranks hold unequal shares (one holds none), with many tied scores that straddle the ranks (the exchange
@@ -27,7 +27,7 @@ def _names(tasks: int):
 
 
 def _rank(rank: int, world_size: int):
-    from rayemb.train.dist_metrics import distributed_validation_metrics
+    from rayemb.train.worker.dist_metrics import distributed_validation_metrics
 
     lo = sum(SHARES[:rank])
     mine = slice(lo, lo + SHARES[rank])
@@ -39,7 +39,7 @@ def _rank(rank: int, world_size: int):
 
 
 def test_distributed_metrics_equal_the_metrics_of_every_row_on_one_process():
-    from rayemb.train.metrics import validation_metrics
+    from rayemb.train.worker.metrics import validation_metrics
 
     ranks = run_multiprocess(_rank, 3)
     for tasks in (1, 2):

@@ -1,6 +1,6 @@
 """The exported inference model predicts what the sharded training model predicts.
 
-On 2 gloo ranks, the job's own model code (``rayemb.train.loop.sharded_model``:
+On 2 gloo ranks, the job's own model code (``rayemb.train.worker.build.sharded_model``:
 ``build_model`` + ``DistributedModelParallel``) shards a DLRM over a
 multi-hot dataset with a plan that has hybrid tables (cold halves row- and
 column-wise), plain row-, column- and table-wise tables and a data-parallel

@@ -1,6 +1,6 @@
 """Models of other factories export what their sharded training model predicts.
 
-On 2 gloo ranks the job's own model code (``rayemb.train.loop.sharded_model``) shards DeepFM
+On 2 gloo ranks the job's own model code (``rayemb.train.worker.build.sharded_model``) shards DeepFM
 (``examples/deepfm.py`` through ``model.factory``) and DCN-v2 (``model.name: dcn_v2``) with the plan of
 ``test_export_equivalence.py`` (hybrid tables with row- and column-wise cold halves, row-, column-,
 table-wise and data-parallel tables), trains a few steps and writes each a logical checkpoint; each rank

@@ -1,6 +1,6 @@
 """model.embedding_dtype: fp16 on 2 gloo ranks: the job's model trains, checkpoints, reloads and exports.
 
-The job's own model code (``rayemb.train.loop.sharded_model``) shards a DLRM with the plan of
+The job's own model code (``rayemb.train.worker.build.sharded_model``) shards a DLRM with the plan of
 ``test_export_equivalence.py`` (hybrid tables with row- and column-wise cold halves, plain row-, column-,
 table-wise and data-parallel tables) once with fp16 tables and once with fp32 ones, trains each and saves a
 checkpoint. Then:
@@ -44,7 +44,7 @@ def _config(root: Any, data: str, dtype: str) -> Any:
 
 
 def _tables(cfg: Any, schema: Any) -> Dict[str, Any]:
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.tables import table_configs
 
     return {t.name: (t.num_embeddings, t.embedding_dim) for t in table_configs(schema, cfg.model.embedding_dim)}
 
@@ -66,7 +66,7 @@ def _reload_rank(rank: int, world_size: int, cfg: Any, schema: Any, load: str, s
     from test_export_equivalence import _job_plan
 
     from rayemb.checkpoint.store import load_logical, save_logical
-    from rayemb.train.loop import sharded_model
+    from rayemb.train.worker.build import sharded_model
 
     model, optimizer, remapper = sharded_model(cfg, schema, _job_plan(cfg, schema, world_size), torch.device("cpu"))
     meta = load_logical(load, model, optimizer, remapper, _tables(cfg, schema))

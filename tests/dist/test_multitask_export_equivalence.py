@@ -1,6 +1,6 @@
 """A multi-task model exports one prediction column per task, each what the sharded training model predicts.
 
-On 2 gloo ranks the job's own model code (``rayemb.train.loop.sharded_model``) shards a two-task DLRM
+On 2 gloo ranks the job's own model code (``rayemb.train.worker.build.sharded_model``) shards a two-task DLRM
 (synthetic data with the second label ``like``: schema.yaml ``label: [label, like]``) with the plan of
 ``test_export_equivalence.py`` (hybrid tables with row- and column-wise cold halves, row-, column-,
 table-wise and data-parallel tables), trains a few steps on both labels, writes a logical checkpoint, and

@@ -1,7 +1,7 @@
 """The hot rows of a hybrid raw-id table, saved as entries, keep the table's top eviction priority when they are
 reloaded as managed rows: also when no managed entry exists on any rank to take it from.
 
-On 2 gloo ranks a job's sharded model (``rayemb.train.loop.sharded_model``) holds raw-id table ``U1`` hybrid,
+On 2 gloo ranks a job's sharded model (``rayemb.train.worker.build.sharded_model``) holds raw-id table ``U1`` hybrid,
 with a TTL of one hour and LRU eviction, and no id in its managed rows yet (it never trained). Its checkpoint is
 loaded into the same job planned with ``U1`` row-wise, so its hot ids become managed rows, and the model steps
 once on other ids: the ids that were hot are still held, their last access the save's time and the table's pass
@@ -27,7 +27,7 @@ DIM = 8
 
 
 def _tables(cfg: Any, schema: Any) -> Dict[str, Any]:
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.tables import table_configs
 
     return {t.name: (t.num_embeddings, t.embedding_dim) for t in table_configs(schema, cfg.model.embedding_dim)}
 
@@ -36,7 +36,7 @@ def _save_untrained(rank: int, world_size: int, cfg: Any, schema: Any, job_plan:
     import torch
 
     from rayemb.checkpoint.store import save_logical
-    from rayemb.train.loop import sharded_model
+    from rayemb.train.worker.build import sharded_model
 
     model, optimizer, remapper = sharded_model(cfg, schema, job_plan, torch.device("cpu"))
     before = time.time()
@@ -52,7 +52,7 @@ def _load_and_step(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: 
     from rayemb.checkpoint.raw_state import export_raw_tables
     from rayemb.checkpoint.store import load_logical
     from rayemb.data.batching import BatchConverter
-    from rayemb.train.loop import sharded_model
+    from rayemb.train.worker.build import sharded_model
 
     model, optimizer, remapper = sharded_model(cfg, schema, job_plan, torch.device("cpu"))
     load_logical(checkpoint, model, optimizer, remapper, _tables(cfg, schema))

@@ -1,7 +1,7 @@
 """A job's own sharded model with raw-id and encoded tables: it trains, its checkpoint moves between worlds, and
 its export scores what it scores.
 
-On 2 gloo ranks the job's model code (``rayemb.train.loop.sharded_model`` with the plan
+On 2 gloo ranks the job's model code (``rayemb.train.worker.build.sharded_model`` with the plan
 ``rayemb.train.sharding.make_job_plan`` makes from the dataset's statistics) trains a DLRM over two encoded
 tables and two raw-id tables (int64 ids of any 64-bit value, placed hybrid: its heavy hitters in replicated
 rows, the rest managed row-wise; string ids, pinned row-wise) and writes a checkpoint with rayemb's store.
@@ -81,7 +81,7 @@ def _pooled(model: Any, schema: Any, remapper: Any, rank: int, world: int) -> Di
 
 
 def _tables(cfg: Any, schema: Any) -> Dict[str, Any]:
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.tables import table_configs
 
     return {t.name: (t.num_embeddings, t.embedding_dim) for t in table_configs(schema, cfg.model.embedding_dim)}
 
@@ -101,7 +101,7 @@ def _load_rank(rank: int, world_size: int, cfg: Any, schema: Any, job_plan: Any,
     import torch
 
     from rayemb.checkpoint.store import load_logical, save_logical
-    from rayemb.train.loop import sharded_model
+    from rayemb.train.worker.build import sharded_model
 
     torch.manual_seed(1)  # other initial rows than the trained job's: every probed row comes from a load
     model, optimizer, remapper = sharded_model(cfg, schema, job_plan, torch.device("cpu"))

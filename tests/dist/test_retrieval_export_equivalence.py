@@ -2,10 +2,10 @@
 
 A tiny MovieLens file (``rayemb convert movielens``: one-hot ``user`` and ``item``, multi-hot ``history``,
 dense ``history_length``) trains ``model.name: two_tower`` on 2 gloo ranks with the job's own model code
-(``rayemb.train.loop.sharded_model``; ``item`` row-wise, ``user`` column-wise, ``history`` table-wise) and
+(``rayemb.train.worker.build.sharded_model``; ``item`` row-wise, ``user`` column-wise, ``history`` table-wise) and
 the job's loss (the in-batch softmax over both ranks' candidates) for a few steps, then writes a logical
 checkpoint. Each rank computes ``(query, candidate)`` of its half of the validation rows, and the ranks
-together the candidate of every item id (``rayemb.train.retrieval.catalogue_vectors``, what validation
+together the candidate of every item id (``rayemb.train.worker.retrieval.catalogue_vectors``, what validation
 scores against). ``rayemb export --checkpoint`` must give a model whose pyfunc, loaded in a fresh process,
 returns per row the pair score ``query . candidate`` (the default output), the query (``user_embedding``)
 and, for every item id, the candidate (``item_embedding``), each equal to the sharded model's to 1e-5; the
@@ -71,10 +71,10 @@ def _train_score_rank(rank: int, world_size: int, cfg: Any, schema: Any, checkpo
     from rayemb.checkpoint.store import save_logical
     from rayemb.data.batching import BatchConverter
     from rayemb.data.schema import parquet_files
-    from rayemb.model.contract import model_inputs
-    from rayemb.model.tables import table_configs
-    from rayemb.train.loop import sharded_model
-    from rayemb.train.retrieval import InBatchSoftmax, catalogue_vectors, item_feature_of
+    from rayemb.contract.model import model_inputs
+    from rayemb.contract.tables import table_configs
+    from rayemb.train.worker.build import sharded_model
+    from rayemb.train.worker.retrieval import InBatchSoftmax, catalogue_vectors, item_feature_of
 
     cpu = torch.device("cpu")
     torch.manual_seed(cfg.train.seed)

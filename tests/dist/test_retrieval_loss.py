@@ -24,7 +24,7 @@ def _batch():
 
 
 def _rank(rank: int, world_size: int):
-    from rayemb.train.retrieval import InBatchSoftmax
+    from rayemb.train.worker.retrieval import InBatchSoftmax
 
     query, candidate, ids, log_q = _batch()
     rows = slice(rank * ROWS, (rank + 1) * ROWS)
@@ -35,7 +35,7 @@ def _rank(rank: int, world_size: int):
 
 
 def test_gathered_in_batch_softmax_equals_the_global_batch_on_one_process():
-    from rayemb.train.retrieval import InBatchSoftmax
+    from rayemb.train.worker.retrieval import InBatchSoftmax
 
     query, candidate, ids, log_q = _batch()
     assert len(set(ids.tolist())) < len(ids)  # some item twice: the mask is exercised

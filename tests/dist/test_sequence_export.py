@@ -1,6 +1,6 @@
 """A model with a user-history tower exports and predicts what the sharded training model predicts.
 
-On 2 gloo ranks the job's own model code (``rayemb.train.loop.sharded_model``)
+On 2 gloo ranks the job's own model code (``rayemb.train.worker.build.sharded_model``)
 shards a DLRM with the ``attention`` tower over a dataset with a sequence
 feature ``H1`` (its ``sequence`` EmbeddingCollection row-wise over both ranks,
 the pooled tables table- and row-wise), trains a few steps, writes a

@@ -1,4 +1,4 @@
-"""The training step written once (rayemb.train.step.TrainStep) trains exactly as the step written by hand.
+"""The training step written once (rayemb.train.worker.step.TrainStep) trains exactly as the step written by hand.
 
 On 2 gloo ranks a model with every placement rayemb uses (test_logical_checkpoint's plan A) trains STEPS
 steps from the same weights three ways: a hand-written step (forward, loss, zero_grad, backward,
@@ -27,7 +27,7 @@ STEPS = 4
 def _train(rank: int, world_size: int, how: str) -> Dict[str, object]:
     from rayemb.embedding.comm import CommCounter, instrument_ddp
     from rayemb.embedding.prefetch import StepPrefetch
-    from rayemb.train.step import StepBatch, StepTimer, TrainStep
+    from rayemb.train.worker.step import StepBatch, StepTimer, TrainStep
 
     dmp, opt, remapper = _build(world_size, PLAN_A, seed=0)
     instrument_ddp(dmp)

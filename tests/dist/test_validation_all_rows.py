@@ -1,4 +1,4 @@
-"""Validation scores every row, on 2 gloo ranks, whatever the split's size (rayemb.train.validation).
+"""Validation scores every row, on 2 gloo ranks, whatever the split's size (rayemb.train.worker.validation).
 
 The job's own model code (``sharded_model`` with test_export_equivalence's plan: hybrid tables with row- and
 column-wise cold halves, plain row-, column- and table-wise tables, a data-parallel table) trains a few steps;
@@ -57,9 +57,9 @@ def _score_rank(rank: int, world_size: int, cfg: Any, schema: Any) -> Dict[str, 
 
     from rayemb.data.batching import BatchConverter
     from rayemb.data.schema import parquet_files
-    from rayemb.train.data_loader import RankBatches
-    from rayemb.train.loop import sharded_model
-    from rayemb.train.validation import evaluate
+    from rayemb.train.worker.data_loader import RankBatches
+    from rayemb.train.worker.build import sharded_model
+    from rayemb.train.worker.validation import evaluate
 
     torch.manual_seed(cfg.train.seed)
     model, optimizer, remapper = sharded_model(cfg, schema, _job_plan(cfg, schema, world_size), torch.device("cpu"))
@@ -170,7 +170,7 @@ def test_a_short_batch_is_padded_with_masked_empty_rows():
 
 
 def test_validation_keeps_the_last_batch_training_drops_it():
-    from rayemb.train.data_loader import RankBatches
+    from rayemb.train.worker.data_loader import RankBatches
 
     table = pa.table({"x": list(range(37))})
     args = dict(in_memory=True, first_batch_timeout_s=5.0, rank=0, shuffle=False)
@@ -197,7 +197,7 @@ def _dataset_with_valid_rows(root, rows: int) -> str:
 
 def test_a_valid_split_smaller_than_one_global_batch_is_accepted(tmp_path):
     from rayemb.config import config_from_dict
-    from rayemb.train.trainer import check_inputs
+    from rayemb.train.driver.trainer import check_inputs
 
     data = _dataset_with_valid_rows(tmp_path, 5)
     cfg = config_from_dict({"name": "small-valid", "data": {"path": data, "batch_size": 512},

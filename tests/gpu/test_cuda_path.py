@@ -11,8 +11,8 @@ and ``tests/_sparse.py``, not copied):
   ``EmbeddingBagCollection`` trained on the same batches, to 1e-5;
 * a table the planner caches on CUDA (``kernel: cached`` -> TorchRec ``fused_uvm_caching``, rows in
   UVM host memory behind an HBM cache of 10 % of them): the same equivalence;
-* the job's DLRM (``rayemb.train.loop.sharded_model``) trained on generated data: finite, falling loss;
-* the calibration's compute probes (``rayemb.train.calibrate.measure_compute``) on the GPU.
+* the job's DLRM (``rayemb.train.worker.build.sharded_model``) trained on generated data: finite, falling loss;
+* the calibration's compute probes (``rayemb.train.calibration.calibrate.measure_compute``) on the GPU.
 
 One GPU means one NCCL rank: NCCL cannot put two ranks on the same device, so the collectives
 are real NCCL calls over a world of one (multi-rank equivalence stays with the gloo suite).
@@ -302,8 +302,8 @@ def test_job_dlrm_trains_on_cuda(nccl_world, tmp_path) -> None:
     from rayemb.data.synthetic import SyntheticSpec, generate
     from rayemb.embedding.placements import hybrid_from_placements
     from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.model.tables import table_configs
-    from rayemb.train.loop import sharded_model
+    from rayemb.contract.tables import table_configs
+    from rayemb.train.worker.build import sharded_model
     from rayemb.train.sharding import JobPlan, build_model
 
     steps, batch, dim = 60, 256, export_eq.DIM
@@ -358,16 +358,16 @@ def test_calibration_compute_probes_on_cuda(caplog) -> None:
 
     The CPU's probe sizes (256 vs 8192 ids, 1k vs 50k rows) are launch-bound on an H100 and gave slopes of 0
     or noise; on CUDA the probes grow until the kernels' work doubles the time (docs/dev/gpu.md). ``calibrate_rank``
-    itself imports ``rayemb.train.backend`` (Ray) and is exercised with Ray in CI."""
+    itself imports ``rayemb.train.worker.backend`` (Ray) and is exercised with Ray in CI."""
     import logging
 
-    from rayemb.train.calibrate import measure_compute
+    from rayemb.train.calibration.calibrate import measure_compute
 
     torch.cuda.synchronize(DEVICE)
     torch.cuda.reset_peak_memory_stats(DEVICE)
     base = torch.cuda.memory_allocated(DEVICE)
     t0 = time.perf_counter()
-    with caplog.at_level(logging.INFO, logger="rayemb.train.calibrate"):
+    with caplog.at_level(logging.INFO, logger="rayemb.train.calibration.calibrate"):
         out = measure_compute(DEVICE, local_batch=1024, num_dense=13, num_sparse=8, dim=16,
                               bottom_mlp=[64, 16], top_mlp=[64, 1])
     seconds = time.perf_counter() - t0
@@ -394,8 +394,8 @@ def test_calibration_compute_probes_on_cuda(caplog) -> None:
 def test_device_feed_copies_on_its_stream_and_trains_as_plain_copies() -> None:
     """Pinned host batches copied on the feed's stream (non_blocking) give the losses of plain synchronous copies,
     with the copies really asynchronous (pinned sources) and on a stream other than the step's."""
-    from rayemb.train.device_feed import DeviceFeed, pinned
-    from rayemb.train.step import StepBatch, TrainStep
+    from rayemb.train.worker.device_feed import DeviceFeed, pinned
+    from rayemb.train.worker.step import StepBatch, TrainStep
 
     host = [StepBatch((torch.randn(4096, 64, generator=torch.Generator().manual_seed(i)),),
                       torch.randint(0, 2, (4096,), generator=torch.Generator().manual_seed(i)).float())

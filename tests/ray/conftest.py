@@ -16,7 +16,7 @@ def e2e_job(shared_ray, tiny_data, tmp_path_factory):
     them changes what it trained.
     """
     from rayemb.constants import FAULT_INJECTION_ENV_VAR
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     shared_ray.ensure()
     out = tmp_path_factory.mktemp("e2e")
@@ -43,7 +43,7 @@ def user_model_jobs(shared_ray, tiny_data, tmp_path_factory):
     3 ranks for a second epoch. Returns ``(first TrainResult, resumed TrainResult)``. Its readers check the
     training and the resume (test_user_model_job) and export the first job's best checkpoint
     (test_user_model_export); none of them changes what it trained."""
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     shared_ray.ensure()
     out = tmp_path_factory.mktemp("user_model")

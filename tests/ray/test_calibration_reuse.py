@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from rayemb.config import load_config
-from rayemb.train.calibration_store import calibrate
-from rayemb.train.trainer import check_inputs, job_topology
+from rayemb.train.calibration.store import calibrate
+from rayemb.train.driver.trainer import check_inputs, job_topology
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

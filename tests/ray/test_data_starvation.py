@@ -12,8 +12,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.timing]
 
 def test_starved_workers_fail_fast_with_the_cause(ray_2_cpus, tiny_data, tmp_path, capsys, monkeypatch):
     from rayemb.errors import DataError
-    from rayemb.train import outputs
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver import outputs
+    from rayemb.train.driver.trainer import run_training
 
     monkeypatch.setattr(outputs, "SMALL_SPLIT_MAX_ROWS", 0)  # Ray Data's read tasks, as for a large dataset
     # ... streamed (an in-memory shard is read by its rank, with no Ray Data task to starve)

@@ -29,7 +29,7 @@ def dense_data(tmp_path_factory):
 def test_job_standardizes_with_the_statistics_and_records_them_in_its_checkpoints(ray_2_cpus, dense_data,
                                                                                  tmp_path, capfd):
     from rayemb.data.stats import compute_stats
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     cfg = load_config("jobs/configs/synth_small.yaml", [
         f"data.path={dense_data}", f"tracking.output_dir={tmp_path}", "data.batch_size=256", "train.epochs=1",

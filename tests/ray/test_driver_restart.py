@@ -71,7 +71,7 @@ def _tensors(checkpoint: str, tmp: Path):
 def test_a_killed_driver_is_continued_by_rerunning_the_same_command(ray_2_cpus, tiny_data, tmp_path):
     from mlflow import MlflowClient
 
-    from rayemb.train.job_record import read_record
+    from rayemb.train.driver.job_record import read_record
 
     ray_address = ray_2_cpus.get_runtime_context().gcs_address
     runs, log = tmp_path / "runs", tmp_path / "first.log"

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 @pytest.fixture(scope="module")
 def job(shared_ray, tmp_path_factory):
     from rayemb.data.synthetic import SyntheticSpec, generate
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     shared_ray.ensure()
     data = tmp_path_factory.mktemp("two_labels")

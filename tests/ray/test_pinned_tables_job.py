@@ -43,7 +43,7 @@ def wide_data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def job(shared_ray, wide_data, tmp_path_factory):
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     shared_ray.ensure()
     out = tmp_path_factory.mktemp("pinned")
@@ -95,7 +95,7 @@ def test_job_trains_with_qr_and_block_tables(job):
 
 def test_bad_pin_is_a_plan_error_before_work_starts(ray_2_cpus, tiny_data, tmp_path):
     from rayemb.errors import PlanError
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     cfg = load_config("jobs/configs/synth_small.yaml", [
         f"data.path={tiny_data}", f"tracking.output_dir={tmp_path}", "planner.tables={C99: {sharding: row_wise}}",

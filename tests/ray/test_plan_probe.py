@@ -20,7 +20,7 @@ def test_probe_times_each_candidate_on_rank_actors_and_picks_the_faster(ray_2_cp
     from rayemb.data.stats import compute_stats
     from rayemb.planner.tables import split_rule
     from rayemb.planner.types import ClusterTopology
-    from rayemb.train.plan_probe import placement_counts, probe_plans, rank_bytes, table_samples
+    from rayemb.train.calibration.plan_probe import placement_counts, probe_plans, rank_bytes, table_samples
 
     overrides = [f"data.path={tiny_data}", "data.batch_size=256", "scaling.num_workers=2", "planner.probe_steps=4"]
     cfg = load_config("jobs/configs/synth_small.yaml", overrides)
@@ -67,7 +67,7 @@ def test_the_same_candidates_on_the_same_key_are_not_probed_again(ray_2_cpus, ti
     from rayemb.data.stats import compute_stats
     from rayemb.planner.tables import split_rule
     from rayemb.planner.types import ClusterTopology
-    from rayemb.train.plan_probe import choose_by_probe
+    from rayemb.train.calibration.plan_probe import choose_by_probe
 
     cfg = load_config("jobs/configs/synth_small.yaml", [f"data.path={tiny_data}", "data.batch_size=256",
                                                         "scaling.num_workers=2", "planner.probe_steps=4"])

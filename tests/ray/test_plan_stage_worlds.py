@@ -41,7 +41,7 @@ def test_the_plan_stage_splits_once_per_world_size_each_for_its_batch(ray_2_cpus
                                                                        split_calls):
     import torchrec  # noqa: F401 - the driver has TorchRec loaded: plan_job plans in this process, no Ray task
 
-    from rayemb.train.trainer import check_inputs, compute_statistics, job_topology, plan_job
+    from rayemb.train.driver.trainer import check_inputs, compute_statistics, job_topology, plan_job
 
     cfg = load_config(CONFIG, [f"data.path={tiny_data}", f"tracking.output_dir={tmp_path / 'runs'}",
                                "scaling.num_workers=[1, 2]", "planner.calibrate=false"])

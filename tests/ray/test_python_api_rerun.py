@@ -23,7 +23,7 @@ def test_fit_again_continues_a_failed_run_and_returns_a_finished_one(ray_2_cpus,
     import rayemb
     from rayemb.config import load_config
     from rayemb.constants import FAULT_INJECTION_ENV_VAR
-    from rayemb.train.job_record import read_record
+    from rayemb.train.driver.job_record import read_record
 
     monkeypatch.chdir(tmp_path)
     marker = tmp_path / "fault-injected"

@@ -35,7 +35,7 @@ def test_a_raw_id_job_trains_logs_evictions_exports_and_predicts(ray_2_cpus, tmp
     from rayemb.config import load_config
     from rayemb.constants import FAULT_INJECTION_ENV_VAR
     from rayemb.serve.model import InferenceModel
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
     from tests._raw_data import raw_id_dataset
 
     monkeypatch.chdir(tmp_path)  # nothing MLflow writes may land in the repository

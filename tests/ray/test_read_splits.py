@@ -8,7 +8,7 @@ import pytest
 
 from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import parquet_files
-from rayemb.train import outputs
+from rayemb.train.driver import outputs
 from rayemb.train.held_splits import HeldSplit
 
 ROWS = {"train": 36_000, "valid": 4_000}

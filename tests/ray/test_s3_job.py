@@ -101,7 +101,7 @@ def _logged_steps(result):
 def test_job_reads_writes_survives_a_killed_worker_and_resumes_on_s3(s3_ray, tiny_data, tmp_path, capfd, caplog,
                                                                      monkeypatch):
     from rayemb.constants import FAULT_INJECTION_ENV_VAR
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     server, session_dir, workspace = s3_ray
     captured = []

@@ -39,7 +39,7 @@ def test_inferred_movielens_schema_trains_as_written(shared_ray, tmp_path):
 
 
 def _train_one_epoch(shared_ray, data, tmp_path):
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     shared_ray.ensure()
     # a few hundred train rows: one global batch of 2 x 64 rows per step

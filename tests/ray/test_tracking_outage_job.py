@@ -33,7 +33,7 @@ def _wait_for_points(client: MlflowClient, experiment: str, timeout_s: float = 3
 
 
 def test_job_finishes_and_loses_nothing_when_the_server_dies(ray_2_cpus, tiny_data, tmp_path):
-    from rayemb.train.trainer import run_training
+    from rayemb.train.driver.trainer import run_training
 
     root = tmp_path / "server"
     root.mkdir()

@@ -60,8 +60,8 @@ def _unsharded_logits(checkpoint: str, schema, args: dict, rows) -> np.ndarray:
     from examples.deepfm import deepfm
     from rayemb.checkpoint.export import unsharded_state
     from rayemb.data.batching import BatchConverter
-    from rayemb.model.contract import Embeddings
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.model import Embeddings
+    from rayemb.contract.tables import table_configs
 
     state = unsharded_state(checkpoint)
     dim = int(state["tables"][schema.sparse_names[0]]["weight"].shape[1])

@@ -12,7 +12,7 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import pytest
 
@@ -35,7 +35,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("storage",),
     ("publish",),
     ("embedding",),  # TorchRec modules: tables, hybrid, compression, sequences
-    ("model", "planner"),  # the model contract and factory; the pure planner (sizes tables with embedding/)
+    ("contract", "planner"),  # the model contract and factory; the pure planner (sizes tables with embedding/)
     ("config",),  # validates names against the model factory and the embedding's options
     ("config_reference", "tracking"),
     ("data",),
@@ -138,14 +138,34 @@ def _top(module: str) -> str:
     return parts[1] if len(parts) > 1 else parts[0]
 
 
-def upward_imports(graph: Mapping[str, Set[str]], layers: Sequence[Tuple[str, ...]] = LAYERS) -> List[str]:
-    """Imports of a module from a top-level package in its own layer or above, as ``a -> b (why)``."""
+#: rayemb.train split by process, bottom first: what crosses the driver/worker seam (the WorkerJob, the
+#: plan per world, the model built from a plan, where a split's rows are), what runs in a worker, the
+#: measurements (which build the worker's step to time it), and the driver that runs them all
+TRAIN_LAYERS: List[Tuple[str, ...]] = [("seam",), ("worker",), ("calibration",), ("driver",)]
+
+
+def _train_part(module: str) -> Optional[str]:
+    """``worker`` of ``rayemb.train.worker.loop``; ``seam`` of a module directly in rayemb.train; None outside it."""
+    parts = module.split(".")
+    if parts[:2] != ["rayemb", "train"] or len(parts) < 3:
+        return None
+    return parts[2] if len(parts) > 3 else "seam"
+
+
+def upward_imports(graph: Mapping[str, Set[str]], layers: Sequence[Tuple[str, ...]] = LAYERS,
+                   part: Callable[[str], Optional[str]] = _top) -> List[str]:
+    """Imports of a module from a part (by default a top-level package) in its own layer or above, as
+    ``a -> b (why)``; modules whose ``part`` is None are not looked at."""
     level = {name: i for i, group in enumerate(layers) for name in group}
     found = []
     for module, deps in sorted(graph.items()):
-        here = _top(module)
+        here = part(module)
+        if here is None:
+            continue
         for dep in sorted(deps):
-            there = _top(dep)
+            there = part(dep)
+            if there is None:
+                continue
             if there != here and level.get(there, len(layers)) >= level.get(here, -1):
                 found.append(f"{module} -> {dep} ({here!r} is layer {level.get(here)}, {there!r} layer "
                              f"{level.get(there)})")
@@ -192,7 +212,7 @@ def _cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
 
 def test_the_import_graph_sees_imports():
     graph = _graph()
-    assert "rayemb.config" in graph["rayemb.train.trainer"]  # the walker works at all
+    assert "rayemb.config" in graph["rayemb.train.driver.trainer"]  # the walker works at all
     assert len(graph) > 30
 
 
@@ -207,18 +227,30 @@ def test_nothing_imports_upward():
                         f"module up): {upward}")
 
 
+def test_train_is_split_by_process():
+    """A worker never reaches into the driver or the measurements; what crosses the seam imports neither side."""
+    upward = upward_imports(_graph(), TRAIN_LAYERS, _train_part)
+    assert not upward, f"rayemb.train imports against its split by process ({TRAIN_LAYERS}): {upward}"
+    parts = {_train_part(m) for m in _modules()} - {None}
+    assert parts == {p for group in TRAIN_LAYERS for p in group}, parts
+    # the check itself: a worker reaching the driver, the seam reaching a worker
+    assert len(upward_imports({"rayemb.train.worker.loop": {"rayemb.train.driver.trainer", "rayemb.train.worker_job"},
+                               "rayemb.train.worker_job": {"rayemb.train.worker.step", "rayemb.config"}},
+                              TRAIN_LAYERS, _train_part)) == 2
+
+
 def test_upward_imports_are_found_lazy_and_through_the_facade_alike(tmp_path):
     """The check itself: a function-level import counts, a facade name is its defining module's, a bare
     ``import rayemb`` is no import, and a same-layer import is refused like an upward one."""
     source = tmp_path / "factory.py"
     source.write_text("import rayemb\nfrom rayemb import DatasetSchema\nfrom rayemb.errors import ConfigError\n\n\n"
-                      "def build():\n    from rayemb.train.retrieval import towers\n")
+                      "def build():\n    from rayemb.train.worker.retrieval import towers\n")
     known = set(_modules())
-    deps = _imports(source, "rayemb.model.factory", known, _facade_names())
-    assert deps == {"rayemb.data.schema", "rayemb.errors", "rayemb.train.retrieval"}
-    assert [u.split(" (")[0] for u in upward_imports({"rayemb.model.factory": deps})] == [
-        "rayemb.model.factory -> rayemb.data.schema", "rayemb.model.factory -> rayemb.train.retrieval"]
-    assert upward_imports({"rayemb.planner.cost": {"rayemb.model.factory"}}) != []  # the same layer
+    deps = _imports(source, "rayemb.contract.factory", known, _facade_names())
+    assert deps == {"rayemb.data.schema", "rayemb.errors", "rayemb.train.worker.retrieval"}
+    assert [u.split(" (")[0] for u in upward_imports({"rayemb.contract.factory": deps})] == [
+        "rayemb.contract.factory -> rayemb.data.schema", "rayemb.contract.factory -> rayemb.train.worker.retrieval"]
+    assert upward_imports({"rayemb.planner.cost": {"rayemb.contract.factory"}}) != []  # the same layer
     assert upward_imports({"rayemb.planner.cost": {"rayemb.embedding.hybrid", "rayemb.placements"}}) == []
 
 

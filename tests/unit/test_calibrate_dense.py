@@ -7,8 +7,8 @@ import torch
 
 from rayemb.config import ModelConfig
 from rayemb.data.schema import DatasetSchema
-from rayemb.model.factory import model_spec
-from rayemb.train.calibrate_dense import dense_model_step
+from rayemb.contract.factory import model_spec
+from rayemb.train.calibration.dense import dense_model_step
 
 REPO = Path(__file__).resolve().parents[2]
 

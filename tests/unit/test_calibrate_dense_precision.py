@@ -1,7 +1,7 @@
 """The calibration's dense step runs in the job's precision, as the job's step does.
 
 The calibration prices a plan's fixed dense step by timing the job's own model without its tables
-(rayemb.train.calibrate_dense). With ``train.precision: bf16`` the job's step runs its forward under bf16
+(rayemb.train.calibration.dense). With ``train.precision: bf16`` the job's step runs its forward under bf16
 autocast, so the calibrated one must too, else a bf16 job is priced at its fp32 step. The job's shape
 (``job_shape``) is measured as a calibration rank measures it (``measure_rank``, one rank: no collectives);
 a forward hook on the model its factory builds records the dtype of the model's output.
@@ -16,8 +16,8 @@ import torch
 
 from rayemb.config import config_from_dict
 from rayemb.data.schema import DatasetSchema
-from rayemb.model.factory import ModelSpec
-from rayemb.train.calibrate import job_shape, measure_rank
+from rayemb.contract.factory import ModelSpec
+from rayemb.train.calibration.calibrate import job_shape, measure_rank
 
 #: the dtypes of the recording model's outputs, one per forward
 OUTPUT_DTYPES: List[torch.dtype] = []

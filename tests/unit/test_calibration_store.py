@@ -1,4 +1,4 @@
-"""Calibrations kept for later jobs (rayemb.train.calibration_store): what the key holds, and when a kept
+"""Calibrations kept for later jobs (rayemb.train.calibration.store): what the key holds, and when a kept
 calibration is used, on a local folder as on any storage the job writes to."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import pytest
 
 from rayemb.planner.step_time import DEFAULT_CALIBRATION
-from rayemb.train.calibration_store import cache_key, key_fields, load_calibration, store_calibration
+from rayemb.train.calibration.store import cache_key, key_fields, load_calibration, store_calibration
 
 SHAPE = dict(local_batch=512, num_dense=13, dim=16, num_sparse=26, bottom_mlp=[64, 16], top_mlp=[64, 1],
              prefetch_input_dist=True, model=None, schema=None)
@@ -32,7 +32,7 @@ def test_the_key_changes_with_the_shape_the_ranks_the_cluster_and_holds_the_vers
 
 def test_the_jobs_step_precision_and_table_dtype_are_in_the_key():
     from rayemb.config import load_config
-    from rayemb.train.calibration_store import step_numerics
+    from rayemb.train.calibration.store import step_numerics
 
     keys = {cache_key(key_fields({**SHAPE, **step_numerics(load_config("jobs/configs/synth_small.yaml", o))},
                                  RANKS, NODES))
@@ -80,7 +80,7 @@ HARDWARE = {"link": "one host", "cpus": ["Intel(R) Xeon(R) Processor"]}
 
 
 def test_the_key_holds_the_link_band_and_the_cpu_model_and_they_have_their_own_entries(tmp_path):
-    from rayemb.train.calibrate import bandwidth_band, hardware_key
+    from rayemb.train.calibration.calibrate import bandwidth_band, hardware_key
 
     out = str(tmp_path / "runs")
     here = key_fields(SHAPE, RANKS, NODES, HARDWARE)
@@ -102,7 +102,7 @@ def test_the_key_holds_the_link_band_and_the_cpu_model_and_they_have_their_own_e
 
 
 def test_whether_a_shape_has_a_kept_calibration_is_known_without_its_hardware(tmp_path):
-    from rayemb.train.calibration_store import any_kept
+    from rayemb.train.calibration.store import any_kept
 
     out = str(tmp_path / "runs")
     base = key_fields(SHAPE, RANKS, NODES)
@@ -150,7 +150,7 @@ def test_an_unreadable_kept_file_is_ignored_with_a_warning_naming_it(tmp_path, c
 
 
 def test_a_kept_probe_result_is_checked_against_its_candidates():
-    from rayemb.train.plan_probe import ProbeResult
+    from rayemb.train.calibration.plan_probe import ProbeResult
 
     good = ProbeResult([0.03, 0.02], 1, 4.0, interleaved=False).kept()
     back = ProbeResult.from_kept(good, 2, age_s=90.0)

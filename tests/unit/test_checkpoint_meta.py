@@ -21,7 +21,7 @@ from rayemb.checkpoint.meta import CheckpointMeta
 from rayemb.checkpoint.reader import META_FILE, read_meta
 from rayemb.checkpoint.store import save_logical
 from rayemb.errors import DataError
-from rayemb.train.resume import position_from_meta
+from rayemb.train.worker.resume import position_from_meta
 
 #: the entries the training loop wrote into meta.json before CheckpointMeta (a mid-epoch checkpoint)
 LOOP_WRITTEN = {

@@ -148,7 +148,7 @@ def test_reads_succeed_when_the_store_comes_back_within_the_retry_window(s3, res
 def test_a_store_that_stays_down_is_an_error_naming_the_checkpoint(s3, tmp_path, request, monkeypatch, capsys):
     from rayemb.cli import main
     from rayemb.config import load_config
-    from rayemb.train.resume import check_resume_from
+    from rayemb.train.worker.resume import check_resume_from
 
     monkeypatch.setattr(reader, "STORAGE_TRIES", 2)
     _fake_checkpoint(tmp_path / "job" / "checkpoint_a", 10)
@@ -179,7 +179,7 @@ def test_resume_falls_back_past_damaged_checkpoints_but_not_past_an_unreachable_
         s3, one_rank_group, tmp_path, request, monkeypatch, caplog):
     import ray.train
 
-    from rayemb.train.resume import restore
+    from rayemb.train.worker.resume import restore
 
     monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)  # a job's first start: Ray Train hands none
     monkeypatch.setattr(reader, "STORAGE_TRIES", 2)
@@ -217,7 +217,7 @@ def test_a_restarted_group_handed_a_corrupt_newest_checkpoint_falls_back_to_the_
     after it was written, the job resumes from the newest intact one in the same folder, and says so."""
     import ray.train
 
-    from rayemb.train.resume import restore
+    from rayemb.train.worker.resume import restore
 
     weights = {}
     for step in (20, 40):

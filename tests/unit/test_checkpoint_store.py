@@ -12,7 +12,7 @@ from rayemb.checkpoint.exchange import row_range
 from rayemb.checkpoint.reader import FORMAT, checkpoints_newest_first, verify
 from rayemb.config import load_config
 from rayemb.errors import ConfigError, DataError
-from rayemb.train.resume import position_from_meta
+from rayemb.train.worker.resume import position_from_meta
 
 
 def _checkpoint(path, step=10, files=("__0_0.distcp", "__1_0.distcp", ".metadata")):
@@ -97,7 +97,7 @@ def test_elastic_num_workers_and_its_errors():
 def test_checkpoint_schedule_by_steps_and_by_time(monkeypatch):
     import time as time_module
 
-    from rayemb.train.resume import CheckpointSchedule
+    from rayemb.train.worker.resume import CheckpointSchedule
 
     by_steps = CheckpointSchedule(every_n_steps=20, every_s=None, rank=0)
     assert [s for s in range(1, 61) if by_steps.due(s)] == [20, 40, 60]

@@ -81,7 +81,7 @@ def test_a_plan_at_bf16_reports_the_bytes_sent():
 
 
 def test_the_calibration_key_holds_the_comm_precision():
-    from rayemb.train.calibration_store import cache_key, key_fields, step_numerics
+    from rayemb.train.calibration.store import cache_key, key_fields, step_numerics
 
     keys = {cache_key(key_fields(step_numerics(load_config(CONFIG, o)), {"world": 2}, []))
             for o in ([], ["train.comm_precision.forward=bf16"], ["train.comm_precision.backward=bf16"])}

@@ -34,7 +34,7 @@ PLAN = {
     "C5": ("data_parallel", "data_parallel", None),
     "C6": ("table_wise", "table_wise", None),
 }
-LOGGER = "rayemb.train.compile"
+LOGGER = "rayemb.train.worker.compile"
 
 
 class CountingBackend:
@@ -75,7 +75,7 @@ def job(tmp_path_factory, one_rank_group):
 
 
 def _sharded(job):
-    from rayemb.train.loop import sharded_model
+    from rayemb.train.worker.build import sharded_model
 
     cfg, schema, job_plan = job
     torch.manual_seed(cfg.train.seed)
@@ -87,7 +87,7 @@ def _batches(job, remapper) -> List[Any]:
 
     from rayemb.data.batching import BatchConverter
     from rayemb.data.schema import parquet_files
-    from rayemb.train.loop import _step_batch
+    from rayemb.train.worker.loop import _step_batch
 
     cfg, schema, _ = job
     train = pq.read_table(parquet_files(cfg.data.path, "train"))
@@ -101,7 +101,7 @@ def _dense_state(model) -> dict:
 
 def test_the_sharded_dlrm_compiles_its_mlps_and_none_of_its_embedding_modules(job):
     from rayemb.embedding.data_parallel import replicated_embedding_parameters
-    from rayemb.train.compile import compile_dense, compiled_names, dense_subtrees
+    from rayemb.train.worker.compile import compile_dense, compiled_names, dense_subtrees
 
     model, _, _ = _sharded(job)
     found = dense_subtrees(model)
@@ -120,9 +120,9 @@ def test_the_sharded_dlrm_compiles_its_mlps_and_none_of_its_embedding_modules(jo
 
 
 def test_three_compiled_steps_give_the_eager_losses_and_dense_weights(job):
-    from rayemb.train.compile import compile_dense
-    from rayemb.train.losses import job_loss
-    from rayemb.train.step import TrainStep
+    from rayemb.train.worker.compile import compile_dense
+    from rayemb.train.worker.losses import job_loss
+    from rayemb.train.worker.step import TrainStep
 
     cfg, schema, _ = job
     runs = {}
@@ -182,9 +182,9 @@ class Tower(nn.Module):
 def _tower_model(cls=Tower):
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from rayemb.model.contract import Embeddings
-    from rayemb.model.factory import ModelSpec
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.model import Embeddings
+    from rayemb.contract.factory import ModelSpec
+    from rayemb.contract.tables import table_configs
 
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(tables=table_configs(SCHEMA, DIM), device=torch.device("cpu"))
@@ -195,7 +195,7 @@ def _tower_model(cls=Tower):
 def _tower_batches(n: int = STEPS):
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from rayemb.train.step import StepBatch
+    from rayemb.train.worker.step import StepBatch
 
     g = torch.Generator().manual_seed(1)
     out = []
@@ -207,8 +207,8 @@ def _tower_batches(n: int = STEPS):
 
 
 def _train_tower(model, batches):
-    from rayemb.train.losses import TaskLoss
-    from rayemb.train.step import TrainStep
+    from rayemb.train.worker.losses import TaskLoss
+    from rayemb.train.worker.step import TrainStep
 
     step = TrainStep(model, torch.optim.Adagrad(model.parameters(), lr=0.1), TaskLoss(["label"]))
     return [float(step(b)) for b in batches]
@@ -221,7 +221,7 @@ def _assert_same_training(model, eager, losses, eager_losses):
 
 
 def test_a_model_of_ones_own_compiles_its_dense_children_and_not_its_embeddings():
-    from rayemb.train.compile import compile_dense, dense_subtrees
+    from rayemb.train.worker.compile import compile_dense, dense_subtrees
 
     model = _tower_model()
     # Features holds the embedding module: only its projection; the parameter-free ReLU: not at all
@@ -239,7 +239,7 @@ def test_a_model_of_ones_own_compiles_its_dense_children_and_not_its_embeddings(
 
 @pytest.mark.parametrize("fail_in", ["fw", "bw"])
 def test_a_module_whose_compile_fails_runs_eagerly_with_one_warning_and_trains(caplog, fail_in):
-    from rayemb.train.compile import compile_dense, compiled_names
+    from rayemb.train.worker.compile import compile_dense, compiled_names
 
     model = _tower_model()
     # the tower's graphs hold tanh: its forward (or backward) cannot compile; the other modules can
@@ -261,7 +261,7 @@ def test_a_module_whose_compile_fails_runs_eagerly_with_one_warning_and_trains(c
 
 
 def test_without_torch_compile_the_model_stays_eager_with_a_warning(monkeypatch, caplog):
-    from rayemb.train.compile import compile_dense, compiled_names
+    from rayemb.train.worker.compile import compile_dense, compiled_names
 
     def unavailable(*args, **kwargs):
         raise RuntimeError("torch.compile is not supported on this Python")
@@ -278,7 +278,7 @@ def test_without_torch_compile_the_model_stays_eager_with_a_warning(monkeypatch,
 
 def test_the_job_setting_compiles_only_when_asked_and_logs_what(caplog):
     from rayemb.config import config_from_dict
-    from rayemb.train.compile import apply_train_compile, compiled_names
+    from rayemb.train.worker.compile import apply_train_compile, compiled_names
 
     base = {"name": "t", "data": {"path": "data/x"}}
     model = _tower_model()

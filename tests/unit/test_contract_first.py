@@ -49,7 +49,7 @@ def test_check_inputs_builds_the_factory_with_torchrec_loaded(tiny_data, tmp_pat
     import ray
     import torchrec  # noqa: F401 - the driver has it: the model is built here, no subprocess
 
-    from rayemb.train.trainer import check_inputs
+    from rayemb.train.driver.trainer import check_inputs
 
     monkeypatch.syspath_prepend(str(FIXTURES))
     cfg = load_config(str(REPO / "jobs" / "configs" / "synth_small.yaml"),
@@ -61,7 +61,7 @@ def test_check_inputs_builds_the_factory_with_torchrec_loaded(tiny_data, tmp_pat
 
 
 def test_a_factory_keeping_the_contract_passes_the_early_check(tiny_data, tmp_path):
-    from rayemb.train.trainer import check_inputs
+    from rayemb.train.driver.trainer import check_inputs
 
     cfg = load_config(str(REPO / "jobs" / "configs" / "synth_small.yaml"),
                       [a for a in _args(tiny_data, tmp_path, "examples.deepfm:deepfm") if a != "--set"])

@@ -1,4 +1,4 @@
-"""rayemb.train.device_feed: batch k+1's copy to the device is issued before step k runs, every batch arrives once
+"""rayemb.train.worker.device_feed: batch k+1's copy to the device is issued before step k runs, every batch arrives once
 and in order, and nothing in the feed or the step reads a value back to the host."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 
 from rayemb.data.batching import BatchConverter
 from rayemb.data.schema import DatasetSchema, SparseFeature
-from rayemb.train.device_feed import DeviceFeed, _walk
-from rayemb.train.step import StepBatch, TrainStep
+from rayemb.train.worker.device_feed import DeviceFeed, _walk
+from rayemb.train.worker.step import StepBatch, TrainStep
 from test_step_no_host_sync import no_host_reads
 
 N = 6

@@ -1,7 +1,7 @@
 """The user pages teach the public API only: Python examples import names of ``rayemb.__all__``, shell examples
 run commands the ``rayemb`` console script has.
 
-A user page (README.md, docs/*.md; developer notes live in docs/dev/) that shows ``from rayemb.train.loop import
+A user page (README.md, docs/*.md; developer notes live in docs/dev/) that shows ``from rayemb.train.worker.loop import
 ...`` teaches a name that can move or change without notice; such an example is rewritten to the public name or
 moved to docs/dev/.
 """
@@ -95,8 +95,8 @@ def test_the_checker_finds_internal_imports_and_allows_public_ones():
     public = set(rayemb.__all__)
     assert private_names("import rayemb\nfrom rayemb import Embeddings, InferenceModel\nrayemb.EmbeddingTrainer()",
                          public) == []
-    assert private_names("from rayemb.train.loop import sharded_model", public) == [
-        "from rayemb.train.loop import ..."]
+    assert private_names("from rayemb.train.worker.build import sharded_model", public) == [
+        "from rayemb.train.worker.build import ..."]
     assert private_names("import rayemb.planner", public) == ["rayemb.planner"]
     assert private_names("from rayemb import plan", public) == ["rayemb.plan"]
     assert private_names("rayemb.train.run_training(cfg)", public) == ["rayemb.train"]

@@ -54,9 +54,9 @@ def _reference_logits(checkpoint, schema, model_cfg, rows):
 
     from rayemb.checkpoint.export import unsharded_state
     from rayemb.data.batching import BatchConverter
-    from rayemb.model.contract import Embeddings
-    from rayemb.model.factory import SHIPPED_MODELS, ModelSpec
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.model import Embeddings
+    from rayemb.contract.factory import SHIPPED_MODELS, ModelSpec
+    from rayemb.contract.tables import table_configs
 
     state = unsharded_state(checkpoint)
     ebc = EmbeddingBagCollection(table_configs(schema, model_cfg["embedding_dim"]))

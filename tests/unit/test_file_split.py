@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rayemb.train import outputs
+from rayemb.train.driver import outputs
 from rayemb.train.held_splits import FileSplit, _bounds
 
 SIZES = (1_000, 37, 2_500, 0, 811)  # rows per file, one file empty

@@ -32,7 +32,7 @@ def _sharded(dtype: str):
 
     from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
     from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.tables import table_configs
 
     torch.manual_seed(0)
     sparse = HybridEmbeddingBagCollection(table_configs(SCHEMA, 8, dtype), {"a": np.arange(0, 40, 2)},
@@ -108,7 +108,7 @@ def test_fp16_tables_are_never_compressed():
     from rayemb.embedding.compression_math import CompressionSpec
     from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
     from rayemb.errors import ConfigError
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.tables import table_configs
     from rayemb.planner.compression import auto_options
 
     topology = described_topology(2, 2, compute_device="cpu", ddr_gib=8)

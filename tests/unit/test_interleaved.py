@@ -1,9 +1,9 @@
-"""rayemb.train.calibrate_probes.Interleaved: steps timed round-robin, slopes from differences within a round."""
+"""rayemb.train.calibration.probes.Interleaved: steps timed round-robin, slopes from differences within a round."""
 
 import pytest
 
-from rayemb.train import calibrate_probes
-from rayemb.train.calibrate_probes import Interleaved
+from rayemb.train.calibration import probes as calibrate_probes
+from rayemb.train.calibration.probes import Interleaved
 
 
 class _Clock:

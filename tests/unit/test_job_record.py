@@ -14,7 +14,7 @@ import pytest
 from rayemb.config import load_config
 from rayemb.data.schema import load_checked
 from rayemb.errors import ConfigError
-from rayemb.train.job_record import LEASE_S, Heartbeat, JobRecord, claim, read_record, record_path, write_record
+from rayemb.train.driver.job_record import LEASE_S, Heartbeat, JobRecord, claim, read_record, record_path, write_record
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -122,8 +122,8 @@ def test_a_damaged_record_is_an_error_naming_it(job):
 def test_a_run_that_trained_every_epoch_before_its_driver_died_ends_finished(job):
     from tests._tiny_checkpoint import write_checkpoint
 
-    from rayemb.train.attempt import claim_attempt
-    from rayemb.train.trainer import check_inputs
+    from rayemb.train.driver.attempt import claim_attempt
+    from rayemb.train.driver.trainer import check_inputs
 
     cfg, schema, out = job
     rec = _record(out, cfg(), schema, pid=_dead_pid(), host=socket.gethostname())

@@ -1,7 +1,7 @@
 import numpy as np
 from sklearn.metrics import log_loss, roc_auc_score
 
-from rayemb.train.metrics import auc, logloss
+from rayemb.train.worker.metrics import auc, logloss
 
 
 def test_auc_matches_sklearn_with_ties():
@@ -21,7 +21,7 @@ def test_logloss_matches_sklearn():
 
 
 def test_step_time_check_against_the_model_and_the_probe():
-    from rayemb.train.metrics import step_time_check, step_time_line
+    from rayemb.train.driver.results import step_time_check, step_time_line
 
     reports = [{"epoch": 0, "step_time_s": 0.5},  # each epoch's first window: warm-up, left out
                {"epoch": 0, "step_time_s": 0.040}, {"epoch": 0, "step_time_s": 0.050}, {"epoch": 0, "step_time_s": 0.042},

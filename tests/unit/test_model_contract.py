@@ -17,7 +17,7 @@ import torch
 from rayemb.config import ModelConfig
 from rayemb.data.schema import DatasetSchema
 from rayemb.errors import ConfigError
-from rayemb.model.factory import model_spec
+from rayemb.contract.factory import model_spec
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "user_models"

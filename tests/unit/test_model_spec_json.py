@@ -12,7 +12,7 @@ import pytest
 
 from rayemb.config import ModelConfig
 from rayemb.errors import ConfigError
-from rayemb.model.factory import model_spec, model_spec_from_json
+from rayemb.contract.factory import model_spec, model_spec_from_json
 from rayemb.serve.model import model_config
 from rayemb.serve.user_model import job_model_config
 

@@ -64,7 +64,7 @@ def test_batches_carry_one_label_column_per_task():
 
 
 def test_the_loss_weighs_each_tasks_cross_entropy():
-    from rayemb.train.losses import TaskLoss
+    from rayemb.train.worker.losses import TaskLoss
 
     out, y = torch.tensor([[0.5, -1.0], [2.0, 0.3]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     bce = torch.nn.functional.binary_cross_entropy_with_logits
@@ -80,7 +80,7 @@ def test_the_loss_weighs_each_tasks_cross_entropy():
 
 
 def test_a_task_the_config_names_must_be_a_label_column():
-    from rayemb.train.losses import check_tasks
+    from rayemb.train.worker.losses import check_tasks
 
     check_tasks(["click", "like"], {"like": 2.0}, "like")
     with pytest.raises(ConfigError, match=r"train.task_weights.share='share': no such label column.*\['click', "
@@ -92,7 +92,7 @@ def test_a_task_the_config_names_must_be_a_label_column():
 
 
 def test_validation_reports_every_task_and_the_chosen_one_as_valid_auc():
-    from rayemb.train.metrics import auc, validation_metrics
+    from rayemb.train.worker.metrics import auc, validation_metrics
 
     rng = np.random.default_rng(0)
     y = (rng.random((400, 2)) < 0.4).astype(np.float32)
@@ -110,7 +110,7 @@ def test_shipped_models_give_one_logit_per_label(name):
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from rayemb.config import config_from_dict
-    from rayemb.model.factory import model_spec
+    from rayemb.contract.factory import model_spec
     from rayemb.train.sharding import build_model
 
     cfg = config_from_dict({"name": "t", "data": {"path": "d"}, "model": {"name": name, "embedding_dim": 4,

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torchrec.optim import RowWiseAdagrad
 
-from rayemb.train.optim import MultiTensorRowWiseAdagrad, embedding_optimizer
+from rayemb.train.worker.optim import MultiTensorRowWiseAdagrad, embedding_optimizer
 
 
 def _tables(seed: int, shapes):

@@ -1,10 +1,10 @@
-"""A job's phases (rayemb.train.phases): the driver's stages and the workers' clock split the wall time."""
+"""A job's phases (rayemb.train.driver.phases): the driver's stages and the workers' clock split the wall time."""
 
 from __future__ import annotations
 
 import pytest
 
-from rayemb.train.phases import JobPhases, phases_line
+from rayemb.train.driver.phases import JobPhases, phases_line
 
 
 def _epoch(epoch, ready, start, end, loop=1012.0):

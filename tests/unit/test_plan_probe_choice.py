@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from rayemb.config import load_config
-from rayemb.train.plan_probe import ProbeResult, apply_probe, choose_by_probe, fit_together, other_side, \
+from rayemb.train.calibration.plan_probe import ProbeResult, apply_probe, choose_by_probe, fit_together, other_side, \
     probe_candidates, rank_bytes
 
 

@@ -1,8 +1,8 @@
-"""rayemb.train.plan_probe.TableSample: synthetic ids drawn as the job's statistics counted them."""
+"""rayemb.train.calibration.plan_probe.TableSample: synthetic ids drawn as the job's statistics counted them."""
 
 import numpy as np
 
-from rayemb.train.plan_probe import TableSample
+from rayemb.train.calibration.plan_probe import TableSample
 
 
 def test_bags_have_the_pooling_on_average_and_hot_ids_their_counted_frequencies():

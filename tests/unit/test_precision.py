@@ -13,9 +13,9 @@ SCHEMA = DatasetSchema(label="label", dense=("a", "b"), sparse=(SparseFeature("s
 def _dlrm():
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from rayemb.model.contract import Embeddings
-    from rayemb.model.factory import ModelSpec
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.model import Embeddings
+    from rayemb.contract.factory import ModelSpec
+    from rayemb.contract.tables import table_configs
 
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(tables=table_configs(SCHEMA, 8), device=torch.device("cpu"))
@@ -27,7 +27,7 @@ def _dlrm():
 def _batch(rows: int = 64):
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from rayemb.train.step import StepBatch
+    from rayemb.train.worker.step import StepBatch
 
     g = torch.Generator().manual_seed(1)
     ids = torch.cat([torch.randint(0, 20, (rows,), generator=g), torch.randint(0, 30, (rows,), generator=g)])
@@ -38,8 +38,8 @@ def _batch(rows: int = 64):
 
 @pytest.mark.parametrize("precision,dense_dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
 def test_bf16_runs_the_dense_layers_in_bfloat16_and_keeps_fp32_weights(precision, dense_dtype):
-    from rayemb.train.losses import TaskLoss
-    from rayemb.train.step import TrainStep
+    from rayemb.train.worker.losses import TaskLoss
+    from rayemb.train.worker.step import TrainStep
 
     model = _dlrm()
     seen = []

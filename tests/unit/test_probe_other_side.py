@@ -1,11 +1,11 @@
-"""rayemb.train.plan_probe.other_side: which plan the plan probe times beside the step-time model's."""
+"""rayemb.train.calibration.plan_probe.other_side: which plan the plan probe times beside the step-time model's."""
 
 from types import SimpleNamespace
 
 import numpy as np
 
 from rayemb.config import config_from_dict
-from rayemb.train.plan_probe import other_side as _other_side
+from rayemb.train.calibration.plan_probe import other_side as _other_side
 
 
 def _plan(**placements):

@@ -1,4 +1,4 @@
-"""rayemb.train.progress: the driver's progress lines, with a fake clock."""
+"""rayemb.train.driver.progress: the driver's progress lines, with a fake clock."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from rayemb.train.progress import ProgressPrinter, format_duration
+from rayemb.train.driver.progress import ProgressPrinter, format_duration
 
 
 @pytest.mark.parametrize(

@@ -294,7 +294,7 @@ def test_training_export_and_predict_read_the_published_version(s3, tmp_path):
     from rayemb.serve.mlflow_model import local_model_dir
     from rayemb.serve.model import InferenceModel, model_config
     from rayemb.serve.predict import input_files
-    from rayemb.train.trainer import check_inputs
+    from rayemb.train.driver.trainer import check_inputs
 
     day0 = write_tsv(tmp_path / "day_0", criteo_rows())
     out = f"s3://{BUCKET}/readers/criteo"

@@ -55,7 +55,7 @@ def test_converter_keeps_raw_int64_ids_hashes_strings_and_applies_the_policy_to_
 def test_the_remap_passes_raw_features_unchanged_after_every_encoded_part():
     from rayemb.data.batching import BatchConverter
     from rayemb.embedding.remap import HybridRemapper
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.tables import table_configs
 
     schema = _schema()
     remapper = HybridRemapper(table_configs(schema, 4), {"C1": np.array([1, 3])}, raw=schema.raw_names)
@@ -69,7 +69,7 @@ def test_a_hybrid_raw_table_sends_its_hot_ids_to_fixed_rows_and_the_rest_to_its_
 
     from rayemb.data.batching import BatchConverter
     from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.tables import table_configs
 
     schema = DatasetSchema(label="label", dense=("I1",), sparse=(
         SparseFeature("C1", 10), SparseFeature("U1", 6, ids="raw"),

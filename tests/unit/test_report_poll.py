@@ -1,11 +1,11 @@
-"""A job's Ray Train controller polls its workers every 0.2 s (rayemb.train.trainer): a rank's ``ray.train.report``
+"""A job's Ray Train controller polls its workers every 0.2 s (rayemb.train.driver.trainer): a rank's ``ray.train.report``
 waits for that poll, so checkpoints do not stall training for Ray's default 2 s; a user's own setting wins."""
 
 import os
 
 from ray.train.v2._internal import constants
 
-from rayemb.train import trainer
+from rayemb.train.driver import trainer
 
 
 def test_the_variable_is_the_one_ray_train_reads_and_passes_to_its_controller():

@@ -1,5 +1,5 @@
 """Retrieval models: the logQ-corrected in-batch softmax, item sampling probabilities from the statistics,
-the catalogue batches and hit rate@K (rayemb.train.retrieval), and the two-tower factory's checks."""
+the catalogue batches and hit rate@K (rayemb.train.worker.retrieval), and the two-tower factory's checks."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rayemb.data.batching import BatchConverter
 from rayemb.data.schema import DatasetSchema, SparseFeature
 from rayemb.data.stats_types import TableStats
 from rayemb.errors import ConfigError, DataError
-from rayemb.train.retrieval import InBatchSoftmax, evaluate_retrieval, item_feature_of, item_log_q
+from rayemb.train.worker.retrieval import InBatchSoftmax, evaluate_retrieval, item_feature_of, item_log_q
 
 SCHEMA = DatasetSchema(label="label", dense=("n",), sparse=(SparseFeature("user", 7), SparseFeature("item", 9),
                                                             SparseFeature("tags", 5, multi_hot=True)))
@@ -113,9 +113,9 @@ def test_hit_rate_counts_the_items_scored_above_the_rows_own_over_the_whole_cata
 
 
 def test_two_tower_factory_checks_its_arguments_and_marks_itself_a_retrieval_model():
-    from rayemb.model.contract import Embeddings
-    from rayemb.model.factory import ModelSpec
-    from rayemb.model.tables import table_configs
+    from rayemb.contract.model import Embeddings
+    from rayemb.contract.factory import ModelSpec
+    from rayemb.contract.tables import table_configs
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     def embeddings():

@@ -8,7 +8,7 @@ LICENSE, the Apache text as published) is searched for such citations, an issue 
 ("(issue: ...)", "the issue's size") as much as one with it; legitimate technical uses of the same words (Ray's session
 directories, POSIX sessions, pytest's session scope, ``AWS_SESSION_TOKEN``) are allowed by exact patterns.
 
-The docs name modules and files (``rayemb/train/loop.py``, ``rayemb.planner.split.HugeCTRSplitRule``); every
+The docs name modules and files (``rayemb/train/worker/loop.py``, ``rayemb.planner.split.HugeCTRSplitRule``); every
 one must exist, so that the architecture and the how-tos never send a reader to a file that was moved or removed.
 """
 
@@ -159,7 +159,7 @@ def test_no_tracked_file_cites_outside_documents_issues_or_work_sessions():
 
 #: a repository path in a doc: rayemb/..., jobs/..., tests/..., scripts/..., cluster/... (no placeholders)
 DOC_PATH = re.compile(r"(?<![\w./-])((?:rayemb|jobs|tests|scripts|cluster)/[\w./-]*\w)")
-#: a dotted rayemb module (optionally with an attribute): rayemb.train.loop.sharded_model
+#: a dotted rayemb module (optionally with an attribute): rayemb.train.worker.build.sharded_model
 DOC_MODULE = re.compile(r"(?<![\w./-])(rayemb(?:\.\w+)+)")
 
 
@@ -229,7 +229,7 @@ def test_every_path_and_module_the_docs_name_exists():
 
 
 def test_the_module_check_tells_missing_modules_from_present_ones():
-    assert missing_module("rayemb.train.loop") is None
+    assert missing_module("rayemb.train.worker.loop") is None
     assert missing_module("rayemb.planner.split.HugeCTRSplitRule") is None
     assert missing_module("rayemb.train.checkpoint") is not None
     assert missing_module("rayemb.planner.split.NoSuchRule") is not None
@@ -251,11 +251,17 @@ def test_the_architecture_tree_names_real_files_and_every_package():
     named_dirs, named_modules, problems = set(), set(), []
     folder = ""
     for line in _package_tree():
-        entry = re.match(r"\s*[├└]─ (\w+)(/|\.py)", line)
+        # a top-level entry (" ├─ data/") or one nested in a folder (" │  ├─ worker/", under train/)
+        entry = re.match(r"(\s*(?:│\s*)?)[├└]─ (\w+)(/|\.py)", line)
         if entry:
-            folder = entry.group(1) if entry.group(2) == "/" else ""
-            if folder:
-                named_dirs.add(folder)
+            nested = "│" in entry.group(1)
+            name = entry.group(2) if entry.group(3) == "/" else ""
+            if not nested:
+                folder = name
+                if folder:
+                    named_dirs.add(folder)
+            elif name:
+                folder = f"{folder.split('/')[0]}/{name}"
         for name in re.findall(r"\b(\w+)\.py\b", line):
             if folder == "":
                 named_modules.add(name)

@@ -191,7 +191,7 @@ def test_model_config_checks_the_tower():
 def test_dlrm_with_a_history_tower_feeds_one_more_vector(tower):
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from rayemb.model.tables import sequence_features, sequence_module, table_configs
+    from rayemb.contract.tables import sequence_features, sequence_module, table_configs
     from rayemb.models.dlrm import DLRM
 
     s = DatasetSchema.from_dict(_schema_dict())
@@ -213,7 +213,7 @@ def test_dlrm_with_a_history_tower_feeds_one_more_vector(tower):
 
 
 def test_sequence_features_explain_missing_pieces():
-    from rayemb.model.tables import sequence_features
+    from rayemb.contract.tables import sequence_features
 
     plain = DatasetSchema(label="label", dense=("I1",), sparse=(SparseFeature("C1", 10),))
     with pytest.raises(ConfigError, match="declares no sequence feature"):

@@ -6,7 +6,7 @@ import torch
 
 from rayemb.config import config_from_dict
 from rayemb.data.schema import DatasetSchema
-from rayemb.model.factory import model_spec
+from rayemb.contract.factory import model_spec
 
 
 def _build(model_section):

@@ -1,4 +1,4 @@
-"""rayemb.train.step: a training step reads nothing back to the host; a diverged window stops the job by name."""
+"""rayemb.train.worker.step: a training step reads nothing back to the host; a diverged window stops the job by name."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rayemb.errors import TrainingDivergedError
-from rayemb.train.step import LossWindow, StepBatch, StepTimer, TrainStep, check_finite_loss
+from rayemb.train.worker.step import LossWindow, StepBatch, StepTimer, TrainStep, check_finite_loss
 
 
 def _step(timer=None) -> TrainStep:

@@ -205,7 +205,7 @@ def test_probe_costs_are_normalised_to_compute_and_priced_back_in_full():
 
 
 def test_combine_averages_ranks_and_keeps_rank0_links():
-    from rayemb.train.calibrate import combine
+    from rayemb.train.calibration.calibrate import combine
 
     def rank(scale):
         return {"lookup_s": 1e-7 * scale, "dense_lookup_s": 1e-7, "replicated_elem_s": 1e-9, "pool_s": 1e-8,
@@ -231,8 +231,8 @@ def test_data_parallel_probes_are_normalised_by_their_own_small_tables():
     """Data-parallel probes use small tables (PROBE_DP_ROWS): only those rows' all-reduce is taken off, so their
     per-table compute survives; an older calibration (no probe_dp_rows) normalises by probe_rows as before."""
     from rayemb.planner.step_time import normalize_probes
-    from rayemb.train.calibrate import combine
-    from rayemb.train.calibrate_probes import PROBE_DP_ROWS, PROBE_ROWS
+    from rayemb.train.calibration.calibrate import combine
+    from rayemb.train.calibration.probes import PROBE_DP_ROWS, PROBE_ROWS
 
     elem = 4e-8  # replicated element cost (its all-reduce included)
     raw = {"data_parallel": (3e-3, 3e-4 + PROBE_DP_ROWS * 16 * elem)}
@@ -282,7 +282,7 @@ def test_one_ddp_wrapper_per_step_however_many_kinds_replicate():
 
 
 def test_combine_takes_the_measured_ddp_wrapper_off_the_replicating_probes():
-    from rayemb.train.calibrate import combine
+    from rayemb.train.calibration.calibrate import combine
 
     links = {"all_reduce": LinkCost(1e-4, 1e-9), "all_to_all": LinkCost(2e-4, 2e-9)}
     rank = {"lookup_s": 1e-7, "dense_lookup_s": 1e-7, "replicated_elem_s": 1e-9, "pool_s": 1e-8,

@@ -22,7 +22,7 @@ from rayemb.data.stats_io import load_stats_json, write_stats_json
 from rayemb.data.stats_types import DatasetStats
 from rayemb.errors import ConfigError, DataError
 from rayemb.logs import redact_text, redact_uri
-from rayemb.train.outputs import JobOutputs, local_output_dir, tracking_uri
+from rayemb.train.driver.outputs import JobOutputs, local_output_dir, tracking_uri
 
 BUCKET = "unit"
 
@@ -155,7 +155,7 @@ def test_ranks_read_their_rows_of_an_in_memory_split_from_the_bucket(s3, request
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rayemb.train import outputs
+    from rayemb.train.driver import outputs
     from rayemb.train.held_splits import FileSplit
 
     uris = []
@@ -348,7 +348,7 @@ def test_credentials_in_a_data_uri_are_redacted_in_dataset_errors(s3, request):
 def test_a_restore_downloads_a_remote_checkpoint_once_per_node_and_removes_it(s3, tmp_path, request):
     from types import SimpleNamespace
 
-    from rayemb.train.resume import _checkpoint_uri, _node_copy, _remove_node_copy
+    from rayemb.train.worker.resume import _checkpoint_uri, _node_copy, _remove_node_copy
 
     _checkpoint(tmp_path / "ckpt", 7)
     uri = storage.join(_prefix(request), "ray_results", "job", "checkpoint_1")

@@ -67,7 +67,7 @@ def test_label_is_learnable_from_ids(tmp_path):
     spec = SyntheticSpec(rows=60000, num_tables=4, seed=5, num_signal_tables=4, cardinalities=[50, 60, 70, 80])
     generate(spec, str(tmp_path))
     tr, va = _read(tmp_path), _read(tmp_path, "valid")
-    from rayemb.train.metrics import auc
+    from rayemb.train.worker.metrics import auc
 
     score = np.zeros(va.num_rows)
     y = tr.column("label").to_numpy()

@@ -12,7 +12,7 @@ from rayemb.batch_shape import BatchShape
 from rayemb.config import config_from_dict, load_config
 from rayemb.data.checks import DenseMoments, ValueSummary, check_values
 from rayemb.errors import ConfigError, DataError, RayembError, TrainingError, find_user_error
-from rayemb.train.loop import EarlyStopping
+from rayemb.train.worker.loop import EarlyStopping
 
 NAN, INF = float("nan"), float("inf")
 
@@ -156,7 +156,7 @@ def test_early_stopping_restores_from_state():
     hits = EarlyStopping(patience=2, metric="valid_hit_rate_at_50")
     hits.update(0, 0.3)
     assert hits.metrics() == {"best_valid_hit_rate_at_50": 0.3, "best_epoch": 0.0}
-    from rayemb.train.resume import position_from_meta
+    from rayemb.train.worker.resume import position_from_meta
 
     meta = {"epoch": 0, "step": 10, "epoch_complete": True, **hits.state()}
     again = EarlyStopping(patience=2, resumed=position_from_meta(meta, BatchShape(4, 2)).bookkeeping, metric="valid_hit_rate_at_50")

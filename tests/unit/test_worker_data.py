@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from rayemb.train.backend import SOCKET_IFNAME_VARS, interface_for, pin_socket_interface
-from rayemb.train.data_loader import DataStarvedError, RankBatches
-from rayemb.train.resources import data_starvation_warning, free_cpus_after_packing
+from rayemb.train.worker.backend import SOCKET_IFNAME_VARS, interface_for, pin_socket_interface
+from rayemb.train.worker.data_loader import DataStarvedError, RankBatches
+from rayemb.train.driver.resources import data_starvation_warning, free_cpus_after_packing
 
 
 class _Shard:
@@ -160,7 +160,7 @@ def test_pin_socket_interface_keeps_a_user_choice(monkeypatch):
 def test_pin_socket_interface_sets_the_interface_of_this_host(monkeypatch):
     import os
 
-    from rayemb.train.backend import interface_addresses
+    from rayemb.train.worker.backend import interface_addresses
 
     for var in SOCKET_IFNAME_VARS:
         monkeypatch.delenv(var, raising=False)

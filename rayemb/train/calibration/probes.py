@@ -115,8 +115,8 @@ def _probe_step(kind: str, n_tables: int, local_batch: int, dim: int, device: An
     from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
     from rayemb.embedding.prefetch import StepPrefetch
     from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.train.optim import MultiTensorRowWiseAdagrad
-    from rayemb.train.step import StepBatch, TrainStep
+    from rayemb.train.worker.optim import MultiTensorRowWiseAdagrad
+    from rayemb.train.worker.step import StepBatch, TrainStep
     from rayemb.planner.cost import column_shards
 
     class _Sum(torch.nn.Module):
@@ -148,7 +148,7 @@ def _probe_step(kind: str, n_tables: int, local_batch: int, dim: int, device: An
     model = DistributedModelParallel(src, device=device, plan=plan, sharders=sharders,
                                      data_parallel_wrapper=OneDataParallelWrapper())
     replicated = replicated_embedding_parameters(model)
-    # the job's replicated optimizer (rayemb.train.build.sharded_model)
+    # the job's replicated optimizer (rayemb.train.worker.build.sharded_model)
     opt = MultiTensorRowWiseAdagrad(list(replicated.values()), lr=0.01) if replicated else None
     gen = np.random.default_rng(dist.get_rank())
     # half the lookups hit the hot rows (a hybrid table's typical share), the rest spread over all rows

@@ -17,7 +17,7 @@ stages, before any output is written, and raises a
 :class:`~rayemb.errors.RayembError` naming the input and the fix. Errors a
 worker finds (a diverging loss, a checkpoint of another plan) come back as the
 same errors and mark the MLflow run FAILED with the reason. The records the
-stages hand on are :mod:`rayemb.train.job_types`.
+stages hand on are :mod:`rayemb.train.driver.job_types`.
 """
 
 from __future__ import annotations
@@ -37,20 +37,20 @@ from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, count_rows, load_checked, parquet_files
 from rayemb.errors import DataError, TrainingError, find_user_error
 from rayemb.logs import redact_uri
-from rayemb.model.factory import model_spec, user_loss
+from rayemb.contract.factory import model_spec, user_loss
 from rayemb.planner.topology import resize_topology
 from rayemb.planner.pins import parse_pins
 from rayemb.publish import resolve_dataset
-from rayemb.train.artifacts import log_charts, log_plan, log_stats_and_split, to_json
-from rayemb.train.data_loader import split_steps
-from rayemb.train.metrics import best_and_last_checkpoint, step_time_check, step_time_line
-from rayemb.train.outputs import JobOutputs, check_output_dir, read_splits, tracking_uri as job_tracking_uri
-from rayemb.train.plan_probe import placement_counts as _placement_counts
-from rayemb.train.resources import WorkerResources, worker_resources
-from rayemb.train.calibration_store import calibrate, kept_max_age_s
-from rayemb.train.resume import check_resume_from, fault_injection
-from rayemb.train.job_types import MEASURED_PLAN_KEYS, JobInputs, PlannedJob, Tracking, TrainResult
-from rayemb.train.losses import check_tasks
+from rayemb.train.driver.artifacts import log_charts, log_plan, log_stats_and_split, to_json
+from rayemb.train.worker.data_loader import split_steps
+from rayemb.train.driver.results import best_and_last_checkpoint, step_time_check, step_time_line
+from rayemb.train.driver.outputs import JobOutputs, check_output_dir, read_splits, tracking_uri as job_tracking_uri
+from rayemb.train.calibration.plan_probe import placement_counts as _placement_counts
+from rayemb.train.driver.resources import WorkerResources, worker_resources
+from rayemb.train.calibration.store import calibrate, kept_max_age_s
+from rayemb.train.worker.resume import check_resume_from, fault_injection
+from rayemb.train.driver.job_types import MEASURED_PLAN_KEYS, JobInputs, PlannedJob, Tracking, TrainResult
+from rayemb.train.worker.losses import check_tasks
 from rayemb.train.sharding import pins_of
 
 
@@ -58,12 +58,12 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any
                  new_run: bool = False) -> TrainResult:
     """Runs one training job on the current (or a new local) Ray cluster; returns when it ends.
 
-    ``model``: a :class:`~rayemb.model.factory.ModelSpec` (None: the config's ``model`` section names it).
+    ``model``: a :class:`~rayemb.contract.factory.ModelSpec` (None: the config's ``model`` section names it).
     The job is ``cfg.name`` in its output folder: an unfinished run of it is continued, a finished one returned
-    as it is, unless ``new_run`` (:mod:`rayemb.train.job_record`)."""
-    from rayemb.train.attempt import claim_attempt, finished_result
-    from rayemb.train.job_record import Heartbeat
-    from rayemb.train.phases import JobPhases
+    as it is, unless ``new_run`` (:mod:`rayemb.train.driver.job_record`)."""
+    from rayemb.train.driver.attempt import claim_attempt, finished_result
+    from rayemb.train.driver.job_record import Heartbeat
+    from rayemb.train.driver.phases import JobPhases
 
     t0, phases = time.monotonic(), JobPhases()
     inputs = claim_attempt(check_inputs(cfg, model), new_run)
@@ -121,7 +121,7 @@ def check_inputs(cfg: JobConfig, model: Any = None) -> JobInputs:
     model = model or model_spec(cfg.model)  # a factory of the user's: imported now, its errors before any work
     if model.loss is None and cfg.train.loss:
         model = dataclasses.replace(model, loss=user_loss(cfg.train.loss))
-    from rayemb.train.contract_check import check_factory_first
+    from rayemb.train.driver.contract_check import check_factory_first
 
     check_factory_first(cfg, schema, model)  # built once on the meta device: a broken contract before any work
     check_tasks(schema.labels, cfg.train.task_weights, cfg.train.early_stopping_task)
@@ -214,7 +214,7 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
 
     job = plan_world(cfg, topology, stats, calibration, plan_fn=make_shown_plan)
     if calibration is not None and inputs.world_size > 1:  # measured at job start: the plan too
-        from rayemb.train.plan_probe import choose_by_probe
+        from rayemb.train.calibration.plan_probe import choose_by_probe
 
         kept = (inputs.out_dir, key_fields, kept_max_age_s(cfg))
         chosen = choose_by_probe(cfg, inputs.schema, job.job_plan, stats, job.split,
@@ -245,7 +245,7 @@ def elastic_worlds(cfg: JobConfig) -> List[int]:
 def _plan_remote(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any, calibration: Any,
                  model: Any = None):
     """The job's plan, and its model built once on the meta device: a factory that breaks the model contract
-    fails here, before any worker starts (:func:`rayemb.model.contract.check_model`)."""
+    fails here, before any worker starts (:func:`rayemb.contract.model.check_model`)."""
     import torch
 
     from rayemb.logs import quiet_third_party_logs
@@ -319,12 +319,12 @@ def _log_run_params(run_logger: Any, inputs: JobInputs, planned: PlannedJob) -> 
 def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: Any = None) -> TrainResult:
     """Ray Train workers train the planned model; every report reaches MLflow; the run ends FINISHED or FAILED.
 
-    ``phases``: the job's :class:`~rayemb.train.phases.JobPhases` (its line printed and logged at the end)."""
+    ``phases``: the job's :class:`~rayemb.train.driver.phases.JobPhases` (its line printed and logged at the end)."""
     import ray
     from ray.util.queue import Queue
 
     from rayemb.tracking.callback import QueueDrainer
-    from rayemb.train.progress import ProgressPrinter
+    from rayemb.train.driver.progress import ProgressPrinter
 
     cfg, run_logger = inputs.cfg, tracking.run_logger
     steps, world = inputs.steps_per_epoch, inputs.world_size
@@ -425,12 +425,12 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from rayemb.train.backend import RayembTorchConfig
+    from rayemb.train.worker.backend import RayembTorchConfig
     from rayemb.train.held_splits import FileSplit, HeldSplit
     from rayemb.tracking.callback import ReportForwarder
-    from rayemb.train.loop import worker_loop
+    from rayemb.train.worker.loop import worker_loop
     from rayemb.train.worker_job import WorkerJob
-    from rayemb.train.validation import ValidationDataConfig
+    from rayemb.train.worker.validation import ValidationDataConfig
 
     cfg, data_dir = inputs.cfg, inputs.data_dir
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -458,7 +458,7 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
             **tracking.outputs.run_config_storage(),  # a local path, or a URI's pyarrow filesystem and path
             callbacks=[ReportForwarder(queue)],
             failure_config=FailureConfig(max_failures=cfg.scaling.max_failures),
-            # the newest few: a corrupt newest one falls back to the one before (rayemb.train.resume)
+            # the newest few: a corrupt newest one falls back to the one before (rayemb.train.worker.resume)
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
         ),
         datasets={name: s for name, s in splits.items() if name not in held},

@@ -1,8 +1,8 @@
-"""Evaluation metrics computed in numpy on gathered predictions, and what a finished job's reports add up to."""
+"""Evaluation metrics computed in numpy on gathered predictions."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -66,8 +66,8 @@ def validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[S
 
 def primary_metric(metrics: Any) -> str:
     """The validation metric early stopping and the best checkpoint follow in ``metrics`` (a report, a run's
-    metrics): a ranking model's ``valid_auc``, a retrieval model's hit rate@50 (:mod:`rayemb.train.retrieval`)."""
-    from rayemb.train.retrieval import RETRIEVAL_METRIC
+    metrics): a ranking model's ``valid_auc``, a retrieval model's hit rate@50 (:mod:`rayemb.train.worker.retrieval`)."""
+    from rayemb.train.worker.retrieval import RETRIEVAL_METRIC
 
     return RETRIEVAL_METRIC if RETRIEVAL_METRIC in metrics or f"best_{RETRIEVAL_METRIC}" in metrics else "valid_auc"
 
@@ -76,44 +76,3 @@ def secondary_metric(primary: str) -> str:
     """The metric the job's lines show beside ``primary``: a ranking model's logloss, a retrieval model's hit
     rate@10."""
     return "valid_logloss" if primary == "valid_auc" else "valid_hit_rate_at_10"
-
-
-def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float],
-                    probed: Optional[float] = None) -> Dict[str, float]:
-    """Measured step time (median over log windows, each epoch's first window left out as warm-up) against the
-    step-time model's prediction and, when the plan probe ran, the probe's median step of the trained plan."""
-    import statistics
-
-    windows, seen_epochs = [], set()
-    for r in reports:
-        if "step_time_s" not in r or r.get("epoch_end"):
-            continue
-        if r.get("epoch") not in seen_epochs:
-            seen_epochs.add(r.get("epoch"))
-            continue
-        windows.append(float(r["step_time_s"]))
-    if not windows or not (predicted or probed):
-        return {}
-    measured = statistics.median(windows)
-    out = {"step_time_measured_s": measured}
-    for name, value in (("predicted", predicted), ("probed", probed)):
-        if value:
-            out.update({f"step_time_{name}_s": float(value), f"step_time_{name}_over_measured": float(value) / measured})
-    return out
-
-
-def step_time_line(check: Dict[str, float]) -> str:
-    """The driver's line for :func:`step_time_check`'s figures."""
-    return f"rayemb: step time {1e3 * check['step_time_measured_s']:.1f} ms measured" + "".join(
-        f", {1e3 * check[f'step_time_{name}_s']:.1f} ms {name} ({check[f'step_time_{name}_over_measured']:.2f}x)"
-        for name in ("predicted", "probed") if f"step_time_{name}_s" in check)
-
-
-def best_and_last_checkpoint(result: Any) -> Tuple[Optional[str], Optional[str]]:
-    """(retained epoch-end checkpoint with the best validation metric, newest checkpoint) of a Ray Train result."""
-    last = result.checkpoint.path if result.checkpoint is not None else None
-    kept = result.best_checkpoints or []
-    metric = primary_metric({k for _, m in kept for k in m})
-    scored = [(float(m[metric]), c.path) for c, m in kept if metric in m]
-    best = max(scored)[1] if scored else last
-    return best, last

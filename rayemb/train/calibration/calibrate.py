@@ -26,8 +26,8 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rayemb.planner.step_time import Calibration, LinkCost, normalize_probes
-from rayemb.train.calibrate_probes import PROBE_DP_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_ROWS, Interleaved
-from rayemb.train.gpu_timing import GPU_MAX_ELEMS, GPU_MAX_IDS, gpu_timed, grown_slope
+from rayemb.train.calibration.probes import PROBE_DP_ROWS, PROBE_HOT_ROWS, PROBE_HOT_SHARE, PROBE_ROWS, Interleaved
+from rayemb.train.worker.gpu_timing import GPU_MAX_ELEMS, GPU_MAX_IDS, gpu_timed, grown_slope
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
     """Per-id, per-element and fixed compute costs on this rank's CPU share (or GPU).
 
     On a CPU the probes have fixed sizes (the defaults and recorded figures come from them); on CUDA they
-    grow until the kernels' work dominates the launch (:func:`~rayemb.train.gpu_timing.grown_slope`)."""
+    grow until the kernels' work dominates the launch (:func:`~rayemb.train.worker.gpu_timing.grown_slope`)."""
     import torch
     from fbgemm_gpu.split_embedding_configs import EmbOptimType as OptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
@@ -244,7 +244,7 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
         fused(torch.cat(vals), off).sum().backward()
     group_overhead_s = _timed(group_step, sync) * 3  # input dist, lookup, output dist
 
-    from rayemb.train.calibrate_dense import dense_model_step
+    from rayemb.train.calibration.dense import dense_model_step
 
     model_step, dense_param_bytes = dense_model_step(device, local_batch, num_dense, num_sparse, dim, bottom_mlp,
                                                      top_mlp, model, schema, precision)
@@ -262,7 +262,7 @@ def _on_rank(fn: Callable[..., Any], rank: int, world: int, master: str, backend
     import torch
     import torch.distributed as dist
 
-    from rayemb.train.backend import pin_socket_interface
+    from rayemb.train.worker.backend import pin_socket_interface
 
     pin_socket_interface()
     torch.set_num_threads(max(1, threads))
@@ -392,7 +392,7 @@ def measure_rank(device: Any, world: int, shape: Dict[str, Any]) -> Dict[str, An
 
     The kernels and the dense arch's step first (:func:`measure_compute`, local, each alone: timed inside the
     interleaved set below, the dense step reads slower than the job's own; alone it matches the job). Across ranks, then, one :class:`Interleaved` set of the collectives and the sharded
-    probes (:func:`rayemb.train.calibrate_probes.add_probes`), so that the probes, and the bytes their figures
+    probes (:func:`rayemb.train.calibration.probes.add_probes`), so that the probes, and the bytes their figures
     are netted of, are measured under the same conditions.
     """
     import torch
@@ -403,7 +403,7 @@ def measure_rank(device: Any, world: int, shape: Dict[str, Any]) -> Dict[str, An
     compute: Dict[str, Any] = measure_compute(device, **shape)
     if world == 1:
         return {"links": {}, "compute": compute}
-    from rayemb.train.calibrate_probes import add_probes
+    from rayemb.train.calibration.probes import add_probes
 
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     iv = Interleaved(sync, dist.barrier)

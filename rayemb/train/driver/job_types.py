@@ -1,4 +1,4 @@
-"""What each stage of a training job hands the next (:mod:`rayemb.train.trainer` runs the stages)."""
+"""What each stage of a training job hands the next (:mod:`rayemb.train.driver.trainer` runs the stages)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ class JobInputs:
     steps_per_epoch: int
     #: (directory, its meta) of train.resume_from, checked against the schema (None: not resuming)
     resume: Optional[Tuple[str, CheckpointMeta]] = None
-    #: the model's factory and arguments (rayemb.model.factory.ModelSpec)
+    #: the model's factory and arguments (rayemb.contract.factory.ModelSpec)
     model: Any = None
-    #: this driver's attempt of the named job (rayemb.train.job_record.JobAttempt): a new run or a continued one
+    #: this driver's attempt of the named job (rayemb.train.driver.job_record.JobAttempt): a new run or a continued one
     attempt: Any = None
 
     @property
@@ -48,7 +48,7 @@ class PlannedJob:
     world_size: int
     #: what shards the planned world's model (plan.json less what was measured on the way)
     fingerprint: str
-    #: CPUs per worker, in-memory data, warnings (rayemb.train.resources.WorkerResources)
+    #: CPUs per worker, in-memory data, warnings (rayemb.train.driver.resources.WorkerResources)
     resources: Any = None
     #: (directory, its meta) of train.resume_from (JobInputs.resume)
     resume: Optional[Tuple[str, CheckpointMeta]] = None

@@ -164,7 +164,7 @@ def catalogue_vectors(model: Any, candidates: Callable[..., Any], num_items: int
     import torch
     import torch.distributed as dist
 
-    from rayemb.model.contract import model_inputs
+    from rayemb.contract.model import model_inputs
 
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -184,12 +184,12 @@ def catalogue_vectors(model: Any, candidates: Callable[..., Any], num_items: int
 
 def evaluate_retrieval(model: Any, batches: Any, device: Any, candidates: Callable[..., Any], num_items: int,
                        batch_size: int, ks: Sequence[int] = HIT_RATE_KS) -> Dict[str, float]:
-    """Hit rate@K of every validation row (``batches``: :func:`rayemb.train.validation.eval_batches`) against
+    """Hit rate@K of every validation row (``batches``: :func:`rayemb.train.worker.validation.eval_batches`) against
     the whole catalogue of ``num_items`` ids, all ranks together."""
     import torch
     import torch.distributed as dist
 
-    from rayemb.model.contract import model_inputs
+    from rayemb.contract.model import model_inputs
 
     catalogue = catalogue_vectors(model, candidates, num_items, batch_size, device)
     cut = torch.tensor(list(ks), device=device)

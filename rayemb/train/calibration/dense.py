@@ -5,7 +5,7 @@ step (forward, backward and optimizer of everything that is not a table, and
 its gradient's all-reduce). That step is measured on the job's own model, built
 by its factory around pooled vectors without tables, so a model of the user's
 is priced as what it is, not as a DLRM of similar size. It is stepped by the
-job's own :class:`~rayemb.train.step.TrainStep`, in the job's precision
+job's own :class:`~rayemb.train.worker.step.TrainStep`, in the job's precision
 (``train.precision: bf16`` runs its forward and loss under bf16 autocast).
 """
 
@@ -20,14 +20,14 @@ def dense_model_step(device: Any, local_batch: int, num_dense: int, num_sparse: 
     """(one forward + backward + optimizer step of the model's dense part on the local batch, its parameters'
     bytes).
 
-    With ``model`` (the job's :class:`~rayemb.model.factory.ModelSpec`) and ``schema``, the job's own model
+    With ``model`` (the job's :class:`~rayemb.contract.factory.ModelSpec`) and ``schema``, the job's own model
     from its factory, around pooled vectors without tables (:func:`_dense_part`); else a DLRM of the given
     MLPs (TorchRec's arches: what the built-in constants were measured on). ``precision``: the job's
-    ``train.precision``, as its :class:`~rayemb.train.step.TrainStep` runs it."""
+    ``train.precision``, as its :class:`~rayemb.train.worker.step.TrainStep` runs it."""
     import torch
 
-    from rayemb.train.optim import dense_optimizer
-    from rayemb.train.step import StepBatch, TrainStep
+    from rayemb.train.worker.optim import dense_optimizer
+    from rayemb.train.worker.step import StepBatch, TrainStep
 
     if model is not None and schema is not None:
         return _dense_part(device, local_batch, dim, model, schema, precision)
@@ -54,11 +54,11 @@ def _dense_part(device: Any, local_batch: int, dim: int, spec: Any, schema: Any,
     import torch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-    from rayemb.model.contract import Embeddings
-    from rayemb.train.losses import job_loss
-    from rayemb.train.optim import dense_optimizer
-    from rayemb.train.retrieval import item_feature_of
-    from rayemb.train.step import StepBatch, TrainStep
+    from rayemb.contract.model import Embeddings
+    from rayemb.train.worker.losses import job_loss
+    from rayemb.train.worker.optim import dense_optimizer
+    from rayemb.train.worker.retrieval import item_feature_of
+    from rayemb.train.worker.step import StepBatch, TrainStep
 
     features = list(schema.sparse_names)
 

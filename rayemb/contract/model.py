@@ -58,7 +58,7 @@ class Embeddings:
 def model_inputs(batch: Any, device: Any, non_blocking: bool = False) -> Tuple[Any, ...]:
     """A batch's positional model inputs on ``device``: ``(dense, sparse)``, or with sequence features
     ``(dense, sparse, sequence)`` (:class:`~rayemb.data.batching.Batch` or anything with those fields).
-    ``non_blocking``: asynchronous copies from pinned memory (:mod:`rayemb.train.device_feed`)."""
+    ``non_blocking``: asynchronous copies from pinned memory (:mod:`rayemb.train.worker.device_feed`)."""
     dense, sparse = batch.dense.to(device, non_blocking=non_blocking), batch.sparse.to(device, non_blocking)
     if batch.sequence is None:
         return dense, sparse

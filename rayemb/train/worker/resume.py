@@ -271,7 +271,7 @@ def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, CheckpointMe
     except DataError as e:
         raise DataError(f"{e.message.rstrip('.')} (train.resume_from / --resume-from).",
                         category="storage" if e.category == "storage" else "bad_checkpoint") from None
-    from rayemb.model.tables import table_configs  # TorchRec: imported once the files are known to be there
+    from rayemb.contract.tables import table_configs  # TorchRec: imported once the files are known to be there
 
     from rayemb.checkpoint.raw_files import check_id_kinds
 

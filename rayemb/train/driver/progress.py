@@ -97,7 +97,7 @@ class ProgressPrinter:
         self._print(" | ".join(parts))
 
     def _epoch_end(self, epoch: int, report: Dict[str, Any]) -> None:
-        from rayemb.train.metrics import primary_metric, secondary_metric
+        from rayemb.train.worker.metrics import primary_metric, secondary_metric
 
         metric = primary_metric(report)
         value = float(report.get(metric, float("nan")))

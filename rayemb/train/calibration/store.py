@@ -13,7 +13,7 @@ placement strategy), the cluster's nodes (CPUs, GPUs and accelerator type of eac
 dense and sparse feature counts, dim, MLPs, input prefetch, the model (name and arguments), the versions of
 torch, fbgemm, TorchRec, Ray and rayemb, and the hardware (``hardware``): the CPU model of the ranks' hosts
 and the link between them, as the factor-of-2 band of a 1 MiB all-to-all's bandwidth
-(:func:`rayemb.train.calibrate.link_fingerprint`; ranks on one host: ``one host``). So another cluster of the
+(:func:`rayemb.train.calibration.calibrate.link_fingerprint`; ranks on one host: ``one host``). So another cluster of the
 same shape sharing the output storage, or the same cluster after its network changed, measures anew. The
 ``<shape key>`` is the key without the hardware: the hardware is measured (about a second, with the ranks'
 start) only when a calibration of the job's shape is kept, else it comes with the calibration.
@@ -22,7 +22,7 @@ A stored calibration younger than ``planner.calibration_max_age_h`` is used inst
 ``calibration.source`` says ``cached``, its ``age_s`` how long ago it was measured); one whose figures are
 missing, not finite or negative where they cannot be is ignored with a warning naming its file, and measured
 anew. ``planner.recalibrate: true`` measures anew and replaces it. The plan probe's step times are kept the
-same way, keyed also by its candidate plans (:func:`rayemb.train.plan_probe.choose_by_probe`).
+same way, keyed also by its candidate plans (:func:`rayemb.train.calibration.plan_probe.choose_by_probe`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def cluster_nodes() -> List[Tuple[float, float, str]]:
 def key_fields(shape: Mapping[str, Any], ranks: Mapping[str, Any], nodes: List[Tuple[float, float, str]],
                hardware: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """What a calibration depends on (module docstring), as plain JSON values. ``hardware``: the ranks' link and
-    CPU models (:func:`rayemb.train.calibrate.hardware_key`; None: not measured yet, the shape's fields only)."""
+    CPU models (:func:`rayemb.train.calibration.calibrate.hardware_key`; None: not measured yet, the shape's fields only)."""
     model = shape.get("model")
     schema = shape.get("schema")
     plain = {k: v for k, v in shape.items() if k not in ("model", "schema")}
@@ -237,12 +237,12 @@ def kept_max_age_s(cfg: Any) -> float:
 
 
 def job_hardware(inputs: Any, resources: Any) -> Dict[str, Any]:
-    """The ranks' :func:`~rayemb.train.calibrate.hardware_key`: on a one-node cluster this driver's host is theirs
+    """The ranks' :func:`~rayemb.train.calibration.calibrate.hardware_key`: on a one-node cluster this driver's host is theirs
     (nothing to start), else measured by ranks placed like the Train workers
-    (:func:`~rayemb.train.calibrate.link_fingerprint`)."""
+    (:func:`~rayemb.train.calibration.calibrate.link_fingerprint`)."""
     import ray
 
-    from rayemb.train.calibrate import cpu_model, hardware_key, link_fingerprint
+    from rayemb.train.calibration.calibrate import cpu_model, hardware_key, link_fingerprint
 
     alive = [n for n in ray.nodes() if n.get("Alive")]
     if len(alive) == 1 and alive[0].get("NodeID") == ray.get_runtime_context().get_node_id():
@@ -268,7 +268,7 @@ def calibrate(inputs: Any, topology: Any, resources: Any) -> Tuple[Any, Optional
         print(f"rayemb: {no_choice}: no placement to choose, no calibration nor plan probe; the step time is "
               "predicted with the built-in constants", flush=True)
         return None, None
-    from rayemb.train.calibrate import calibrate_and_fingerprint, job_shape
+    from rayemb.train.calibration.calibrate import calibrate_and_fingerprint, job_shape
 
     shape = job_shape(cfg, inputs.schema, inputs.model)
     fields = job_key_fields(inputs, topology, resources, shape)

@@ -9,14 +9,14 @@ nothing to the line's price, depending on what the link carried just before
 what a step will cost (docs/benchmarks.md, "Measurements behind design choices").
 
 So before training, the plan is built exactly as the workers will build it
-(:func:`rayemb.train.build.build_step`: the same model, sharding plan, one
+(:func:`rayemb.train.worker.build.build_step`: the same model, sharding plan, one
 DDP, optimizers, loss, precision, input prefetch) on actors placed like the workers, and
 stepped on synthetic batches drawn from the job's statistics (each table's
 pooling, and its ids with the measured heavy hitters' frequencies). Beside it
 the same job on the other side of the hybrid choice is built (without hybrid
 when the model chose hybrid tables, else with hybrid on the tables that could
 have it: :func:`other_side`): both are stepped in one
-:class:`~rayemb.train.calibrate_probes.Interleaved` set, so that a slow moment
+:class:`~rayemb.train.calibration.probes.Interleaved` set, so that a slow moment
 of the host slows both alike, and the faster one trains. When the candidates'
 tables (weights and optimizer state, as plan.json's ``ranks`` count them) do not
 fit a rank's memory together, they are stepped one after another instead, each
@@ -27,7 +27,7 @@ step-time model's for the trained plan (computed when the plan was made, before
 any probe, for every candidate alike), ``probed_step_time_s`` the probe's median
 step of it; ``plan_probe`` records both for every candidate, and where the step
 times come from: ``source`` "measured" by this job, or "cached" from an earlier
-job of the same key (:mod:`rayemb.train.calibration_store`), ``age_s`` seconds
+job of the same key (:mod:`rayemb.train.calibration.store`), ``age_s`` seconds
 old.
 """
 
@@ -183,7 +183,7 @@ def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[A
     The plans are stepped in one interleaved set when every rank holds them all at once
     (:func:`interleave_on_every_rank`), else one after another, each model freed before the next is built.
     Either way STEPS_PER_ROUND steps run back to back per round as the loop runs them (the ranks lined up
-    before each round only), each step the loop's own (:class:`~rayemb.train.step.TrainStep`: forward, the next
+    before each round only), each step the loop's own (:class:`~rayemb.train.worker.step.TrainStep`: forward, the next
     batch's input exchange started, backward, optimizer, the collectives' byte counter on), its loss summed on
     the device as the loop's window sums it, never read.
     """
@@ -193,7 +193,7 @@ def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[A
     import torch.distributed as dist
 
     from rayemb.embedding.comm import CommCounter
-    from rayemb.train.calibrate_probes import PROBE_WARMUP_ROUNDS, Interleaved
+    from rayemb.train.calibration.probes import PROBE_WARMUP_ROUNDS, Interleaved
 
     torch.manual_seed(cfg.train.seed)
     raw = _batches(schema, samples, cfg.data.batch_size, cfg.train.seed + dist.get_rank())
@@ -220,10 +220,10 @@ def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[A
 
 def probe_step(cfg: Any, schema: Any, plan: Any, device: Any, model_spec: Any = None,
                table_stats: Optional[Dict[str, Any]] = None) -> Any:
-    """``plan``'s step as the loop builds it (:func:`~rayemb.train.build.build_step`: the same loss, table
+    """``plan``'s step as the loop builds it (:func:`~rayemb.train.worker.build.build_step`: the same loss, table
     statistics, precision and prefetch), stepped eagerly: a compile per candidate would cost more than the
     probe."""
-    from rayemb.train.build import build_step
+    from rayemb.train.worker.build import build_step
 
     return build_step(cfg, schema, plan, device, model_spec=model_spec, table_stats=table_stats, compile=False)
 
@@ -234,7 +234,7 @@ def _plan_steps(cfg: Any, schema: Any, plan: Any, device: Any, raw: List[Any], c
     """(STEPS_PER_ROUND training steps of ``plan``'s sharded model, what completes its pending prefetch or
     None): the model lives as long as the returned step does. ``model_spec``: the job's model (its factory;
     None: the config's); ``table_stats``: the statistics pass's tables, as the loop's loss reads them."""
-    from rayemb.train.step import LossWindow, StepBatch
+    from rayemb.train.worker.step import LossWindow, StepBatch
 
     built = probe_step(cfg, schema, plan, device, model_spec, table_stats)
     item = built.item_feature  # a retrieval model: its in-batch softmax, without the synthetic rows' ids
@@ -314,7 +314,7 @@ def probe_plans(cfg: Any, schema: Any, plans: Sequence[Any], samples: Dict[str, 
     """Times ``plans`` on ``world`` ranks placed like the Train workers (:func:`probe_rank`); the fastest wins.
     ``budget_cap``: at most these bytes of tables per rank at once (more than that: one plan at a time);
     ``model``: the job's ModelSpec (None: the config's model); ``table_stats``: the statistics pass's tables."""
-    from rayemb.train.calibrate import run_on_ranks
+    from rayemb.train.calibration.calibrate import run_on_ranks
 
     t0 = time.monotonic()
     per_rank = run_on_ranks(probe_rank, (cfg, schema, list(plans), samples, cfg.planner.probe_steps, budget_cap,
@@ -390,12 +390,12 @@ def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any
     faster (:func:`apply_probe`).
 
     ``kept``: (output storage, the job's key fields, max age in seconds) of measurements kept for later jobs
-    (:mod:`rayemb.train.calibration_store`): the same candidates probed on the same key within the age are not
+    (:mod:`rayemb.train.calibration.store`): the same candidates probed on the same key within the age are not
     probed again. Skipped (``job_plan`` as it is) with ``planner.probe_steps: 0``, with a sequence tower (the
     probe's synthetic batches have no histories) and, said loudly, when the probe fails.
     """
     from rayemb.logs import redact_uri
-    from rayemb.train.calibration_store import load_kept, store_kept
+    from rayemb.train.calibration.store import load_kept, store_kept
 
     if cfg.planner.probe_steps == 0 or cfg.model.sequence_tower != "none":
         return job_plan

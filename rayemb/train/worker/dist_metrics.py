@@ -11,14 +11,14 @@ grows with the split and the world. The AUC needs only, for each positive, the n
    ``2 * pos * (negatives below) + pos * (negatives equal)`` plus its positives times the negatives of all
    lower ranges (an all-gather of two counts per rank);
 4. one all-reduce of integers sums it: the AUC is that sum over ``2 * P * N``, exactly the Mann-Whitney
-   statistic with average ranks for ties that :func:`rayemb.train.metrics.auc` computes on one process.
+   statistic with average ranks for ties that :func:`rayemb.train.worker.metrics.auc` computes on one process.
 
 Logloss is a sum over rows, all-reduced. Integers are int64: exact up to about four billion rows.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -78,7 +78,7 @@ def distributed_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     import torch
     import torch.distributed as dist
 
-    from rayemb.train.metrics import auc
+    from rayemb.train.worker.metrics import auc
 
     rank, world = _world()
     scores = np.asarray(scores, dtype=np.float64).ravel()
@@ -98,12 +98,12 @@ def distributed_auc(scores: np.ndarray, labels: np.ndarray) -> float:
 
 def distributed_validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[Sequence[str]] = None,
                                    primary: Optional[str] = None) -> Dict[str, float]:
-    """:func:`rayemb.train.metrics.validation_metrics` of every rank's rows together, no row gathered whole:
+    """:func:`rayemb.train.worker.metrics.validation_metrics` of every rank's rows together, no row gathered whole:
     the same keys and values (AUC exact; logloss to float64 rounding)."""
     import torch
     import torch.distributed as dist
 
-    from rayemb.train.metrics import logloss_sum
+    from rayemb.train.worker.metrics import logloss_sum
 
     _, world = _world()
     tasks = list(tasks or [])

@@ -57,13 +57,13 @@ def job_loss(schema: Any, weights: Optional[Mapping[str, float]] = None,
              table_stats: Optional[Mapping[str, Any]] = None, gather: bool = True) -> Callable[[Any, Any], Any]:
     """The job's loss: :class:`TaskLoss` for a ranking model; for a retrieval model (one naming an
     ``item_feature``) the user's loss, called with the rows' item ids, or the logQ-corrected in-batch softmax
-    (:class:`rayemb.train.retrieval.InBatchSoftmax`; ``table_stats``: the statistics pass's tables; ``gather``:
+    (:class:`rayemb.train.worker.retrieval.InBatchSoftmax`; ``table_stats``: the statistics pass's tables; ``gather``:
     negatives from every rank)."""
     if item_feature is None:
         return TaskLoss(schema.labels, weights, user_loss)
     if user_loss is not None:
         return user_loss
-    from rayemb.train.retrieval import InBatchSoftmax, item_log_q
+    from rayemb.train.worker.retrieval import InBatchSoftmax, item_log_q
 
     table = (table_stats or {}).get(item_feature)
     rows = schema.feature(item_feature).num_embeddings

@@ -21,7 +21,7 @@ Two ways in, one interface (:class:`RankBatches`):
 
 Training drops a rank's last, partial batch (every step is a full batch);
 validation keeps it (``drop_last=False``), its converter padding it to the
-full batch (:mod:`rayemb.train.validation`). So the driver's
+full batch (:mod:`rayemb.train.worker.validation`). So the driver's
 :func:`split_steps` asks the train split for one global batch and the valid
 split for one row.
 

@@ -40,13 +40,13 @@ class ModelSpec:
     args: Mapping[str, Any] = field(default_factory=dict)
     #: how the config named it: a shipped name or ``package.module:function``
     name: str = "dlrm"
-    #: a loss of the user's, ``loss(output, labels) -> scalar`` (None: BCE per label, rayemb.train.losses)
+    #: a loss of the user's, ``loss(output, labels) -> scalar`` (None: BCE per label, rayemb.train.worker.losses)
     loss: Optional[Callable[..., Any]] = None
 
     def build(self, embeddings: Any, schema: Any) -> Any:
-        """The model, checked against the contract (:func:`rayemb.model.contract.check_model`) ->
+        """The model, checked against the contract (:func:`rayemb.contract.model.check_model`) ->
         (model, paths of the embedding modules in it)."""
-        from rayemb.model.contract import check_model, check_retrieval
+        from rayemb.contract.model import check_model, check_retrieval
 
         factory = _import(self.factory, "model.name") if isinstance(self.factory, str) else self.factory
         try:

@@ -1,14 +1,14 @@
 """The training step's set-up, written once: the job's sharded model, its loss, prefetch and step.
 
-Everything that steps the job's own model sets it up here: the loop (:mod:`rayemb.train.loop`), the plan probe
-(:mod:`rayemb.train.plan_probe`), the step benchmarks (jobs/bench/gpu.py, jobs/bench/step_profile.py). So the
+Everything that steps the job's own model sets it up here: the loop (:mod:`rayemb.train.worker.loop`), the plan probe
+(:mod:`rayemb.train.calibration.plan_probe`), the step benchmarks (jobs/bench/gpu.py, jobs/bench/step_profile.py). So the
 probe times the step the loop will run (the same loss, with the same table statistics, the same precision and
 input prefetch), and a change of the set-up reaches all of them at once.
 
 :func:`build_step` shards the model (:func:`sharded_model`), applies ``train.compile``, counts the DDP
 all-reduce's bytes (:func:`~rayemb.embedding.comm.instrument_ddp`), starts the next batch's input exchange early
-(:class:`~rayemb.embedding.prefetch.StepPrefetch`) and builds the job's loss (:func:`~rayemb.train.losses.job_loss`);
-:meth:`BuiltStep.train_step` then gives the :class:`~rayemb.train.step.TrainStep` that steps it.
+(:class:`~rayemb.embedding.prefetch.StepPrefetch`) and builds the job's loss (:func:`~rayemb.train.worker.losses.job_loss`);
+:meth:`BuiltStep.train_step` then gives the :class:`~rayemb.train.worker.step.TrainStep` that steps it.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Tuple
 if TYPE_CHECKING:
     from rayemb.config import JobConfig
     from rayemb.data.schema import DatasetSchema
-    from rayemb.train.step import StepTimer, TrainStep
+    from rayemb.train.worker.step import StepTimer, TrainStep
 
 
 def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device: Any,
                   one_ddp: bool = True, model_spec: Any = None) -> Tuple[Any, Any, Any]:
     """The job's model sharded by ``job_plan`` under ``DistributedModelParallel``, its optimizer and id remapper.
 
-    ``model_spec``: the :class:`~rayemb.model.factory.ModelSpec` that builds it (None: the config's model).
+    ``model_spec``: the :class:`~rayemb.contract.factory.ModelSpec` that builds it (None: the config's model).
 
     Sharded tables update in their backward (fused FBGEMM optimizer). Replicated embedding rows (hybrid hot
     halves, data-parallel tables) are dense parameters with all-reduced gradients: the same optimizer kind,
@@ -47,7 +47,7 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     from rayemb.embedding.qcomm import CommPrecision, qcomm_codecs_registry
     from rayemb.embedding.raw_tables import RawIdEmbeddingBagCollectionSharder
     from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.train.optim import dense_optimizer, embedding_optimizer
+    from rayemb.train.worker.optim import dense_optimizer, embedding_optimizer
     from rayemb.train.sharding import build_model, plan_for_model
 
     model, embeddings, paths = build_model(cfg, schema, job_plan.placements, job_plan.hot_ids,
@@ -94,8 +94,8 @@ class BuiltStep:
     compiled: List[str] = field(default_factory=list)
 
     def train_step(self, counter: Any = None, timer: Optional["StepTimer"] = None) -> "TrainStep":
-        """A :class:`~rayemb.train.step.TrainStep` of this model (``counter``, ``timer``: its own)."""
-        from rayemb.train.step import TrainStep
+        """A :class:`~rayemb.train.worker.step.TrainStep` of this model (``counter``, ``timer``: its own)."""
+        from rayemb.train.worker.step import TrainStep
 
         return TrainStep(self.model, self.optimizer, self.loss_fn, prefetch=self.prefetch, counter=counter,
                          timer=timer, precision=self.precision)
@@ -107,7 +107,7 @@ def build_step(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device:
     """The job's step on this rank: its model sharded by ``job_plan`` (:func:`sharded_model`), compiled as
     ``train.compile`` says, its DDP's bytes counted, its input prefetch (``train.prefetch_input_dist``), its loss.
 
-    ``model_spec``: the job's :class:`~rayemb.model.factory.ModelSpec` (None: the config's model), whose loss, if
+    ``model_spec``: the job's :class:`~rayemb.contract.factory.ModelSpec` (None: the config's model), whose loss, if
     it has one, is the job's; ``table_stats``: the statistics pass's tables (a retrieval model's logQ correction
     reads its item table's); ``compile``: False steps the model eagerly whatever ``train.compile`` says (the
     probes: one compile per candidate would cost more than the probe); ``log``: ``train.compile``'s line is
@@ -116,9 +116,9 @@ def build_step(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device:
     """
     from rayemb.embedding.comm import instrument_ddp
     from rayemb.embedding.prefetch import StepPrefetch
-    from rayemb.train.compile import apply_train_compile
-    from rayemb.train.losses import job_loss
-    from rayemb.train.retrieval import item_feature_of
+    from rayemb.train.worker.compile import apply_train_compile
+    from rayemb.train.worker.losses import job_loss
+    from rayemb.train.worker.retrieval import item_feature_of
 
     model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device, one_ddp=one_ddp, model_spec=model_spec)
     compiled = apply_train_compile(model, cfg.train, log=log) if compile else []

@@ -1,8 +1,8 @@
 """One training step of a sharded model, written once for every place that steps one.
 
-The job's loop (:mod:`rayemb.train.loop`), the plan probe (the job's own model timed on synthetic batches
-before training, :mod:`rayemb.train.plan_probe`) and the calibration's probes of tiny sharded modules
-(:mod:`rayemb.train.calibrate_probes`) all run the same step: forward and loss, the next batch's input
+The job's loop (:mod:`rayemb.train.worker.loop`), the plan probe (the job's own model timed on synthetic batches
+before training, :mod:`rayemb.train.calibration.plan_probe`) and the calibration's probes of tiny sharded modules
+(:mod:`rayemb.train.calibration.probes`) all run the same step: forward and loss, the next batch's input
 exchange started (:mod:`rayemb.embedding.prefetch`), backward (the fused embedding optimizer applies in it),
 the other optimizers, the collectives' bytes counted. Here it is written once, so that the probes time
 exactly what training runs and a faster step is made once for all of them.

@@ -12,7 +12,7 @@ What rerunning the same command does (``rayemb train``, ``ray job submit jobs/tr
 * no record, ``--new-run``, or ``--resume-from``: a new run (a new ``job_id`` and MLflow run);
 * the last run unfinished (its driver or head died, it failed, it was interrupted): the next
   attempt of the same run. The workers find the newest intact checkpoint in the run's own
-  checkpoint folder (:mod:`rayemb.train.resume`), the MLflow run becomes RUNNING again with
+  checkpoint folder (:mod:`rayemb.train.worker.resume`), the MLflow run becomes RUNNING again with
   tag and metric ``attempt``, and metric points the dead attempt logged are not logged twice;
 * the last run FINISHED: nothing is trained; the command says where the run is;
 * a config that changed what the checkpoints hold (the model section, the dataset's

@@ -1,6 +1,6 @@
 """The model contract checked first: a user's factory built once, before the job's statistics and calibration.
 
-A factory that breaks the contract (:func:`rayemb.model.contract.check_model`) fails when the model is first
+A factory that breaks the contract (:func:`rayemb.contract.model.check_model`) fails when the model is first
 built, and the plan's build (on the meta device, in the planning task) comes after the statistics pass and the
 calibration, a minute into the job. :func:`check_factory_first` builds it at input checking instead: on the meta
 device (no memory, no kernels), from a provisional plan (every table an ordinary ``EmbeddingBagCollection``, no
@@ -55,7 +55,7 @@ def check_factory_first(cfg: Any, schema: Any, model: Any) -> None:
             cloudpickle.dump((cfg, schema, model), f)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         try:
-            proc = subprocess.run([sys.executable, "-m", "rayemb.train.contract_check", job, result], env=env,
+            proc = subprocess.run([sys.executable, "-m", "rayemb.train.driver.contract_check", job, result], env=env,
                                   capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
             failure = None
             if os.path.exists(result):

@@ -1,7 +1,7 @@
 """Host batches onto the device one step ahead: pinned, copied on a side stream while the step before runs.
 
 A step's input is a host batch (:class:`~rayemb.data.batching.Batch`, converted off the training thread by
-:mod:`rayemb.train.data_loader`). Copying it to a GPU from pageable memory blocks the host until the copy is
+:mod:`rayemb.train.worker.data_loader`). Copying it to a GPU from pageable memory blocks the host until the copy is
 done, and on the step's own stream the copy would wait for the step before to finish. So, on CUDA:
 
 * batches are pinned where they are converted (:func:`pinned`, on the loader's thread), so a copy can be

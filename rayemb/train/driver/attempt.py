@@ -1,4 +1,4 @@
-"""This driver's attempt of a named job (:mod:`rayemb.train.job_record`): a new run, the next attempt of an
+"""This driver's attempt of a named job (:mod:`rayemb.train.driver.job_record`): a new run, the next attempt of an
 unfinished one and the checkpoint it continues from, or a finished run returned as it is."""
 
 from __future__ import annotations
@@ -8,17 +8,17 @@ from typing import Any
 
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
-from rayemb.train.job_types import JobInputs, TrainResult
-from rayemb.train.outputs import JobOutputs, tracking_uri as job_tracking_uri
-from rayemb.train.resume import check_resume_from
+from rayemb.train.driver.job_types import JobInputs, TrainResult
+from rayemb.train.driver.outputs import JobOutputs, tracking_uri as job_tracking_uri
+from rayemb.train.worker.resume import check_resume_from
 
 
 def claim_attempt(inputs: JobInputs, new_run: bool = False) -> JobInputs:
-    """This driver's attempt of the job (:func:`rayemb.train.job_record.claim`), and for a continued run the
+    """This driver's attempt of the job (:func:`rayemb.train.driver.job_record.claim`), and for a continued run the
     newest intact checkpoint of its own folder to resume from (its tables checked like ``--resume-from``)."""
     from rayemb.checkpoint.meta import CheckpointMeta
     from rayemb.checkpoint.reader import checkpoints_newest_first, read_meta
-    from rayemb.train.job_record import claim
+    from rayemb.train.driver.job_record import claim
 
     cfg = inputs.cfg
     attempt = claim(cfg, inputs.schema, inputs.out_dir, new_run)
@@ -49,7 +49,7 @@ def claim_attempt(inputs: JobInputs, new_run: bool = False) -> JobInputs:
 def _trained_already(inputs: JobInputs, checkpoint: str) -> Any:
     """A run whose driver stopped after its last epoch's checkpoint: nothing is left to train, so it ends
     FINISHED (record and MLflow run) with that checkpoint as its last."""
-    from rayemb.train.job_record import FINISHED, write_record
+    from rayemb.train.driver.job_record import FINISHED, write_record
 
     attempt, rec = inputs.attempt, inputs.attempt.record
     print(f"rayemb: job {rec.name!r}: run {rec.job_id} trained all {inputs.cfg.train.epochs} epoch(s) before its "
@@ -77,7 +77,7 @@ def _exists(path: str) -> bool:
 
 def finished_result(inputs: JobInputs) -> TrainResult:
     """What a rerun of a finished job returns: the run as it ended, nothing trained."""
-    from rayemb.train.job_record import record_path
+    from rayemb.train.driver.job_record import record_path
 
     rec, out_dir = inputs.attempt.finished, inputs.out_dir
     print(f"rayemb: job {rec.name!r} FINISHED already (run {rec.job_id}, MLflow run {rec.run_id}); its record is "

@@ -1,15 +1,15 @@
 """The per-worker training loop (runs in every Ray Train worker, one per rank).
 
-Each rank builds the job's model (its factory: :mod:`rayemb.model`) around its
+Each rank builds the job's model (its factory: :mod:`rayemb.contract`) around its
 embedding tables on the meta device, shards it with the driver's plan under
 ``DistributedModelParallel``, streams its shard of the train split, and runs the
 same number of steps as every other rank (a rank that runs dry early would hang
 the collectives, so ranks also agree on "everyone still has a batch" every
-step). Each step is :class:`rayemb.train.step.TrainStep`, which reads nothing
+step). Each step is :class:`rayemb.train.worker.step.TrainStep`, which reads nothing
 back to the host: a window's losses are summed on the device and read, and
 checked for divergence, at its log point (and before any checkpoint). After
 each epoch it evaluates AUC and logloss on every row of the validation split,
-over all ranks together (:mod:`rayemb.train.validation`), and reports.
+over all ranks together (:mod:`rayemb.train.worker.validation`), and reports.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional
 
 from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
-from rayemb.train.build import sharded_model  # noqa: F401 - where tests and benchmarks have imported it from
 
 if TYPE_CHECKING:
     from rayemb.config import JobConfig
@@ -68,7 +67,7 @@ def peak_memory_bytes(device) -> int:
 #
 # Logical checkpoints (rayemb.checkpoint): every table in its logical row space, loadable into any
 # world size and plan; written at epoch ends and every train.checkpoint_every_n_steps / _s; where a
-# (re)started group continues is rayemb.train.resume.
+# (re)started group continues is rayemb.train.worker.resume.
 
 
 def _maybe_inject_fault(fault: Optional[Dict[str, Any]], step: int) -> None:
@@ -86,10 +85,10 @@ def _maybe_inject_fault(fault: Optional[Dict[str, Any]], step: int) -> None:
 
 
 def _step_batch(batch, device, retrieval: bool = False, non_blocking: bool = False) -> Any:
-    """One step's tensors on the device: the model's inputs (rayemb.model.contract) and what the loss takes
-    besides the model's output: the labels, or a retrieval model's item ids (rayemb.train.retrieval)."""
-    from rayemb.model.contract import model_inputs
-    from rayemb.train.step import StepBatch
+    """One step's tensors on the device: the model's inputs (rayemb.contract.model) and what the loss takes
+    besides the model's output: the labels, or a retrieval model's item ids (rayemb.train.worker.retrieval)."""
+    from rayemb.contract.model import model_inputs
+    from rayemb.train.worker.step import StepBatch
 
     inputs = model_inputs(batch, device, non_blocking)
     target = batch.ids if retrieval else batch.labels
@@ -128,14 +127,14 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
     from rayemb.embedding.comm import COLLECTIVES, CommCounter
     from rayemb.embedding.raw_tables import eviction_counts
     from rayemb.logs import quiet_third_party_logs
-    from rayemb.model.tables import sequence_features, table_configs
-    from rayemb.train.build import build_step
-    from rayemb.train.data_loader import RankBatches
-    from rayemb.train.device_feed import DeviceFeed, pinned
-    from rayemb.train.resume import CheckpointSchedule, restore, save_and_report
-    from rayemb.train.step import LossWindow, StepTimer, check_finite_loss
-    from rayemb.train.retrieval import RETRIEVAL_METRIC
-    from rayemb.train.validation import evaluate
+    from rayemb.contract.tables import sequence_features, table_configs
+    from rayemb.train.worker.build import build_step
+    from rayemb.train.worker.data_loader import RankBatches
+    from rayemb.train.worker.device_feed import DeviceFeed, pinned
+    from rayemb.train.worker.resume import CheckpointSchedule, restore, save_and_report
+    from rayemb.train.worker.step import LossWindow, StepTimer, check_finite_loss
+    from rayemb.train.worker.retrieval import RETRIEVAL_METRIC
+    from rayemb.train.worker.validation import evaluate
 
     quiet_third_party_logs()
 
@@ -230,7 +229,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
                     return
                 yield batch
 
-        # each batch is copied to the device while the step before it runs (rayemb.train.device_feed)
+        # each batch is copied to the device while the step before it runs (rayemb.train.worker.device_feed)
         on_device = DeviceFeed(batches(), functools.partial(_step_batch, device=device, retrieval=item is not None),
                                device)
 

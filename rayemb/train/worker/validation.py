@@ -17,7 +17,7 @@ Three parts make that hold:
   runs the same number of forward passes.
 * **the metrics** (:func:`evaluate`): padding rows carry ``Batch.mask`` False
   and are dropped before the metrics are computed over every rank's rows
-  together (:mod:`rayemb.train.dist_metrics`: exact AUC, each row's score sent
+  together (:mod:`rayemb.train.worker.dist_metrics`: exact AUC, each row's score sent
   once), so AUC, logloss and ``valid_rows`` are those of the real rows.
 
 Training batches are unaffected: they stay full (``drop_last=True``) and the
@@ -104,15 +104,15 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
             left and another rank has.
         max_steps: score at most this many batches per rank.
         tasks, primary: the label columns of a multi-task model and the one ``valid_auc`` reports
-            (:func:`rayemb.train.metrics.validation_metrics`).
-        retrieval: for a retrieval model, :func:`rayemb.train.retrieval.evaluate_retrieval`'s ``candidates``,
+            (:func:`rayemb.train.worker.metrics.validation_metrics`).
+        retrieval: for a retrieval model, :func:`rayemb.train.worker.retrieval.evaluate_retrieval`'s ``candidates``,
             ``num_items`` and ``batch_size``: hit rate@K over the catalogue instead of AUC.
     """
     import torch
 
-    from rayemb.model.contract import model_inputs
-    from rayemb.train.dist_metrics import distributed_validation_metrics
-    from rayemb.train.retrieval import evaluate_retrieval
+    from rayemb.contract.model import model_inputs
+    from rayemb.train.worker.dist_metrics import distributed_validation_metrics
+    from rayemb.train.worker.retrieval import evaluate_retrieval
 
     model.eval()
     logits: List[np.ndarray] = []

@@ -12,7 +12,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-logger = logging.getLogger("rayemb.train.calibrate")
+logger = logging.getLogger("rayemb.train.calibration.calibrate")
 
 #: The CPU's probe sizes (256 vs 8192 ids, 1k vs 50k replicated rows) are too small to time on a GPU. On CUDA
 #: each probe grows by GPU_GROWTH from the CPU's small size until its kernels take GPU_TIME_RATIO x the small

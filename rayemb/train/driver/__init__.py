@@ -1,0 +1,1 @@
+"""The driver's side of a job: its stages, its plan per world, its outputs and records."""

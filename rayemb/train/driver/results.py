@@ -1,0 +1,48 @@
+"""What a finished job's reports add up to: its step time against the prediction, its checkpoints."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from rayemb.train.worker.metrics import primary_metric
+
+
+def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float],
+                    probed: Optional[float] = None) -> Dict[str, float]:
+    """Measured step time (median over log windows, each epoch's first window left out as warm-up) against the
+    step-time model's prediction and, when the plan probe ran, the probe's median step of the trained plan."""
+    import statistics
+
+    windows, seen_epochs = [], set()
+    for r in reports:
+        if "step_time_s" not in r or r.get("epoch_end"):
+            continue
+        if r.get("epoch") not in seen_epochs:
+            seen_epochs.add(r.get("epoch"))
+            continue
+        windows.append(float(r["step_time_s"]))
+    if not windows or not (predicted or probed):
+        return {}
+    measured = statistics.median(windows)
+    out = {"step_time_measured_s": measured}
+    for name, value in (("predicted", predicted), ("probed", probed)):
+        if value:
+            out.update({f"step_time_{name}_s": float(value), f"step_time_{name}_over_measured": float(value) / measured})
+    return out
+
+
+def step_time_line(check: Dict[str, float]) -> str:
+    """The driver's line for :func:`step_time_check`'s figures."""
+    return f"rayemb: step time {1e3 * check['step_time_measured_s']:.1f} ms measured" + "".join(
+        f", {1e3 * check[f'step_time_{name}_s']:.1f} ms {name} ({check[f'step_time_{name}_over_measured']:.2f}x)"
+        for name in ("predicted", "probed") if f"step_time_{name}_s" in check)
+
+
+def best_and_last_checkpoint(result: Any) -> Tuple[Optional[str], Optional[str]]:
+    """(retained epoch-end checkpoint with the best validation metric, newest checkpoint) of a Ray Train result."""
+    last = result.checkpoint.path if result.checkpoint is not None else None
+    kept = result.best_checkpoints or []
+    metric = primary_metric({k for _, m in kept for k in m})
+    scored = [(float(m[metric]), c.path) for c, m in kept if metric in m]
+    best = max(scored)[1] if scored else last
+    return best, last
