@@ -195,11 +195,12 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
     calibration, key_fields = calibrate(inputs, topology, resources)
 
     def make_plan(config: JobConfig, split: Any, topo: Any) -> Any:
-        args = (config, inputs.schema, stats, split, topo, calibration, inputs.model)
+        what = dict(cfg=config, schema=inputs.schema, stats=stats, split=split, topology=topo, calibration=calibration,
+                    model=inputs.model)
         if "torchrec" in sys.modules:  # a caller that has TorchRec loaded already: no worker to start and load it
-            return _plan_remote(*args)
+            return _plan_remote(**what)
         try:
-            return ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(*args))
+            return ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(**what))
         except ray.exceptions.RayTaskError as e:
             user_error = find_user_error(e)
             if user_error is not None:  # the planner's own message, not the remote traceback
