@@ -41,6 +41,13 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 SEQUENCE_TOWERS = ("none", "mean", "attention")
 #: train.precision: the dense part's arithmetic in the training step
 PRECISIONS = ("fp32", "bf16")
+#: train.dense_optimizer: the dense part's optimizer (rayemb.train.worker.optim.dense_optimizer)
+DENSE_OPTIMIZERS = ("adagrad", "adam", "adamw", "sgd")
+#: train.lr_schedule.kind: how the learning rates follow the global step (rayemb.train.worker.schedule)
+LR_SCHEDULES = ("constant", "cosine", "linear", "step")
+#: train.lr_schedule: every key and its default (a key left out takes it)
+LR_SCHEDULE_DEFAULTS: Dict[str, Any] = {"kind": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0,
+                                        "step_size": 1, "gamma": 1.0}
 
 
 def _require(ok: bool, where: str, problem: str, fix: str) -> None:
@@ -148,12 +155,47 @@ class ModelConfig:
                  "End top_mlp with 1 (one click logit), e.g. [64, 32, 1].")
 
 
+def _lr_schedule(value: Dict[str, Any]) -> Dict[str, Any]:
+    """``train.lr_schedule`` checked, every key filled in (its default where left out)."""
+    unknown = sorted(set(value) - set(LR_SCHEDULE_DEFAULTS))
+    _require(not unknown, "train.lr_schedule", f"{unknown} is not a key",
+             f"Use the keys {sorted(LR_SCHEDULE_DEFAULTS)}, e.g. {{kind: cosine, warmup_steps: 100}}.")
+    out = {**LR_SCHEDULE_DEFAULTS, **value}
+    _require(out["kind"] in LR_SCHEDULES, "train.lr_schedule.kind", f"{out['kind']!r} is unknown",
+             f"Use one of {LR_SCHEDULES}.")
+    for key in ("warmup_steps", "step_size"):
+        v = out[key]
+        least = 0 if key == "warmup_steps" else 1
+        _require(type(v) is int and v >= least, f"train.lr_schedule.{key}", f"{v!r} is not a whole number >= {least}",
+                 f"Use a whole number of steps >= {least}.")
+    for key, ok, fix in (("min_lr_ratio", lambda x: 0 <= x <= 1, "Use a number in [0, 1], e.g. 0.0 or 0.1."),
+                         ("gamma", lambda x: 0 < x <= 1, "Use a number in (0, 1], e.g. 0.5.")):
+        v = out[key]
+        if isinstance(v, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                v = float(v)
+            except ValueError:
+                pass
+        _require(not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and ok(v),
+                 f"train.lr_schedule.{key}", f"{v!r} is out of range", fix)
+        out[key] = float(v)
+    return out
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     #: passes over the train split
     epochs: int = 1
-    #: learning rate of the dense (MLP) optimizer, Adagrad
+    #: learning rate of the dense (MLP) optimizer
     dense_lr: float = 0.05
+    #: the dense (MLP) parameters' optimizer: adagrad, adam, adamw or sgd
+    dense_optimizer: str = "adagrad"
+    #: weight decay of the dense optimizer (adamw: decoupled; the others: L2 added to the gradient); the
+    #: embedding tables take none
+    weight_decay: float = 0.0
+    #: clip the dense parameters' gradient norm (all-reduced, so every rank clips alike) to this before the dense
+    #: optimizer steps (None: no clipping; the embedding tables' gradients are not clipped)
+    grad_clip_norm: Optional[float] = None
     #: learning rate of the fused embedding optimizer
     embedding_lr: float = 0.05
     #: the embedding tables' optimizer (on sharded tables FBGEMM's, fused into the backward)
@@ -204,9 +246,22 @@ class TrainConfig:
     #: fp16; a direction left out is fp32; ids stay integers, tables and optimizers fp32 (docs/hybrid.md,
     #: "Exchange precision")
     comm_precision: Dict[str, str] = field(default_factory=lambda: {"forward": "fp32", "backward": "fp32"})
+    #: every learning rate (dense, embedding tables, replicated rows) times a factor of the global step:
+    #: ``kind`` constant, cosine or linear (from 1 down to ``min_lr_ratio`` at the job's last step) or step
+    #: (times ``gamma`` every ``step_size`` steps), after ``warmup_steps`` steps rising linearly to 1; a
+    #: resumed job continues it from its checkpoint's step (docs/api.md, "Optimizers and schedules")
+    lr_schedule: Dict[str, Any] = field(default_factory=lambda: dict(LR_SCHEDULE_DEFAULTS))
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train.epochs", f"{self.epochs} < 1", "Train at least one epoch.")
+        _require(self.dense_optimizer in DENSE_OPTIMIZERS, "train.dense_optimizer",
+                 f"{self.dense_optimizer!r} is unknown", f"Use one of {DENSE_OPTIMIZERS}.")
+        _require(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "train.weight_decay",
+                 f"{self.weight_decay} is not a non-negative finite number", "Use e.g. 0.0 (none) or 0.01.")
+        _require(self.grad_clip_norm is None or (math.isfinite(self.grad_clip_norm) and self.grad_clip_norm > 0),
+                 "train.grad_clip_norm", f"{self.grad_clip_norm} is not a positive finite number",
+                 "Use e.g. 1.0, or null for no clipping.")
+        object.__setattr__(self, "lr_schedule", _lr_schedule(self.lr_schedule))
         for task, w in self.task_weights.items():
             _require(isinstance(w, (int, float)) and math.isfinite(w) and w >= 0, f"train.task_weights.{task}",
                      f"{w!r} is not a non-negative number", "Weigh each task's loss with a number >= 0, e.g. 1.0.")
@@ -540,10 +595,12 @@ CHOICES: Dict[str, Tuple[Any, ...]] = {
     "model.sequence_tower": SEQUENCE_TOWERS,
     "model.embedding_dtype": tuple(EMBEDDING_DTYPE_BYTES),
     "train.embedding_optimizer": EMBEDDING_OPTIMIZERS,
+    "train.dense_optimizer": DENSE_OPTIMIZERS,
     "train.precision": PRECISIONS,
     "train.comm_precision": COMM_PRECISIONS,
     "train.compile": COMPILE_CHOICES,
     "train.compile_mode": COMPILE_MODES,
+    "train.lr_schedule": LR_SCHEDULES,
     "scaling.placement_strategy": PLACEMENT_STRATEGIES,
     "planner.engine": PLANNER_ENGINES,
     "planner.objective": PLANNER_OBJECTIVES,

@@ -30,7 +30,7 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
 
     Sharded tables update in their backward (fused FBGEMM optimizer). Replicated embedding rows (hybrid hot
     halves, data-parallel tables) are dense parameters with all-reduced gradients: the same optimizer kind,
-    their own instance; the MLPs use Adagrad. One DDP all-reduces the MLPs' and the replicated rows' gradients
+    their own instance; the MLPs use ``train.dense_optimizer`` (with ``train.weight_decay``). One DDP all-reduces the MLPs' and the replicated rows' gradients
     (:class:`~rayemb.embedding.data_parallel.OneDataParallelWrapper`; ``one_ddp=False``: TorchRec's DDP per
     data-parallel lookup, for A/B benchmarks, their all-reduce in fp32 whatever ``train.comm_precision``). The
     exchanges run at ``train.comm_precision`` (:mod:`rayemb.embedding.qcomm`). Needs the process group (every rank
@@ -41,7 +41,6 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from rayemb.embedding.data_parallel import OneDataParallelWrapper, replicated_embedding_parameters
     from rayemb.embedding.qcomm import CommPrecision, qcomm_codecs_registry
@@ -69,12 +68,23 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
                                      sharders=sharders, data_parallel_wrapper=OneDataParallelWrapper(
                                          allreduce_comm_precision=comm.allreduce) if one_ddp else None)
     replicated = replicated_embedding_parameters(model)
-    dense = {n: p for n, p in in_backward_optimizer_filter(model.named_parameters()) if n not in replicated}
-    optimizers = [model.fused_optimizer,
-                  KeyedOptimizerWrapper(dense, lambda params: dense_optimizer(params, cfg.train.dense_lr))]
+    dense = dense_parameters(model)
+    optimizers = [model.fused_optimizer, KeyedOptimizerWrapper(dense, lambda params: dense_optimizer(
+        params, cfg.train.dense_lr, cfg.train.dense_optimizer, cfg.train.weight_decay))]
     if replicated:
         optimizers.append(KeyedOptimizerWrapper(replicated, lambda params: rep_opt_cls(params, lr=cfg.train.embedding_lr)))
     return model, CombinedOptimizer(optimizers), remapper
+
+
+def dense_parameters(model: Any) -> dict:
+    """The sharded model's dense parameters by name: neither the fused tables' (updated in the backward) nor the
+    replicated embedding rows (their own optimizer)."""
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from rayemb.embedding.data_parallel import replicated_embedding_parameters
+
+    replicated = replicated_embedding_parameters(model)
+    return {n: p for n, p in in_backward_optimizer_filter(model.named_parameters()) if n not in replicated}
 
 
 @dataclass
@@ -82,7 +92,9 @@ class BuiltStep:
     """The job's sharded model and what steps it: its ``optimizer`` (stepped after the backward), ``remapper``
     (the ids' rows), ``loss_fn(output, target)``, ``prefetch`` (None: off, or nothing to prefetch),
     ``item_feature`` (a retrieval model's item feature, whose ids are its loss's target; else None), the step's
-    ``precision`` and the names of the submodules ``train.compile`` compiled."""
+    ``precision``, the names of the submodules ``train.compile`` compiled, the ``lr_schedule``
+    (:class:`~rayemb.train.worker.schedule.LrSchedule`; None: the rates stay the config's) and the dense
+    parameters clipped to ``clip_norm`` (``train.grad_clip_norm``; None: no clipping)."""
 
     model: Any
     optimizer: Any
@@ -92,13 +104,17 @@ class BuiltStep:
     item_feature: Optional[str]
     precision: str
     compiled: List[str] = field(default_factory=list)
+    lr_schedule: Any = None
+    clip_params: List[Any] = field(default_factory=list)
+    clip_norm: Optional[float] = None
 
     def train_step(self, counter: Any = None, timer: Optional["StepTimer"] = None) -> "TrainStep":
         """A :class:`~rayemb.train.worker.step.TrainStep` of this model (``counter``, ``timer``: its own)."""
         from rayemb.train.worker.step import TrainStep
 
         return TrainStep(self.model, self.optimizer, self.loss_fn, prefetch=self.prefetch, counter=counter,
-                         timer=timer, precision=self.precision)
+                         timer=timer, precision=self.precision, lr_schedule=self.lr_schedule,
+                         clip_params=self.clip_params, clip_norm=self.clip_norm)
 
 
 def build_step(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device: Any, *, model_spec: Any = None,
@@ -119,6 +135,7 @@ def build_step(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device:
     from rayemb.train.worker.compile import apply_train_compile
     from rayemb.train.worker.losses import job_loss
     from rayemb.train.worker.retrieval import item_feature_of
+    from rayemb.train.worker.schedule import LrSchedule, is_constant
 
     model, optimizer, remapper = sharded_model(cfg, schema, job_plan, device, one_ddp=one_ddp, model_spec=model_spec)
     compiled = apply_train_compile(model, cfg.train, log=log) if compile else []
@@ -130,7 +147,11 @@ def build_step(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device:
     item = item_feature_of(model)
     loss_fn = job_loss(schema, cfg.train.task_weights, model_spec.loss if model_spec is not None else None, item,
                        table_stats)
-    return BuiltStep(model, optimizer, remapper, loss_fn, prefetch, item, cfg.train.precision, compiled)
+    # made before a checkpoint's optimizer state is loaded: its base rates are the config's
+    schedule = None if is_constant(cfg.train.lr_schedule) else LrSchedule(optimizer, cfg.train.lr_schedule)
+    clip = list(dense_parameters(model).values()) if cfg.train.grad_clip_norm is not None else []
+    return BuiltStep(model, optimizer, remapper, loss_fn, prefetch, item, cfg.train.precision, compiled,
+                     lr_schedule=schedule, clip_params=clip, clip_norm=cfg.train.grad_clip_norm)
 
 
-__all__ = ["BuiltStep", "build_step", "sharded_model"]
+__all__ = ["BuiltStep", "build_step", "dense_parameters", "sharded_model"]

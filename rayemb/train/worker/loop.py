@@ -188,6 +188,8 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
     position = restore(model, optimizer, remapper, tables, shape, job.resume_from, job.checkpoint_root,
                        chunk_mib=cfg.train.checkpoint_chunk_mib)
     step = position.step
+    if built.lr_schedule is not None:  # a function of the global step: a resumed job continues it exactly
+        built.lr_schedule.start(step, cfg.train.epochs * steps_per_epoch)
     best = EarlyStopping(cfg.train.early_stopping_patience, position.bookkeeping,
                          RETRIEVAL_METRIC if item else "valid_auc")
     retrieval = None if item is None else {"candidates": converter.candidates, "batch_size": cfg.data.batch_size,

@@ -125,10 +125,19 @@ def embedding_optimizer(name: str, replicated: bool = False) -> Any:
     return {"adagrad": Fp32StateAdagrad if replicated else torch.optim.Adagrad, "sgd": torch.optim.SGD}[name]
 
 
-def dense_optimizer(params: Any, lr: float) -> torch.optim.Optimizer:
-    """The dense parameters' Adagrad, fused: one kernel steps every parameter (torch's default on a CPU loops over
-    them, about ten operators each, and reads each step count back with ``item()``)."""
-    return torch.optim.Adagrad(params, lr=lr, fused=True)
+def dense_optimizer(params: Any, lr: float, name: str = "adagrad", weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """The dense parameters' optimizer of ``train.dense_optimizer``, fused where torch has a fused kernel: one
+    kernel steps every parameter (torch's default on a CPU loops over them, about ten operators each, and reads
+    each step count back with ``item()``). ``weight_decay``: AdamW's decoupled decay, the others' L2 term."""
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, weight_decay=weight_decay, fused=True)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=True)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, fused=True)
+    raise ValueError(f"unknown dense optimizer {name!r}")
 
 
 __all__ = ["Fp32StateAdagrad", "MultiTensorRowWiseAdagrad", "dense_optimizer", "embedding_optimizer", "fp32_state"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, Iterable, Iterator, NamedTuple, Optional, Tuple
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence, Tuple
 
 
 class StepBatch(NamedTuple):
@@ -60,15 +60,22 @@ class TrainStep:
     ``loss_fn(output, labels)`` (None: the model's output is the loss); ``prefetch``: a
     :class:`~rayemb.embedding.prefetch.StepPrefetch`, started on the next batch's ``sparse``; ``counter``: a
     :class:`~rayemb.embedding.comm.CommCounter`, on during forward and backward; ``timer``: a
-    :class:`StepTimer` lapped after each phase.
+    :class:`StepTimer` lapped after each phase; ``lr_schedule``: a :class:`~rayemb.train.worker.schedule.LrSchedule`
+    that sets every learning rate before each step's backward (the fused embedding optimizer applies in it);
+    ``clip_params``, ``clip_norm``: the dense parameters whose gradient norm is clipped to ``clip_norm`` after the
+    backward (their gradients all-reduced: every rank clips alike), before the optimizers step.
 
     Nothing is read back to the host: a step returns the detached loss, still on the device.
     """
 
     def __init__(self, model: Any, optimizer: Any = None, loss_fn: Any = None, *, prefetch: Any = None,
-                 counter: Any = None, timer: Optional[StepTimer] = None, precision: str = "fp32") -> None:
+                 counter: Any = None, timer: Optional[StepTimer] = None, precision: str = "fp32",
+                 lr_schedule: Any = None, clip_params: Sequence[Any] = (), clip_norm: Optional[float] = None) -> None:
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.prefetch, self.timer, self.precision = prefetch, timer, precision
+        self.lr_schedule = lr_schedule
+        self.clip_params = list(clip_params) if clip_norm is not None else []
+        self.clip_norm = clip_norm
         self._counted = counter if counter is not None else contextlib.nullcontext()
 
     def _autocast(self, batch: StepBatch) -> Any:
@@ -97,10 +104,17 @@ class TrainStep:
         with self._counted:
             if self.prefetch is not None and next_batch is not None and next_batch.sparse is not None:
                 self.prefetch.start(next_batch.sparse)  # its split sizes travel during this backward
+            if self.lr_schedule is not None:
+                self.lr_schedule.apply()  # before zero_grad, where the fused optimizer takes its rate
             if self.optimizer is not None:
                 self.optimizer.zero_grad()
             loss.backward()  # also applies the fused embedding optimizer
             self._lap("backward")
+        if self.clip_params:
+            import torch
+
+            # the scale is applied on the device: no read of the norm
+            torch.nn.utils.clip_grad_norm_(self.clip_params, self.clip_norm)
         if self.optimizer is not None:
             self.optimizer.step()
         self._lap("optimizer")
