@@ -147,10 +147,21 @@ def auto_plan_line(check: Mapping[str, Any]) -> str:
     return line
 
 
+def uncalibrated(run: Mapping[str, Any]) -> bool:
+    """Whether a run's predicted step was priced with the built-in constants, not the step-time model's figure
+    for the cluster: plan.json ``prediction`` says so; in a plan from before it, ``calibration.source`` does."""
+    if run.get("prediction"):
+        return run["prediction"] == "uncalibrated"
+    cal = run.get("calibration")
+    return isinstance(cal, Mapping) and cal.get("source", "default") == "default"
+
+
 def row_problem(row: Optional[Mapping[str, Any]], min_runs: int, needs_prediction: bool) -> Optional[str]:
     """Why a row cannot carry a verdict, or None: it is missing, a run of it failed, none succeeded, it has
     fewer runs than ``min_runs``, or (``needs_prediction``) fewer than ``min_runs`` of its runs have a
-    predicted-over-measured step (``predicted_runs``): a median ratio over 1 run of 5 is 1 run's figure."""
+    predicted-over-measured step (``predicted_runs``): a median ratio over 1 run of 5 is 1 run's figure. A run
+    whose prediction is uncalibrated (``uncalibrated_runs``: built-in constants) has none: it is listed, not
+    judged as the model's."""
     if row is None:
         return "missing"
     if row.get("failed"):
@@ -162,6 +173,8 @@ def row_problem(row: Optional[Mapping[str, Any]], min_runs: int, needs_predictio
         return f"{runs} run(s), fewer than the {min_runs} it needs"
     if needs_prediction:
         predicted = int(row.get("predicted_runs") or 0) if row.get("predicted_over_measured") is not None else 0
+        if predicted == 0 and row.get("uncalibrated_runs"):
+            return f"uncalibrated prediction in {row['uncalibrated_runs']} of {runs} run(s) (built-in constants)"
         if predicted == 0:
             return "no predicted step time"
         if predicted < min_runs:

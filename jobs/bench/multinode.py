@@ -65,7 +65,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(os.path.dirname(_HERE))
 sys.path[:0] = [_HERE, _REPO]
 
-from _report import auto_plan_check, auto_plan_line, report, row_problem, spread  # noqa: E402
+from _report import auto_plan_check, auto_plan_line, report, row_problem, spread, uncalibrated  # noqa: E402
 from host_cpu import CLASSES, HostCpu  # noqa: E402
 from throughput import (  # noqa: E402
     AUTO,
@@ -147,6 +147,7 @@ def acceptance(rows: Sequence[Mapping[str, Any]], variants: Sequence[str] = DEFA
         if errors:
             entry["worst_prediction_error"] = max(errors.values())
             entry["worst_prediction_row"] = max(errors, key=errors.get)
+        entry["uncalibrated_rows"] = [v for v in rayemb if (mine.get(v) or {}).get("uncalibrated_runs")]
         entry["prediction_pass"] = bool(rayemb and all(ok[v] for v in rayemb) and len(errors) == len(rayemb)
                                         and max(errors.values()) <= TARGET_PREDICTION)
         if AUTO in sps and TORCHREC in sps:  # reported: TorchRec's own training, another loop
@@ -291,11 +292,14 @@ def row_of(run: Mapping[str, Any], bandwidth: float) -> Dict[str, Any]:
     meas = run.get("step_time_s")
     pred, probed = run.get("predicted_step_time_s"), run.get("probed_step_time_s")
     cal = run.get("calibration") or {}
+    # built-in constants' figure: kept apart, never judged as the model's
+    uncal, pred = (pred, None) if uncalibrated(run) else (None, pred)
     return {**cpu_shares(run.get("host_cpu")),
         "bandwidth_mbit": bandwidth, "variant": run["variant"], "samples_per_s": run.get("samples_per_s"),
         "step_ms": 1e3 * meas if meas else None, "predicted_ms": 1e3 * pred if pred else None,
         "probed_ms": 1e3 * probed if probed else None,
         "predicted_over_measured": pred / meas if pred and meas else None,
+        "uncalibrated_over_measured": uncal / meas if uncal and meas else None,
         "probed_over_measured": probed / meas if probed and meas else None,
         "bytes_per_step": run.get("bytes_per_step"), "plan_summary": run.get("plan_summary"),
         "plan": run.get("plan"), "valid_auc": run.get("valid_auc"),
@@ -322,6 +326,7 @@ def median_row(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         out[key], out[f"{key}_min"], out[f"{key}_max"] = s["median"], s["min"], s["max"]
         if key == "predicted_over_measured":
             out["predicted_runs"] = s["n"]  # the runs the prediction's verdict rests on
+    out["uncalibrated_runs"] = sum(1 for r in ok if r.get("uncalibrated_over_measured") is not None)
     for key in ("step_ms", "predicted_ms", "probed_ms", "bytes_per_step", "mb_per_step", "ranks_cpu",
                 "others_cpu", "idle_cpu", "canary_ms"):
         vals = [r[key] for r in ok if r.get(key) is not None]

@@ -70,7 +70,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from _report import auto_plan_check, auto_plan_line, report, row_problem, spread  # noqa: E402
+from _report import auto_plan_check, auto_plan_line, report, row_problem, spread, uncalibrated  # noqa: E402
 
 SCHEMA_VERSION = 2
 CONFIG = os.path.join(_REPO, "jobs", "configs", "synth_small.yaml")
@@ -208,7 +208,8 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
     out: Dict[str, Dict[str, Any]] = {}
     for r in runs:
         out.setdefault(r["variant"], {"variant": r["variant"], "kind": r["kind"], "values": [], "failed": 0,
-                                      "plan": r.get("plan"), "phases": [], "step_ms": [], "pred": [], "probed": []})
+                                      "plan": r.get("plan"), "phases": [], "step_ms": [], "pred": [], "probed": [],
+                                      "uncalibrated_runs": 0})
         row = out[r["variant"]]
         if r.get("samples_per_s") is None:
             row["failed"] += 1
@@ -219,7 +220,10 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
         if r.get("step_ms_mean") is not None:
             row["step_ms"].append(float(r["step_ms_mean"]))
         meas = r.get("step_time_s")
-        row["pred"].append(r["predicted_step_time_s"] / meas if r.get("predicted_step_time_s") and meas else None)
+        if uncalibrated(r):  # built-in constants' figure: counted, never judged as the model's
+            row["uncalibrated_runs"] += 1
+        row["pred"].append(r["predicted_step_time_s"] / meas if r.get("predicted_step_time_s") and meas
+                           and not uncalibrated(r) else None)
         row["probed"].append(r["probed_step_time_s"] / meas if r.get("probed_step_time_s") and meas else None)
         row["plan"] = r.get("plan") or row["plan"]
         row["plan_summary"] = r.get("plan_summary") or row.get("plan_summary")
@@ -263,6 +267,7 @@ def acceptance(rows: Mapping[str, Mapping[str, Any]], forced: Sequence[str] = FO
               if rows.get(v) and rows[v].get("predicted_over_measured") is not None}
     worst = max(errors, key=errors.get) if errors else None
     return {
+        "uncalibrated_rows": [v for v in rayemb if (rows.get(v) or {}).get("uncalibrated_runs")],
         "row_problems": {v: p for v, p in problems.items() if p}, "rows_pass": all(ok.values()),
         "auto_vs_peer": vs_peer, "auto_vs_peer_target": TARGET_VS_PEER,
         "auto_vs_peer_pass": bool(ok[AUTO] and ok[PEER] and vs_peer is not None and vs_peer >= TARGET_VS_PEER),
@@ -443,6 +448,7 @@ def run_rayemb(variant: str, args: argparse.Namespace, tmp: str, r: int, tables:
             run["probed_step_time_s"] = plan.get("probed_step_time_s")  # the plan probe's (rayemb.train.calibration.plan_probe)
             run["plan_probe"] = plan.get("plan_probe")
             run["calibration"] = plan.get("calibration")
+            run["prediction"] = plan.get("prediction")
     db = os.path.join(out_dir, "mlflow.db")
     if p.returncode == 0 and os.path.exists(db):
         run_id, reports, params = _read_mlflow(f"sqlite:///{db}", m.group(1) if m else None)

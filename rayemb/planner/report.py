@@ -67,6 +67,16 @@ def summary_table(result: PlanResult, max_rows: int = 40) -> str:
     return "\n".join(lines)
 
 
+def prediction_text(summary: dict, why: str = "") -> str:
+    """A job plan's predicted step (plan.json ``predicted_step_time_s``) as the driver prints it: one priced with
+    the built-in constants (``prediction: uncalibrated``) says so, and ``why`` (what skipped the calibration),
+    so that nobody reads it as the step-time model's figure for this cluster."""
+    text = f"predicted {1e3 * summary['predicted_step_time_s']:.1f} ms/step"
+    if summary.get("prediction") == "uncalibrated":
+        text += " (uncalibrated: built-in constants" + (f", {why})" if why else ")")
+    return text
+
+
 def _storage_label(s: dict) -> str:
     if s.get("compression") == "qr":
         return f"qr m={s.get('buckets')} {s.get('combine')}"
@@ -104,4 +114,4 @@ def plot_plan(result: PlanResult, path: str) -> str:
     return path
 
 
-__all__ = ["load_plan_json", "save_plan_json", "summary_table", "plot_plan"]
+__all__ = ["load_plan_json", "save_plan_json", "summary_table", "plot_plan", "prediction_text"]

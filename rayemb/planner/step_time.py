@@ -169,6 +169,18 @@ DEFAULT_CALIBRATION = Calibration(
 )
 
 
+#: a calibration's sources whose figures were measured on the job's cluster (now, or kept from an earlier job)
+MEASURED_SOURCES = ("measured", "cached")
+
+
+def prediction_kind(calibration: Optional[Calibration]) -> str:
+    """plan.json's ``prediction``: ``calibrated`` when the step-time model priced the plan with figures measured
+    on the job's cluster, ``uncalibrated`` when with the built-in constants (:data:`DEFAULT_CALIBRATION`: a
+    1 GB/s link), whose figure says nothing about this cluster's step."""
+    source = getattr(calibration, "source", "default")
+    return "calibrated" if source in MEASURED_SOURCES else "uncalibrated"
+
+
 @dataclass
 class StepTimePrediction:
     """Predicted seconds per step, in total and by component."""
@@ -369,5 +381,5 @@ def _overlap(sent: Mapping[str, float], cal: Calibration) -> float:
     return min(0.0, max(t_ar, t_a2a, floor) - (t_ar + t_a2a))
 
 
-__all__ = ["Calibration", "LinkCost", "DEFAULT_CALIBRATION", "StepTimePrediction", "predict_step_time",
+__all__ = ["Calibration", "LinkCost", "DEFAULT_CALIBRATION", "MEASURED_SOURCES", "prediction_kind", "StepTimePrediction", "predict_step_time",
            "GROUP_CALLS", "DDP_BUCKET_BYTES", "REPLICATED_KINDS", "probe_kind", "normalize_probes"]

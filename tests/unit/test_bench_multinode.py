@@ -191,3 +191,21 @@ def test_help_runs():
     with pytest.raises(SystemExit) as e:
         mn.main(["--help"])
     assert e.value.code == 0
+
+
+def test_an_uncalibrated_run_s_prediction_is_kept_apart_from_the_model_s():
+    """table_wise pinned on every table: 9.7 ms from the built-in constants against 158.5 ms measured is not the
+    step-time model's 0.06x; the row is listed as uncalibrated and the prediction verdict FAILs on it."""
+    run = {"variant": "table_wise", "samples_per_s": 6_000, "step_time_s": 0.1585, "predicted_step_time_s": 0.0097,
+           "calibration": {"source": "default"}, "prediction": "uncalibrated"}
+    one = mn.row_of(run, 100.0)
+    assert one["predicted_over_measured"] is None and one["predicted_ms"] is None
+    assert one["uncalibrated_over_measured"] == pytest.approx(0.0097 / 0.1585)
+    row = mn.median_row([one] * 5)
+    assert row["uncalibrated_runs"] == 5 and row["predicted_runs"] == 0
+    rows = [r for r in _complete(100, **GOOD_100) if r["variant"] != "table_wise"] + [row]
+    acc = mn.acceptance(rows)
+    e = acc["per_bandwidth"]["100"]
+    assert e["uncalibrated_rows"] == ["table_wise"]
+    assert e["row_problems"] == {"table_wise": "uncalibrated prediction in 5 of 5 run(s) (built-in constants)"}
+    assert "table_wise" not in (e.get("worst_prediction_row"),) and acc["prediction_pass"] is False

@@ -301,3 +301,22 @@ def test_help_runs():
     with pytest.raises(SystemExit) as e:
         tp.main(["--help"])
     assert e.value.code == 0
+
+
+def test_an_uncalibrated_prediction_is_listed_never_judged_as_the_model_s():
+    """A pinned row priced with the built-in constants (plan.json ``prediction: uncalibrated``) has no model
+    prediction: its ratio stays out of the worst error, the row is listed, and the prediction verdict FAILs."""
+    forced = ["data_parallel", "table_wise"]
+    pinned = [dict(r, prediction="uncalibrated", predicted_step_time_s=0.0012) if r["variant"] == "table_wise"
+              else dict(r, prediction="calibrated") for r in _complete()]
+    rows = tp.aggregate(pinned)
+    assert rows["table_wise"]["uncalibrated_runs"] == 5 and rows["table_wise"]["predicted_runs"] == 0
+    assert rows["table_wise"]["predicted_over_measured"] is None
+    acc = tp.acceptance(rows, forced)
+    assert acc["uncalibrated_rows"] == ["table_wise"]
+    assert acc["row_problems"] == {"table_wise": "uncalibrated prediction in 5 of 5 run(s) (built-in constants)"}
+    assert acc["worst_prediction_row"] == "auto" and acc["prediction_pass"] is False
+    assert "uncalibrated prediction" in tp.verdict(acc)
+    # a plan.json from before ``prediction`` existed: its calibration's source says the same
+    assert tp.uncalibrated({"calibration": {"source": "default"}})
+    assert not tp.uncalibrated({"calibration": {"source": "cached"}}) and not tp.uncalibrated({})

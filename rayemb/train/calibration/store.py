@@ -252,6 +252,20 @@ def job_hardware(inputs: Any, resources: Any) -> Dict[str, Any]:
                             cfg.scaling.placement_strategy)
 
 
+def skipped_because(cfg: Any, schema: Any, world_size: int) -> Optional[str]:
+    """Why the job runs no calibration (None: it runs one), in the words of the driver's plan line."""
+    from rayemb.train.sharding import placement_choice
+
+    if cfg.planner.objective != "step_time":
+        return f"planner.objective is {cfg.planner.objective}"
+    if not cfg.planner.calibrate:
+        return "planner.calibrate is off"
+    no_choice = placement_choice(cfg, schema.sparse_names, world_size, schema.raw_names)
+    if no_choice == "every table pinned":
+        return "every table is pinned"
+    return no_choice
+
+
 def calibrate(inputs: Any, topology: Any, resources: Any) -> Tuple[Any, Optional[Dict[str, Any]]]:
     """The step-time model's constants for the job (None: not asked for, nothing to choose, or failed): a stored
     calibration of the same key when recent enough, else measured on the live cluster and stored; and that key's
@@ -307,6 +321,6 @@ def calibrate(inputs: Any, topology: Any, resources: Any) -> Tuple[Any, Optional
     return cal, fields
 
 
-__all__ = ["calibrate", "key_fields", "job_key_fields", "job_hardware", "kept_max_age_s", "load_kept", "store_kept",
+__all__ = ["calibrate", "skipped_because", "key_fields", "job_key_fields", "job_hardware", "kept_max_age_s", "load_kept", "store_kept",
            "cache_key", "cache_path", "any_kept", "check_calibration", "load_calibration", "store_calibration",
            "cluster_nodes", "CACHE_DIR"]

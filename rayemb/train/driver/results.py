@@ -7,10 +7,18 @@ from typing import Any, Dict, List, Optional, Tuple
 from rayemb.train.worker.metrics import primary_metric
 
 
+#: the step-time figures :func:`step_time_check` names, besides the measured one
+STEP_TIME_NAMES = ("predicted", "uncalibrated", "probed")
+
+
 def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float],
-                    probed: Optional[float] = None) -> Dict[str, float]:
+                    probed: Optional[float] = None, uncalibrated: bool = False) -> Dict[str, float]:
     """Measured step time (median over log windows, each epoch's first window left out as warm-up) against the
-    step-time model's prediction and, when the plan probe ran, the probe's median step of the trained plan."""
+    step-time model's prediction and, when the plan probe ran, the probe's median step of the trained plan.
+
+    ``uncalibrated``: the prediction priced the plan with the built-in constants (plan.json ``prediction``), so
+    it is named ``step_time_uncalibrated_*``, never ``step_time_predicted_*``: not the model's figure for this
+    cluster."""
     import statistics
 
     windows, seen_epochs = [], set()
@@ -25,7 +33,7 @@ def step_time_check(reports: List[Dict[str, Any]], predicted: Optional[float],
         return {}
     measured = statistics.median(windows)
     out = {"step_time_measured_s": measured}
-    for name, value in (("predicted", predicted), ("probed", probed)):
+    for name, value in (("uncalibrated" if uncalibrated else "predicted", predicted), ("probed", probed)):
         if value:
             out.update({f"step_time_{name}_s": float(value), f"step_time_{name}_over_measured": float(value) / measured})
     return out
@@ -35,7 +43,7 @@ def step_time_line(check: Dict[str, float]) -> str:
     """The driver's line for :func:`step_time_check`'s figures."""
     return f"rayemb: step time {1e3 * check['step_time_measured_s']:.1f} ms measured" + "".join(
         f", {1e3 * check[f'step_time_{name}_s']:.1f} ms {name} ({check[f'step_time_{name}_over_measured']:.2f}x)"
-        for name in ("predicted", "probed") if f"step_time_{name}_s" in check)
+        for name in STEP_TIME_NAMES if f"step_time_{name}_s" in check)
 
 
 def best_and_last_checkpoint(result: Any) -> Tuple[Optional[str], Optional[str]]:

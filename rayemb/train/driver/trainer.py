@@ -38,6 +38,8 @@ from rayemb.data.schema import DatasetSchema, count_rows, load_checked, parquet_
 from rayemb.errors import DataError, TrainingError, find_user_error
 from rayemb.logs import redact_uri
 from rayemb.contract.factory import model_spec, user_loss
+from rayemb.planner.report import prediction_text
+from rayemb.planner.step_time import prediction_kind
 from rayemb.planner.topology import resize_topology
 from rayemb.planner.pins import parse_pins
 from rayemb.publish import resolve_dataset
@@ -47,7 +49,7 @@ from rayemb.train.driver.results import best_and_last_checkpoint, step_time_chec
 from rayemb.train.driver.outputs import JobOutputs, check_output_dir, read_splits, tracking_uri as job_tracking_uri
 from rayemb.train.calibration.plan_probe import placement_counts as _placement_counts
 from rayemb.train.driver.resources import WorkerResources, worker_resources
-from rayemb.train.calibration.store import calibrate, kept_max_age_s
+from rayemb.train.calibration.store import calibrate, kept_max_age_s, skipped_because
 from rayemb.train.worker.resume import check_resume_from, fault_injection
 from rayemb.train.driver.job_types import MEASURED_PLAN_KEYS, JobInputs, PlannedJob, Tracking, TrainResult
 from rayemb.train.worker.losses import check_tasks
@@ -226,12 +228,15 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
     # what shards the model, not what was measured on the way (a resumed job calibrates again, or reuses a kept one)
     fingerprint = hashlib.sha1(to_json({k: v for k, v in summary.items() if k not in MEASURED_PLAN_KEYS})
                                .encode()).hexdigest()[:12]
+    summary["prediction"] = prediction_kind(calibration)  # not the plan: left out of its fingerprint
+    why = skipped_because(cfg, inputs.schema, inputs.world_size) or "the calibration failed"
     print(f"rayemb: plan {fingerprint}: " + ", ".join(f"{p} x{n}" for p, n in _placement_counts(summary).items())
-          + f"; predicted {1e3 * summary['predicted_step_time_s']:.1f} ms/step ({summary['objective']} objective)"
+          + f"; {prediction_text(summary, why)} ({summary['objective']} objective)"
           + (f", probed {1e3 * summary['probed_step_time_s']:.1f} ms" if "probed_step_time_s" in summary else ""), flush=True)
     plans = {inputs.world_size: job}
     for world in elastic_worlds(cfg):  # an elastic job restarts on fewer ranks: a plan (and hot set) for each
         plans[world] = plan_world(cfg, resize_topology(topology, world), stats, calibration, plan_fn=make_plan)
+        plans[world].job_plan.summary["prediction"] = summary["prediction"]
         print(f"rayemb: elastic plan for {world} ranks: " + ", ".join(
             f"{p} x{n}" for p, n in _placement_counts(plans[world].job_plan.summary).items()), flush=True)
     return PlannedJob(stats, plans, inputs.world_size, fingerprint, resources, inputs.resume)
@@ -375,8 +380,11 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: An
         final: Dict[str, float] = {}
         for r in reports:
             final.update({k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        uncalibrated = planned.summary.get("prediction") == "uncalibrated"
         final.update(step_time_check(reports, planned.summary.get("predicted_step_time_s"),
-                                     planned.summary.get("probed_step_time_s")))
+                                     planned.summary.get("probed_step_time_s"), uncalibrated=uncalibrated))
+        if planned.summary.get("prediction"):
+            run_logger.set_tags({"rayemb.prediction": planned.summary["prediction"]})
         if "step_time_measured_s" in final:
             run_logger.log_metrics({k: v for k, v in final.items() if k.startswith("step_time_")
                                     and k != "step_time_s"}, step=0)
