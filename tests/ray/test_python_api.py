@@ -93,3 +93,17 @@ def test_the_function_and_the_run_config_reach_the_run(jobs):
     written = Path(params["data.path"])
     assert written.parent.name == "datasets" and (written / "schema.yaml").exists()
     assert sum(pq.read_metadata(f).num_rows for f in (written / "train").glob("*.parquet")) == 36_000
+
+
+def test_an_uncalibrated_prediction_is_logged_under_its_own_name(jobs):
+    """planner.calibrate=false: the step is predicted with the built-in constants, so the run logs it as
+    ``step_time_uncalibrated_*`` and tags it, never as the step-time model's ``step_time_predicted_*``."""
+    from mlflow.tracking import MlflowClient
+
+    api, _ = jobs
+    assert api.plan["prediction"] == "uncalibrated" and api.plan["calibration"]["source"] == "default"
+    run = MlflowClient(api.tracking_uri).get_run(api.run_id).data
+    assert run.tags["rayemb.prediction"] == "uncalibrated"
+    assert "step_time_measured_s" in run.metrics and "step_time_uncalibrated_s" in run.metrics
+    assert "step_time_uncalibrated_over_measured" in run.metrics
+    assert not any(k.startswith("step_time_predicted") for k in run.metrics), sorted(run.metrics)
