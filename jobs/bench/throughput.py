@@ -93,7 +93,8 @@ MIN_RUNS = 5
 PHASES = ("data_wait", "forward", "backward", "optimizer")
 #: metric histories read from each rayemb run
 RUN_METRICS = ("samples_per_s", *(f"time_s.{p}" for p in PHASES), "bytes_per_step.total", "valid_auc",
-               "step_time_s", "step_time_measured_s", "step_time_predicted_s", "step_time_probed_s")
+               "step_time_s", "step_time_measured_s", "step_time_predicted_s", "step_time_uncalibrated_s",
+               "step_time_probed_s")
 #: environment variables that would point a rayemb run at something outside its temp dir
 UNSET_ENV = ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "RAYEMB_WORKSPACE", "RAYEMB_FAULT_INJECTION")
 
