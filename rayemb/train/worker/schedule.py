@@ -6,8 +6,9 @@ schedule exactly where it stood: no scheduler state is saved or restored.
 
 Every learning rate of the step follows the factor: the dense optimizer's, the replicated rows' and the fused
 embedding optimizer's (TorchRec's fused FBGEMM optimizer copies its param group's ``lr`` into the kernel's
-learning rate at ``zero_grad`` and ``step``; the backward applies it). :class:`LrSchedule` sets them before each
-step's ``zero_grad``: a Python float written into the param groups, no read from the device.
+learning rate at ``zero_grad`` and ``step``, and FBGEMM's lookup takes it along in the forward for the backward's
+update). :class:`LrSchedule` sets them before each step's forward, followed by a ``zero_grad``: a Python float
+written into the param groups, no read from the device.
 
 Example::
 

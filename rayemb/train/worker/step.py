@@ -61,7 +61,7 @@ class TrainStep:
     :class:`~rayemb.embedding.prefetch.StepPrefetch`, started on the next batch's ``sparse``; ``counter``: a
     :class:`~rayemb.embedding.comm.CommCounter`, on during forward and backward; ``timer``: a
     :class:`StepTimer` lapped after each phase; ``lr_schedule``: a :class:`~rayemb.train.worker.schedule.LrSchedule`
-    that sets every learning rate before each step's backward (the fused embedding optimizer applies in it);
+    that sets every learning rate before each step's forward (the fused embedding optimizer's rate goes with it);
     ``clip_params``, ``clip_norm``: the dense parameters whose gradient norm is clipped to ``clip_norm`` after the
     backward (their gradients all-reduced: every rank clips alike), before the optimizers step.
 
@@ -92,6 +92,12 @@ class TrainStep:
 
     def forward(self, batch: StepBatch) -> Any:
         """The loss of ``batch`` (with its graph, for :meth:`backward`)."""
+        if self.lr_schedule is not None:
+            # FBGEMM's lookup takes the kernel's rate with it in the forward, for the backward's update; the fused
+            # optimizer hands its param group's rate to the kernel at zero_grad
+            self.lr_schedule.apply()
+            if self.optimizer is not None:
+                self.optimizer.zero_grad()
         with self._counted, self._autocast(batch):  # bytes of the model's own collectives only
             out = self.model(*batch.inputs)
             loss = out if self.loss_fn is None else self.loss_fn(out, batch.labels)
@@ -104,8 +110,6 @@ class TrainStep:
         with self._counted:
             if self.prefetch is not None and next_batch is not None and next_batch.sparse is not None:
                 self.prefetch.start(next_batch.sparse)  # its split sizes travel during this backward
-            if self.lr_schedule is not None:
-                self.lr_schedule.apply()  # before zero_grad, where the fused optimizer takes its rate
             if self.optimizer is not None:
                 self.optimizer.zero_grad()
             loss.backward()  # also applies the fused embedding optimizer
