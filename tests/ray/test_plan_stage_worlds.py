@@ -7,33 +7,17 @@ this process; HugeCTR's split runs as it is, wrapped to record who calls it for 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from _split_calls import split_calls  # noqa: F401 - a fixture
 from rayemb.batch_shape import BatchShape
 from rayemb.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = str(REPO / "jobs" / "configs" / "synth_small.yaml")
-
-
-@pytest.fixture
-def split_calls(monkeypatch):
-    """(world size, global batch, calling function) of every split the run makes, by the real rule."""
-    from rayemb.planner.split import HugeCTRSplitRule
-
-    calls = []
-    real = HugeCTRSplitRule.split
-
-    def counted(rule, stats):
-        calls.append((rule.world_size, rule.global_batch_size, sys._getframe(1).f_code.co_name))
-        return real(rule, stats)
-
-    monkeypatch.setattr(HugeCTRSplitRule, "split", counted)
-    return calls
 
 
 @pytest.mark.timeout(300)
