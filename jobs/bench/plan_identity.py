@@ -29,7 +29,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _report import report, write_result  # noqa: E402
-from regression import _rev  # noqa: E402
+from regression import _rev, commit_pair_arguments, worktrees  # noqa: E402
 from throughput import _hermetic_env, common_overrides, ensure_data  # noqa: E402
 
 #: what a plan.json holds that differs from one run to the next on the same code
@@ -87,26 +87,12 @@ def run_job(tree: str, side: str, out_dir: str, args: argparse.Namespace, tmp: s
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--old", required=True, help="the baseline commit")
-    ap.add_argument("--new", default="HEAD", help="the commit under test (default HEAD)")
-    ap.add_argument("--data", default=os.path.join(_REPO, "data", "synth_small"))
-    ap.add_argument("--gen-rows", type=int, default=400000)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--window", type=int, default=5)
-    ap.add_argument("--batch-size", type=int, default=512)
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    args = commit_pair_arguments(__doc__, steps=10, window=5).parse_args(argv)
     ensure_data(args.data, args.gen_rows)
     commits = {"old": _rev(args.old), "new": _rev(args.new)}
     tmp = tempfile.mkdtemp(prefix="pi-")
-    trees: Dict[str, str] = {}
     rows: List[Dict[str, Any]] = []
-    try:
-        for side, commit in commits.items():
-            trees[side] = os.path.join(tmp, f"tree-{side}")
-            subprocess.run(["git", "worktree", "add", "--detach", trees[side], commit], cwd=_REPO, check=True,
-                           capture_output=True)
+    with worktrees(commits, tmp) as trees:
         outs = {side: os.path.join(tmp, f"out-{side}") for side in commits}
         print(f"old ({commits['old']}): measures and plans", flush=True)
         rows.append(run_job(trees["old"], "old", outs["old"], args, tmp))
@@ -115,10 +101,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             shutil.copytree(kept, os.path.join(outs["new"], "calibrations"))
         print(f"new ({commits['new']}): plans from the old one's kept measurements", flush=True)
         rows.append(run_job(trees["new"], "new", outs["new"], args, tmp))
-    finally:
-        for tree in trees.values():
-            subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=_REPO, capture_output=True)
-        shutil.rmtree(tmp, ignore_errors=True)
     problems = [f"{r['side']}: run failed (exit {r['returncode']})" for r in rows if r["plan"] is None]
     diffs = differences(rows[0]["plan"], rows[1]["plan"]) if not problems else []
     if not problems and rows[1]["plan"].get("calibration", {}).get("source") != "cached":

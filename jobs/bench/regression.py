@@ -18,13 +18,14 @@ the medians, and FAILs when a side has a failed run or fewer than 5 runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -83,28 +84,45 @@ def summarize(runs: List[Dict[str, Any]], commits: Dict[str, str], min_ratio: fl
             "verdict": "PASS" if ok else "FAIL"}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def commit_pair_arguments(description: str, steps: int, window: int) -> argparse.ArgumentParser:
+    """The arguments of a benchmark that runs the default job at two commits (this one, jobs/bench/plan_identity.py)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", required=True, help="the baseline commit")
     ap.add_argument("--new", default="HEAD", help="the commit under test (default HEAD)")
     ap.add_argument("--data", default=os.path.join(_REPO, "data", "synth_small"))
     ap.add_argument("--gen-rows", type=int, default=400000)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--window", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--window", type=int, default=window)
     ap.add_argument("--batch-size", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=MIN_RUNS)
-    ap.add_argument("--min-ratio", type=float, default=0.97)
     ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
-    ensure_data(args.data, args.gen_rows)
-    commits = {"old": _rev(args.old), "new": _rev(args.new)}
-    tmp = tempfile.mkdtemp(prefix="rg-")
-    trees = {}
+    return ap
+
+
+@contextlib.contextmanager
+def worktrees(commits: Dict[str, str], tmp: str) -> Iterator[Dict[str, str]]:
+    """Each side's commit checked out in a git worktree under ``tmp``, removed (with ``tmp``) at exit."""
+    trees: Dict[str, str] = {}
     try:
         for side, commit in commits.items():
             trees[side] = os.path.join(tmp, f"tree-{side}")
             subprocess.run(["git", "worktree", "add", "--detach", trees[side], commit], cwd=_REPO, check=True,
                            capture_output=True)
+        yield trees
+    finally:
+        for tree in trees.values():
+            subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=_REPO, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = commit_pair_arguments(__doc__, steps=200, window=20)
+    ap.add_argument("--repeats", type=int, default=MIN_RUNS)
+    ap.add_argument("--min-ratio", type=float, default=0.97)
+    args = ap.parse_args(argv)
+    ensure_data(args.data, args.gen_rows)
+    commits = {"old": _rev(args.old), "new": _rev(args.new)}
+    tmp = tempfile.mkdtemp(prefix="rg-")
+    with worktrees(commits, tmp) as trees:
         runs: List[Dict[str, Any]] = []
         for r in range(args.repeats):
             for side in (("old", "new") if r % 2 == 0 else ("new", "old")):
@@ -115,10 +133,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         doc = {"schema_version": 1, "commits": commits, "steps": args.steps, "window": args.window,
                "batch_size": args.batch_size, "data": args.data, "runs": runs, "complete": True,
                **summarize(runs, commits, args.min_ratio)}
-    finally:
-        for tree in trees.values():
-            subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=_REPO, capture_output=True)
-        shutil.rmtree(tmp, ignore_errors=True)
     footer = (f"\nnew / old = {doc['ratio']:.3f} ({doc['rule']}) {doc['verdict']}" if doc["ratio"] is not None
               else f"\n{doc['verdict']}: {doc['problems']}")
     return report(args.out, doc, list(doc["rows"].values()), COLUMNS, KEYS, footer=footer)
