@@ -159,9 +159,9 @@ def uncalibrated(run: Mapping[str, Any]) -> bool:
 def row_problem(row: Optional[Mapping[str, Any]], min_runs: int, needs_prediction: bool) -> Optional[str]:
     """Why a row cannot carry a verdict, or None: it is missing, a run of it failed, none succeeded, it has
     fewer runs than ``min_runs``, or (``needs_prediction``) fewer than ``min_runs`` of its runs have a
-    predicted-over-measured step (``predicted_runs``): a median ratio over 1 run of 5 is 1 run's figure. A run
-    whose prediction is uncalibrated (``uncalibrated_runs``: built-in constants) has none: it is listed, not
-    judged as the model's."""
+    predicted-over-measured step (``predicted_runs``): a median ratio over 1 run of 5 is 1 run's figure. A row
+    whose runs' predictions were uncalibrated (built-in constants) is no broken row: its throughput stands, and
+    only :func:`prediction_problem` holds it against the prediction verdict."""
     if row is None:
         return "missing"
     if row.get("failed"):
@@ -171,12 +171,30 @@ def row_problem(row: Optional[Mapping[str, Any]], min_runs: int, needs_predictio
         return "no run"
     if runs < min_runs:
         return f"{runs} run(s), fewer than the {min_runs} it needs"
-    if needs_prediction:
-        predicted = int(row.get("predicted_runs") or 0) if row.get("predicted_over_measured") is not None else 0
-        if predicted == 0 and row.get("uncalibrated_runs"):
-            return f"uncalibrated prediction in {row['uncalibrated_runs']} of {runs} run(s) (built-in constants)"
+    if needs_prediction and _uncalibrated_problem(row, min_runs) is None:
+        predicted = _predicted_runs(row)
         if predicted == 0:
             return "no predicted step time"
         if predicted < min_runs:
             return f"{predicted} of {runs} run(s) with a predicted step time, fewer than the {min_runs} it needs"
     return None
+
+
+def _predicted_runs(row: Mapping[str, Any]) -> int:
+    return int(row.get("predicted_runs") or 0) if row.get("predicted_over_measured") is not None else 0
+
+
+def _uncalibrated_problem(row: Mapping[str, Any], min_runs: int) -> Optional[str]:
+    """The row's runs lack the model's prediction because some were priced with the built-in constants."""
+    runs, predicted = int(row.get("runs") or 0), _predicted_runs(row)
+    if row.get("uncalibrated_runs") and predicted < min_runs:
+        return f"uncalibrated prediction in {row['uncalibrated_runs']} of {runs} run(s) (built-in constants)"
+    return None
+
+
+def prediction_problem(row: Optional[Mapping[str, Any]], min_runs: int) -> Optional[str]:
+    """Why a row cannot carry the prediction verdict, or None: :func:`row_problem`'s reasons, or runs whose
+    prediction was uncalibrated (``uncalibrated_runs``: built-in constants), which the prediction verdict lists
+    and FAILs on, never judging their figure as the step-time model's."""
+    return row_problem(row, min_runs, needs_prediction=True) or (
+        None if row is None else _uncalibrated_problem(row, min_runs))

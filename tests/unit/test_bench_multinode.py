@@ -207,5 +207,9 @@ def test_an_uncalibrated_run_s_prediction_is_kept_apart_from_the_model_s():
     acc = mn.acceptance(rows)
     e = acc["per_bandwidth"]["100"]
     assert e["uncalibrated_rows"] == ["table_wise"]
-    assert e["row_problems"] == {"table_wise": "uncalibrated prediction in 5 of 5 run(s) (built-in constants)"}
+    assert e["prediction_problems"] == {"table_wise": "uncalibrated prediction in 5 of 5 run(s) (built-in constants)"}
     assert "table_wise" not in (e.get("worst_prediction_row"),) and acc["prediction_pass"] is False
+    # its throughput stands: only the prediction verdict holds the row against it
+    assert e["row_problems"] == {} and acc["rows_pass"] is True
+    assert acc["auto_vs_best_pass"] is True and acc["hybrid_vs_pooled_pass"] is True
+    assert "fail the prediction verdict only: table_wise: uncalibrated prediction" in mn.footer(acc, {})

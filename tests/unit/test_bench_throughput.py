@@ -314,9 +314,18 @@ def test_an_uncalibrated_prediction_is_listed_never_judged_as_the_model_s():
     assert rows["table_wise"]["predicted_over_measured"] is None
     acc = tp.acceptance(rows, forced)
     assert acc["uncalibrated_rows"] == ["table_wise"]
-    assert acc["row_problems"] == {"table_wise": "uncalibrated prediction in 5 of 5 run(s) (built-in constants)"}
+    assert acc["prediction_problems"] == {
+        "table_wise": "uncalibrated prediction in 5 of 5 run(s) (built-in constants)"}
     assert acc["worst_prediction_row"] == "auto" and acc["prediction_pass"] is False
-    assert "uncalibrated prediction" in tp.verdict(acc)
+    assert "[table_wise: uncalibrated prediction in 5 of 5 run(s) (built-in constants)]" in tp.verdict(acc)
+    # its throughput is measured like any row's: the verdicts on throughput stand on it
+    assert acc["row_problems"] == {} and acc["rows_pass"] is True
+    assert acc["auto_vs_best_pure_pass"] is True and acc["auto_vs_peer_pass"] is True
+    # a row that has no prediction at all (not uncalibrated: missing) still fails every verdict it rests on
+    unpredicted = [dict(r, predicted_step_time_s=None, prediction="calibrated") if r["variant"] == "table_wise"
+                   else r for r in pinned]
+    acc = tp.acceptance(tp.aggregate(unpredicted), forced)
+    assert acc["row_problems"] == {"table_wise": "no predicted step time"} and acc["auto_vs_best_pure_pass"] is False
     # a plan.json from before ``prediction`` existed: its calibration's source says the same
     assert tp.uncalibrated({"calibration": {"source": "default"}})
     assert not tp.uncalibrated({"calibration": {"source": "cached"}}) and not tp.uncalibrated({})
