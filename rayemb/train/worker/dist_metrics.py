@@ -1,4 +1,4 @@
-"""Exact validation AUC and logloss over every rank's rows, with each row's score sent once.
+"""Exact validation AUC, GAUC, logloss, NE and calibration over every rank's rows, with each row's score sent once.
 
 Gathering every logit to every rank (``all_gather_object``: pickled, ``world`` copies of the whole split)
 grows with the split and the world. The AUC needs only, for each positive, the negatives scored below it
@@ -13,7 +13,11 @@ grows with the split and the world. The AUC needs only, for each positive, the n
 4. one all-reduce of integers sums it: the AUC is that sum over ``2 * P * N``, exactly the Mann-Whitney
    statistic with average ranks for ties that :func:`rayemb.train.worker.metrics.auc` computes on one process.
 
-Logloss is a sum over rows, all-reduced. Integers are int64: exact up to about four billion rows.
+Logloss, NE and calibration are sums over rows (logloss, labels, predicted probabilities), all-reduced. GAUC
+sends each (group, score, label) row once, to the rank its group id falls to (``group mod world``): every rank
+then holds whole groups, adds up rows x AUC of its groups with both classes
+(:func:`rayemb.train.worker.metrics.group_auc_terms`) and one all-reduce sums them. Integers are int64: exact up
+to about four billion rows.
 """
 
 from __future__ import annotations
@@ -96,21 +100,57 @@ def distributed_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float(int(total) / (2.0 * p * n)) if p and n else float("nan")
 
 
-def distributed_validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[Sequence[str]] = None,
-                                   primary: Optional[str] = None) -> Dict[str, float]:
-    """:func:`rayemb.train.worker.metrics.validation_metrics` of every rank's rows together, no row gathered whole:
-    the same keys and values (AUC exact; logloss to float64 rounding)."""
+def distributed_gauc(groups: np.ndarray, scores: np.ndarray, labels: np.ndarray) -> float:
+    """Group AUC (:func:`rayemb.train.worker.metrics.gauc`) of every rank's rows, every rank calling it."""
     import torch
     import torch.distributed as dist
 
-    from rayemb.train.worker.metrics import logloss_sum
+    from rayemb.train.worker.metrics import group_auc_terms
+
+    _, world = _world()
+    groups = np.asarray(groups, dtype=np.int64).ravel()
+    scores = np.asarray(scores, dtype=np.float64).ravel()
+    labels = np.asarray(labels, dtype=np.float64).ravel()
+    if world > 1:
+        dest = np.mod(groups, world)
+        order = np.argsort(dest, kind="stable")
+        counts = torch.from_numpy(np.bincount(dest, minlength=world).astype(np.int64))
+        recv = torch.zeros(world, dtype=torch.int64)
+        dist.all_to_all_single(recv, counts)
+        got_groups = torch.zeros(int(recv.sum()), dtype=torch.int64)
+        dist.all_to_all_single(got_groups, torch.from_numpy(np.ascontiguousarray(groups[order])),
+                               output_split_sizes=recv.tolist(), input_split_sizes=counts.tolist())
+        pairs = np.stack([scores[order], labels[order]], axis=1).ravel()
+        got_pairs = torch.zeros(int(recv.sum()) * 2, dtype=torch.float64)
+        dist.all_to_all_single(got_pairs, torch.from_numpy(pairs), output_split_sizes=(recv * 2).tolist(),
+                               input_split_sizes=(counts * 2).tolist())
+        groups, (scores, labels) = got_groups.numpy(), got_pairs.numpy().reshape(-1, 2).T
+    weighted, rows = group_auc_terms(groups, labels > 0.5, scores)
+    sums = torch.tensor([weighted, rows], dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(sums)
+    return float(sums[0]) / float(sums[1]) if float(sums[1]) else float("nan")
+
+
+def distributed_validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[Sequence[str]] = None,
+                                   primary: Optional[str] = None,
+                                   groups: Optional[np.ndarray] = None) -> Dict[str, float]:
+    """:func:`rayemb.train.worker.metrics.validation_metrics` of every rank's rows together, no row gathered whole:
+    the same keys and values (AUC and GAUC exact; logloss, NE and calibration to float64 rounding). ``groups``:
+    every rank passes them or none does."""
+    import torch
+    import torch.distributed as dist
+
+    from rayemb.train.worker.metrics import logloss_sum, normalized_entropy, sigmoid
 
     _, world = _world()
     tasks = list(tasks or [])
     columns = max(1, len(tasks))
     labels = np.asarray(labels, np.float64).reshape(-1, columns)
     logits = np.asarray(logits, np.float64).reshape(-1, columns)
-    sums = torch.tensor([float(labels.shape[0])] + [logloss_sum(labels[:, i], logits[:, i]) for i in range(columns)],
+    # per task: logloss, labels and predicted probabilities summed over the rows
+    sums = torch.tensor([float(labels.shape[0])] + [v for i in range(columns) for v in (
+        logloss_sum(labels[:, i], logits[:, i]), float(labels[:, i].sum()), float(sigmoid(logits[:, i]).sum()))],
                         dtype=torch.float64)
     if world > 1:
         dist.all_reduce(sums)
@@ -119,13 +159,19 @@ def distributed_validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks
     names = tasks if len(tasks) > 1 else [""]
     for i, task in enumerate(names):
         suffix = f".{task}" if task else ""
+        loss, positives, predicted = (float(v) for v in sums[1 + 3 * i:4 + 3 * i])
+        mean_loss = loss / rows if rows else float("nan")
         out[f"valid_auc{suffix}"] = distributed_auc(logits[:, i], labels[:, i])
-        out[f"valid_logloss{suffix}"] = float(sums[1 + i]) / rows if rows else float("nan")
+        out[f"valid_logloss{suffix}"] = mean_loss
+        out[f"valid_ne{suffix}"] = normalized_entropy(mean_loss, positives / rows) if rows else float("nan")
+        out[f"valid_calibration{suffix}"] = predicted / positives if positives else float("nan")
+        if groups is not None:
+            out[f"valid_gauc{suffix}"] = distributed_gauc(groups, logits[:, i], labels[:, i])
     if len(tasks) > 1:
         main = primary or tasks[0]
-        out.update({"valid_auc": out[f"valid_auc.{main}"], "valid_logloss": out[f"valid_logloss.{main}"]})
+        out.update({k.split(".")[0]: v for k, v in list(out.items()) if k.endswith(f".{main}")})
     out["valid_rows"] = rows
     return out
 
 
-__all__ = ["distributed_auc", "distributed_validation_metrics"]
+__all__ = ["distributed_auc", "distributed_gauc", "distributed_validation_metrics"]

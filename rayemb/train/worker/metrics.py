@@ -41,38 +41,146 @@ def logloss(labels: np.ndarray, logits: np.ndarray) -> float:
     return logloss_sum(labels, logits) / rows if rows else float("nan")
 
 
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """Probabilities of logits, computed without overflow."""
+    z = np.asarray(logits, dtype=np.float64)
+    e = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def entropy(p: float) -> float:
+    """Binary entropy (nats) of a positive rate ``p``: the logloss of always predicting ``p``; NaN at 0 or 1."""
+    return float(-(p * np.log(p) + (1 - p) * np.log1p(-p))) if 0.0 < p < 1.0 else float("nan")
+
+
+def normalized_entropy(mean_logloss: float, positive_rate: float) -> float:
+    """NE: the mean logloss over the entropy of the split's positive rate (below 1: better than the base rate)."""
+    return float(mean_logloss / entropy(positive_rate)) if np.isfinite(entropy(positive_rate)) else float("nan")
+
+
+def ne(labels: np.ndarray, logits: np.ndarray) -> float:
+    """Normalized entropy of logits against binary labels (:func:`normalized_entropy`); NaN with one class."""
+    y = np.asarray(labels, dtype=np.float64).ravel()
+    return normalized_entropy(logloss(y, logits), float(y.mean())) if y.size else float("nan")
+
+
+def calibration(labels: np.ndarray, logits: np.ndarray) -> float:
+    """Sum of predicted probabilities over the sum of labels (1: as many clicks predicted as seen); NaN with no
+    positive."""
+    positives = float(np.sum(np.asarray(labels, dtype=np.float64)))
+    return float(np.sum(sigmoid(logits)) / positives) if positives else float("nan")
+
+
+def group_auc_terms(groups: np.ndarray, labels: np.ndarray, scores: np.ndarray) -> "tuple[float, float]":
+    """(sum over groups with both classes of rows x AUC, their rows), each group's AUC as :func:`auc` computes it
+    (ties half), vectorized: one sort by (group, score)."""
+    g = np.asarray(groups, dtype=np.int64).ravel()
+    y = np.asarray(labels).astype(bool).ravel()
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    if not g.size:
+        return 0.0, 0.0
+    order = np.lexsort((s, g))
+    g, y, s = g[order], y[order], s[order]
+    new_group = np.concatenate([[True], g[1:] != g[:-1]])
+    new_run = new_group | np.concatenate([[True], s[1:] != s[:-1]])  # a run: equal (group, score)
+    run = np.cumsum(new_run) - 1
+    group = np.cumsum(new_group) - 1
+    position = np.arange(g.size, dtype=np.float64)
+    group_start = position[new_group][group]
+    run_first = position[new_run]
+    run_size = np.bincount(run).astype(np.float64)
+    rank = (run_first - group_start[new_run] + (run_size + 1) / 2.0)[run]  # 1-based average rank in its group
+    pos = np.bincount(group, weights=y).astype(np.float64)
+    rows = np.bincount(group).astype(np.float64)
+    neg = rows - pos
+    rank_sum = np.bincount(group, weights=np.where(y, rank, 0.0))
+    both = (pos > 0) & (neg > 0)
+    group_auc = (rank_sum[both] - pos[both] * (pos[both] + 1) / 2.0) / (pos[both] * neg[both])
+    return float(np.sum(rows[both] * group_auc)), float(np.sum(rows[both]))
+
+
+def gauc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> float:
+    """Group AUC: each group's :func:`auc` over the groups holding both classes, weighted by the group's rows
+    (impressions); NaN when no group holds both."""
+    g = np.asarray(groups).ravel()
+    y = np.asarray(labels).astype(bool).ravel()
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    total, weight = 0.0, 0
+    for value in np.unique(g):
+        inside = g == value
+        if 0 < y[inside].sum() < inside.sum():
+            total += inside.sum() * auc(y[inside], s[inside])
+            weight += int(inside.sum())
+    return total / weight if weight else float("nan")
+
+
 def validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[Sequence[str]] = None,
-                       primary: Optional[str] = None) -> Dict[str, float]:
-    """``valid_auc``, ``valid_logloss`` and ``valid_rows`` of every (label, logit) pair given (padding left out).
+                       primary: Optional[str] = None, groups: Optional[np.ndarray] = None) -> Dict[str, float]:
+    """``valid_auc``, ``valid_logloss``, ``valid_ne``, ``valid_calibration`` and ``valid_rows`` of every
+    (label, logit) pair given (padding left out); with ``groups`` (schema.yaml ``group``), ``valid_gauc``.
 
     Several ``tasks`` (``labels`` and ``logits`` of shape ``(N, T)``, columns in ``tasks`` order): each task's
-    ``valid_auc.<task>`` and ``valid_logloss.<task>``, and ``valid_auc`` / ``valid_logloss`` are the
-    ``primary`` task's (the first by default), the one early stopping and the best checkpoint follow."""
+    ``valid_<metric>.<task>``, and the unsuffixed ones are the ``primary`` task's (the first by default), the one
+    early stopping and the best checkpoint follow."""
     labels, logits = np.asarray(labels), np.asarray(logits)
-    if not tasks or len(tasks) == 1:
-        labels, logits = labels.ravel(), logits.ravel()
-        return {"valid_auc": auc(labels, logits), "valid_logloss": logloss(labels, logits),
-                "valid_rows": float(labels.size)}
-    labels, logits = labels.reshape(-1, len(tasks)), logits.reshape(-1, len(tasks))
+    columns = len(tasks) if tasks else 1
+    labels, logits = labels.reshape(-1, columns), logits.reshape(-1, columns)
+    names = list(tasks) if tasks and len(tasks) > 1 else [""]
     out: Dict[str, float] = {}
-    for i, task in enumerate(tasks):
-        out[f"valid_auc.{task}"] = auc(labels[:, i], logits[:, i])
-        out[f"valid_logloss.{task}"] = logloss(labels[:, i], logits[:, i])
-    main = primary or tasks[0]
-    out.update({"valid_auc": out[f"valid_auc.{main}"], "valid_logloss": out[f"valid_logloss.{main}"],
-                "valid_rows": float(labels.shape[0])})
+    for i, task in enumerate(names):
+        suffix = f".{task}" if task else ""
+        y, z = labels[:, i], logits[:, i]
+        out[f"valid_auc{suffix}"] = auc(y, z)
+        out[f"valid_logloss{suffix}"] = logloss(y, z)
+        out[f"valid_ne{suffix}"] = ne(y, z)
+        out[f"valid_calibration{suffix}"] = calibration(y, z)
+        if groups is not None:
+            out[f"valid_gauc{suffix}"] = gauc(y, z, groups)
+    if len(names) > 1:
+        main = primary or names[0]
+        out.update({k.split(".")[0]: v for k, v in list(out.items()) if k.endswith(f".{main}")})
+    out["valid_rows"] = float(labels.shape[0])
     return out
+
+
+#: how a validation metric improves: ``max`` (higher is better), ``min`` (lower), ``one`` (closer to 1)
+METRIC_GOALS: Dict[str, str] = {
+    "valid_auc": "max", "valid_gauc": "max", "valid_logloss": "min", "valid_ne": "min", "valid_calibration": "one",
+}
+
+
+def metric_goal(name: str) -> str:
+    """How ``name`` (``valid_ne``, ``valid_ne.click``, a retrieval hit rate) improves (:data:`METRIC_GOALS`)."""
+    base = name.split(".")[0]
+    if base.startswith("valid_hit_rate_at_"):
+        return "max"
+    if base not in METRIC_GOALS:
+        raise KeyError(f"{name!r} is not a validation metric with a known direction ({sorted(METRIC_GOALS)}, "
+                       "valid_hit_rate_at_K)")
+    return METRIC_GOALS[base]
+
+
+def metric_score(name: str, value: float) -> float:
+    """``value`` of metric ``name`` on one higher-is-better scale: itself, its negation, or ``-|value - 1|``."""
+    goal = metric_goal(name)
+    return float(value) if goal == "max" else -float(value) if goal == "min" else -abs(float(value) - 1.0)
 
 
 def primary_metric(metrics: Any) -> str:
     """The validation metric early stopping and the best checkpoint follow in ``metrics`` (a report, a run's
-    metrics): a ranking model's ``valid_auc``, a retrieval model's hit rate@50 (:mod:`rayemb.train.worker.retrieval`)."""
+    metrics): the one its ``best_<metric>`` names (``train.early_stopping_metric``), else a ranking model's
+    ``valid_auc``, a retrieval model's hit rate@50 (:mod:`rayemb.train.worker.retrieval`)."""
     from rayemb.train.worker.retrieval import RETRIEVAL_METRIC
 
-    return RETRIEVAL_METRIC if RETRIEVAL_METRIC in metrics or f"best_{RETRIEVAL_METRIC}" in metrics else "valid_auc"
+    named = sorted(k[len("best_"):] for k in metrics if k.startswith("best_valid_"))
+    if named:
+        return named[0]
+    return RETRIEVAL_METRIC if RETRIEVAL_METRIC in metrics else "valid_auc"
 
 
 def secondary_metric(primary: str) -> str:
     """The metric the job's lines show beside ``primary``: a ranking model's logloss, a retrieval model's hit
     rate@10."""
-    return "valid_logloss" if primary == "valid_auc" else "valid_hit_rate_at_10"
+    if primary.startswith("valid_hit_rate_at_"):
+        return "valid_hit_rate_at_10"
+    return "valid_logloss" if primary != "valid_logloss" else "valid_auc"
