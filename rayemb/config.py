@@ -45,6 +45,10 @@ PRECISIONS = ("fp32", "bf16")
 DENSE_OPTIMIZERS = ("adagrad", "adam", "adamw", "sgd")
 #: train.lr_schedule.kind: how the learning rates follow the global step (rayemb.train.worker.schedule)
 LR_SCHEDULES = ("constant", "cosine", "linear", "step")
+#: the validation metrics early stopping and the best checkpoint may follow (directions:
+#: rayemb.train.worker.metrics.METRIC_GOALS); a retrieval model reports the hit rates, a ranking model the rest
+EARLY_STOPPING_METRICS = ("valid_auc", "valid_gauc", "valid_logloss", "valid_ne", "valid_calibration",
+                          "valid_hit_rate_at_10", "valid_hit_rate_at_50", "valid_hit_rate_at_100")
 #: train.lr_schedule: every key and its default (a key left out takes it)
 LR_SCHEDULE_DEFAULTS: Dict[str, Any] = {"kind": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0,
                                         "step_size": 1, "gamma": 1.0}
@@ -206,9 +210,16 @@ class TrainConfig:
     log_every_n_steps: int = DEFAULT_LOG_EVERY_N_STEPS
     #: cap on steps per epoch (None: the whole train split)
     max_steps_per_epoch: Optional[int] = None
-    #: stop after this many epochs without a validation-AUC gain (None: run every epoch); the run
-    #: reports best_valid_auc / best_epoch either way, and Ray Train keeps the best checkpoint
+    #: stop after this many epochs without a gain in ``early_stopping_metric`` (None: run every epoch); the run
+    #: reports ``best_<metric>`` / ``best_epoch`` either way, and the job names the best checkpoint by it
     early_stopping_patience: Optional[int] = None
+    #: the validation metric early stopping and the best checkpoint follow, in its own direction (AUC, GAUC, hit
+    #: rates: higher; logloss, NE: lower; calibration: closest to 1). None: valid_auc (a retrieval model:
+    #: valid_hit_rate_at_50). valid_gauc needs a schema.yaml ``group`` column
+    early_stopping_metric: Optional[str] = None
+    #: also validate every N training steps within an epoch (all ranks alike), reported at that step
+    #: (None: at epoch ends only)
+    eval_every_n_steps: Optional[int] = None
     #: a checkpoint directory of an earlier job to continue from (any world size and plan; same tables)
     resume_from: Optional[str] = None
     #: also write a checkpoint every N steps (None: epoch ends only)
@@ -302,6 +313,11 @@ class TrainConfig:
         _require(self.early_stopping_patience is None or self.early_stopping_patience >= 1,
                  "train.early_stopping_patience", f"{self.early_stopping_patience} < 1",
                  "Use a positive number of epochs, or null to run every epoch.")
+        _require(self.early_stopping_metric is None or self.early_stopping_metric in EARLY_STOPPING_METRICS,
+                 "train.early_stopping_metric", f"{self.early_stopping_metric!r} is not a validation metric",
+                 f"Use one of {EARLY_STOPPING_METRICS}, or null for valid_auc (a retrieval model's hit rate@50).")
+        _require(self.eval_every_n_steps is None or self.eval_every_n_steps >= 1, "train.eval_every_n_steps",
+                 f"{self.eval_every_n_steps} < 1", "Use a positive step count, or null for epoch ends only.")
 
 
 @dataclass(frozen=True)
@@ -601,6 +617,7 @@ CHOICES: Dict[str, Tuple[Any, ...]] = {
     "train.compile": COMPILE_CHOICES,
     "train.compile_mode": COMPILE_MODES,
     "train.lr_schedule": LR_SCHEDULES,
+    "train.early_stopping_metric": EARLY_STOPPING_METRICS,
     "scaling.placement_strategy": PLACEMENT_STRATEGIES,
     "planner.engine": PLANNER_ENGINES,
     "planner.objective": PLANNER_OBJECTIVES,

@@ -12,6 +12,8 @@ from sklearn.metrics import log_loss, roc_auc_score
 from rayemb.train.worker.metrics import (calibration, gauc, group_auc_terms, metric_goal, metric_score, ne,
                                          primary_metric, validation_metrics)
 
+BASE = {"name": "t", "data": {"path": "data/x"}}
+
 
 def _rows(n: int = 3000, seed: int = 0):
     rng = np.random.default_rng(seed)
@@ -80,3 +82,18 @@ def test_unknown_metric_has_no_direction_and_the_reported_best_names_the_primary
     assert primary_metric({"valid_auc": 0.7, "valid_ne": 0.9, "best_valid_ne": 0.9, "best_epoch": 0}) == "valid_ne"
     assert primary_metric({"valid_auc": 0.7}) == "valid_auc"
     assert primary_metric({"valid_hit_rate_at_50": 0.2}) == "valid_hit_rate_at_50"
+
+
+def test_a_bad_early_stopping_metric_is_refused_naming_the_allowed_ones():
+    from rayemb.config import EARLY_STOPPING_METRICS, config_from_dict
+    from rayemb.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train.early_stopping_metric: 'valid_accuracy'.*valid_gauc.*valid_ne"):
+        config_from_dict({**BASE, "train": {"early_stopping_metric": "valid_accuracy"}})
+    with pytest.raises(ConfigError, match="train.eval_every_n_steps"):
+        config_from_dict({**BASE, "train": {"eval_every_n_steps": 0}})
+    cfg = config_from_dict({**BASE, "train": {"early_stopping_metric": "valid_calibration",
+                                              "eval_every_n_steps": 5}})
+    assert (cfg.train.early_stopping_metric, cfg.train.eval_every_n_steps) == ("valid_calibration", 5)
+    for name in EARLY_STOPPING_METRICS:  # every metric one may name has a direction
+        assert metric_goal(name) in ("max", "min", "one")
