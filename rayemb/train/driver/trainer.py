@@ -77,7 +77,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any
     phases.mark("ray")
     stats = compute_statistics(inputs)
     # standardize's mean and std travel to the workers (and into checkpoints) on the schema
-    inputs = dataclasses.replace(inputs, schema=inputs.schema.with_dense_params(stats))
+    inputs = dataclasses.replace(inputs, schema=dense_params(inputs.schema, stats, inputs.resume))
     phases.mark("statistics")
     planned = plan_job(inputs, topology, stats)
     phases.mark("plan")
@@ -95,6 +95,26 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any
             "run_id": result.run_id, "metrics": result.metrics, "best_checkpoint": result.best_checkpoint,
             "last_checkpoint": result.last_checkpoint, "tracking_uri": redact_uri(result.tracking_uri)})
     return result
+
+
+def dense_params(schema: DatasetSchema, stats: Any, resume: Any = None) -> DatasetSchema:
+    """``schema`` with its ``standardize`` columns' mean and std: this statistics pass's, except that a job
+    resuming from a checkpoint (``resume``: its (directory, :class:`~rayemb.checkpoint.meta.CheckpointMeta`))
+    keeps the ones the checkpoint's model was trained with, which its weights are fitted to; a line names the
+    columns where they differ from this pass."""
+    from rayemb.data.transforms import STANDARDIZE, DenseTransform
+
+    fresh = schema.with_dense_params(stats)
+    recorded = (resume[1].dense_transforms if resume else None) or {}
+    written = {c: DenseTransform.parse(c, recorded[c]) for c in schema.standardized if c in recorded}
+    kept = {c: t for c, t in written.items() if t.kind == STANDARDIZE and t.mean is not None}
+    changed = [c for c in kept if kept[c] != fresh.dense_transform_of(c)]
+    if changed:
+        print(f"rayemb: resuming with the checkpoint's dense transforms, not this statistics pass's, for "
+              f"{len(changed)} column(s): " + "; ".join(
+                  f"{c} {kept[c].describe()} (this pass: {fresh.dense_transform_of(c).describe()})"
+                  for c in changed[:5]) + ("; ..." if len(changed) > 5 else ""), flush=True)
+    return fresh.with_dense_transforms(kept)
 
 
 # ---- STAGE 1: CHECK INPUTS (no Ray) ---- #
@@ -216,7 +236,9 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
         return make_plan(config, split, topo)
 
     job = plan_world(cfg, topology, stats, calibration, plan_fn=make_shown_plan)
-    if calibration is not None and inputs.world_size > 1:  # measured at job start: the plan too
+    why = skipped_because(cfg, inputs.schema, inputs.world_size)
+    # measured at job start: the plan too, unless the pins leave nothing to choose (then only the link was measured)
+    if calibration is not None and inputs.world_size > 1 and why is None:
         from rayemb.train.calibration.plan_probe import choose_by_probe
 
         kept = (inputs.out_dir, key_fields, kept_max_age_s(cfg))
@@ -229,7 +251,7 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
     fingerprint = hashlib.sha1(to_json({k: v for k, v in summary.items() if k not in MEASURED_PLAN_KEYS})
                                .encode()).hexdigest()[:12]
     summary["prediction"] = prediction_kind(calibration)  # not the plan: left out of its fingerprint
-    why = skipped_because(cfg, inputs.schema, inputs.world_size) or "the calibration failed"
+    why = why or "the calibration failed"
     print(f"rayemb: plan {fingerprint}: " + ", ".join(f"{p} x{n}" for p, n in _placement_counts(summary).items())
           + f"; {prediction_text(summary, why)} ({summary['objective']} objective)"
           + (f", probed {1e3 * summary['probed_step_time_s']:.1f} ms" if "probed_step_time_s" in summary else ""), flush=True)
