@@ -74,6 +74,8 @@ def prediction_text(summary: dict, why: str = "") -> str:
     text = f"predicted {1e3 * summary['predicted_step_time_s']:.1f} ms/step"
     if summary.get("prediction") == "uncalibrated":
         text += " (uncalibrated: built-in constants" + (f", {why})" if why else ")")
+    elif summary.get("prediction") == "link-measured":
+        text += " (link-measured: the link measured, compute figures built in" + (f", {why})" if why else ")")
     return text
 
 

@@ -138,6 +138,11 @@ class Calibration:
     ddp_step_s: float = 0.0
     #: seconds between its measurement and this job, when kept from an earlier job (``source`` "cached"; else 0)
     age_s: float = 0.0
+    #: measured over predicted step of earlier jobs on the same key (:func:`rayemb.train.calibration.store.
+    #: with_learned_ratio`); every component of a prediction is scaled by it. One ratio for the whole step, not one
+    #: per component: the loop times its phases (data wait, forward, backward, optimizer), and every component
+    #: (dense step, lookups, transfers, overheads) spans more than one of them
+    step_ratio: float = 1.0
 
     def summary(self) -> str:
         """One line: the links' α and bandwidth, the dense step, the fused lookup."""
@@ -171,13 +176,19 @@ DEFAULT_CALIBRATION = Calibration(
 
 #: a calibration's sources whose figures were measured on the job's cluster (now, or kept from an earlier job)
 MEASURED_SOURCES = ("measured", "cached")
+#: the source of a calibration whose links were measured on the job's ranks and whose compute figures are the
+#: built-in constants' (a job with every table pinned: nothing to choose, so only the links are measured)
+LINK_MEASURED = "link-measured"
 
 
 def prediction_kind(calibration: Optional[Calibration]) -> str:
     """plan.json's ``prediction``: ``calibrated`` when the step-time model priced the plan with figures measured
-    on the job's cluster, ``uncalibrated`` when with the built-in constants (:data:`DEFAULT_CALIBRATION`: a
-    1 GB/s link), whose figure says nothing about this cluster's step."""
+    on the job's cluster; ``link-measured`` when with its links measured on the job's ranks and the compute
+    figures (dense step, lookups, module overheads) built in; ``uncalibrated`` when with the built-in constants
+    alone (:data:`DEFAULT_CALIBRATION`: a 1 GB/s link), whose figure says nothing about this cluster's step."""
     source = getattr(calibration, "source", "default")
+    if source == LINK_MEASURED:
+        return LINK_MEASURED
     return "calibrated" if source in MEASURED_SOURCES else "uncalibrated"
 
 
@@ -350,6 +361,9 @@ def predict_step_time(
             for collective, calls in GROUP_CALLS[g].items():
                 comp["latency"] += cal.link(collective).time(0.0, calls=calls)
     comp["overlap"] = _overlap(sent, cal) if w > 1 else 0.0
+    if cal.step_ratio != 1.0:
+        comp = {k: v * cal.step_ratio for k, v in comp.items()}
+        per_table = {k: v * cal.step_ratio for k, v in per_table.items()}
     return StepTimePrediction(sum(comp.values()), comp, per_table)
 
 
@@ -381,5 +395,5 @@ def _overlap(sent: Mapping[str, float], cal: Calibration) -> float:
     return min(0.0, max(t_ar, t_a2a, floor) - (t_ar + t_a2a))
 
 
-__all__ = ["Calibration", "LinkCost", "DEFAULT_CALIBRATION", "MEASURED_SOURCES", "prediction_kind", "StepTimePrediction", "predict_step_time",
+__all__ = ["Calibration", "LinkCost", "DEFAULT_CALIBRATION", "MEASURED_SOURCES", "LINK_MEASURED", "prediction_kind", "StepTimePrediction", "predict_step_time",
            "GROUP_CALLS", "DDP_BUCKET_BYTES", "REPLICATED_KINDS", "probe_kind", "normalize_probes"]

@@ -375,6 +375,33 @@ def link_fingerprint(world: int, cpus_per_worker: float, use_gpu: bool, strategy
     return hardware_key(run_on_ranks(fingerprint_rank, (), world, cpus_per_worker, use_gpu, timeout_s, strategy)[0])
 
 
+def link_rank(device: Any, world: int) -> Dict[str, Any]:
+    """The ranks' :func:`fingerprint_rank` and the collectives' α-β (:func:`measure_collectives`), nothing else
+    (the link measurement's actors' work)."""
+    return {"fingerprint": fingerprint_rank(device, world), "links": measure_collectives(device, world)}
+
+
+def measure_link(world: int, cpus_per_worker: float, use_gpu: bool, num_nodes: int, timeout_s: float = 120.0,
+                 strategy: str = "PACK") -> Tuple[Calibration, Dict[str, Any]]:
+    """(a :class:`Calibration` of the links measured on ``world`` ranks placed like the Train workers and the
+    built-in compute figures, source ``link-measured``; the ranks' :func:`hardware_key`).
+
+    For a job with nothing to choose (every table pinned): its prediction then prices the bytes its plan moves at
+    the live link's rate, without the compute probes' seconds (the ranks' start, then a few all-reduces and
+    all-to-alls, 7 rounds of a 4 KiB and a 1 MiB message each)."""
+    from dataclasses import replace
+
+    from rayemb.planner.step_time import DEFAULT_CALIBRATION, LINK_MEASURED
+
+    t0 = time.monotonic()
+    first = run_on_ranks(link_rank, (), world, cpus_per_worker, use_gpu, timeout_s, strategy)[0]
+    links = first["links"]
+    cal = replace(DEFAULT_CALIBRATION, all_reduce=links["all_reduce"], all_to_all=links["all_to_all"],
+                  backend="nccl" if use_gpu else "gloo", source=LINK_MEASURED, world_size=world,
+                  num_nodes=num_nodes, seconds=time.monotonic() - t0)
+    return cal, hardware_key(first["fingerprint"])
+
+
 def calibrate_rank(device: Any, world: int, shape: Dict[str, Any]) -> Dict[str, Any]:
     """One rank's measurements, every rank's compute figures gathered, and the ranks' :func:`fingerprint_rank`
     (measured first, on idle ranks, as :func:`link_fingerprint` measures it) (the calibration actors' work)."""
@@ -530,5 +557,6 @@ def calibrate_and_fingerprint(world: int, cpus_per_worker: float, use_gpu: bool,
 
 
 __all__ = ["calibrate_cluster", "calibrate_and_fingerprint", "calibrate_rank", "link_fingerprint", "fingerprint_rank",
+           "link_rank", "measure_link",
            "hardware_key", "bandwidth_band", "cpu_model", "ONE_HOST", "combine", "measure_collectives", "measure_compute", "measure_rank",
            "run_on_ranks", "job_shape"]

@@ -203,6 +203,7 @@ def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[A
     together = interleave_on_every_rank(device, plans, budget_cap)
     groups = [list(range(len(plans)))] if together else [[i] for i in range(len(plans))]
     medians = torch.zeros(len(plans), dtype=torch.float64)
+    times: Dict[int, List[float]] = {}
     for group in groups:
         iv = Interleaved(sync, dist.barrier)
         for i in group:
@@ -210,12 +211,44 @@ def probe_rank(device: Any, world: int, cfg: Any, schema: Any, plans: Sequence[A
         iv.run(rounds=rounds, warmup=PROBE_WARMUP_ROUNDS)
         for i in group:
             medians[i] = iv.median(f"plan{i}") / STEPS_PER_ROUND
+            times[i] = list(iv.times[f"plan{i}"])
         del iv  # the models of this group go before the next group's are built
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    noise = torch.tensor([repeat_noise(times[i], times[0], together) / STEPS_PER_ROUND for i in range(len(plans))],
+                         dtype=torch.float64)
     dist.all_reduce(medians)
-    return {"step_s": (medians / world).tolist(), "interleaved": together}
+    dist.all_reduce(noise)
+    return {"step_s": (medians / world).tolist(), "noise_s": (noise / world).tolist(), "interleaved": together}
+
+
+def repeat_noise(times: Sequence[float], base: Sequence[float], paired: bool) -> float:
+    """How far apart two plans' medians may read by chance, from the probe's own repeats: the median absolute
+    deviation of their round-by-round differences when interleaved (``paired``: round r of one beside round r
+    of the other, so the host's drift cancels and only the scatter stays), else the two MADs combined. 0 for a
+    plan against itself."""
+    def mad(xs: Sequence[float]) -> float:
+        mid = float(np.median(xs))
+        return float(np.median([abs(x - mid) for x in xs]))
+
+    if times is base:
+        return 0.0
+    if paired:
+        return mad([a - b for a, b in zip(times, base)])
+    return float(np.hypot(mad(times), mad(base)))
+
+
+def choose(step_s: Sequence[float], noise_s: Optional[Sequence[float]] = None) -> Tuple[int, bool]:
+    """(the candidate to train, whether the fastest is within the probe's noise of the model's plan, candidate
+    0). Within noise, the measurement cannot tell them apart: the model's plan trains, so that the same job
+    trains the same plan whichever way the noise fell. ``noise_s``: each candidate's noise against candidate 0
+    (:func:`repeat_noise`; None: a probe kept before it was measured, the fastest trains)."""
+    fastest = int(np.argmin(step_s))
+    if noise_s is None or len(step_s) < 2:
+        return fastest, False
+    within = all(abs(s - step_s[0]) <= n for s, n in zip(step_s[1:], noise_s[1:]))
+    return (0 if within else fastest), within
 
 
 def probe_step(cfg: Any, schema: Any, plan: Any, device: Any, model_spec: Any = None,
@@ -265,18 +298,27 @@ class ProbeResult:
     #: "measured" by this job, or "cached": kept from an earlier job of the same key, measured ``age_s`` ago
     source: str = "measured"
     age_s: float = 0.0
+    #: per candidate, its noise against candidate 0 (:func:`repeat_noise`); None: not measured (older kept probes)
+    noise_s: Optional[List[float]] = None
+    #: the candidates read within that noise of each other: the model's plan (candidate 0) was chosen (:func:`choose`)
+    within_noise: bool = False
 
     def to_dict(self, plans: Sequence[Any]) -> Dict[str, Any]:
         return {"chosen": self.chosen, "seconds": self.seconds, "source": self.source, "age_s": self.age_s,
-                "schedule": "interleaved" if self.interleaved else "sequential", "candidates": [
+                "schedule": "interleaved" if self.interleaved else "sequential", "within_noise": self.within_noise,
+                "candidates": [
                     {"placements": placement_counts(p.summary), "probed_step_time_s": s,
-                     "predicted_step_time_s": p.summary.get("predicted_step_time_s")}
-                    for p, s in zip(plans, self.step_s)]}
+                     "predicted_step_time_s": p.summary.get("predicted_step_time_s"),
+                     **({} if self.noise_s is None else {"noise_s": self.noise_s[i]})}
+                    for i, (p, s) in enumerate(zip(plans, self.step_s))]}
 
     def kept(self) -> Dict[str, Any]:
         """What is kept for later jobs (:func:`from_kept` reads it back)."""
-        return {"step_s": list(self.step_s), "chosen": self.chosen, "seconds": self.seconds,
-                "interleaved": self.interleaved}
+        out = {"step_s": list(self.step_s), "chosen": self.chosen, "seconds": self.seconds,
+               "interleaved": self.interleaved}
+        if self.noise_s is not None:
+            out["noise_s"] = list(self.noise_s)
+        return out
 
     @classmethod
     def from_kept(cls, d: Any, candidates: int, age_s: float) -> "ProbeResult":
@@ -285,20 +327,27 @@ class ProbeResult:
         plan that is not the fastest."""
         import math
 
-        if not isinstance(d, dict) or set(d) != {"step_s", "chosen", "seconds", "interleaved"}:
+        if not isinstance(d, dict) or set(d) - {"noise_s"} != {"step_s", "chosen", "seconds", "interleaved"}:
             raise ValueError(f"holds {sorted(d) if isinstance(d, dict) else type(d).__name__}, not step_s, chosen, "
-                             "seconds and interleaved")
+                             "seconds, interleaved (and noise_s)")
         step_s = d["step_s"]
         if not isinstance(step_s, list) or len(step_s) != candidates or not all(
                 isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) and s > 0
                 for s in step_s):
             raise ValueError(f"step_s is {step_s!r}; {candidates} finite positive seconds expected")
+        noise_s = d.get("noise_s")
+        if noise_s is not None and (not isinstance(noise_s, list) or len(noise_s) != candidates or not all(
+                isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) and n >= 0
+                for n in noise_s)):
+            raise ValueError(f"noise_s is {noise_s!r}; {candidates} finite seconds >= 0 expected")
+        expected, within = choose(step_s, noise_s)
         chosen = d["chosen"]
-        if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen != int(np.argmin(step_s)):
-            raise ValueError(f"chosen is {chosen!r}, not the fastest of step_s")
+        if isinstance(chosen, bool) or not isinstance(chosen, int) or chosen != expected:
+            raise ValueError(f"chosen is {chosen!r}, not the plan step_s and noise_s choose ({expected})")
         if not isinstance(d["interleaved"], bool):
             raise ValueError(f"interleaved is {d['interleaved']!r}, not true or false")
-        return cls([float(s) for s in step_s], chosen, 0.0, d["interleaved"], source="cached", age_s=float(age_s))
+        return cls([float(s) for s in step_s], chosen, 0.0, d["interleaved"], source="cached", age_s=float(age_s),
+                   noise_s=None if noise_s is None else [float(n) for n in noise_s], within_noise=within)
 
 
 def placement_counts(summary: Dict[str, Any]) -> Dict[str, int]:
@@ -321,7 +370,10 @@ def probe_plans(cfg: Any, schema: Any, plans: Sequence[Any], samples: Dict[str, 
                                          model, table_stats),
                             world, cpus_per_worker, use_gpu, timeout_s, strategy)
     step_s = [float(s) for s in per_rank[0]["step_s"]]
-    return ProbeResult(step_s, int(np.argmin(step_s)), time.monotonic() - t0, bool(per_rank[0]["interleaved"]))
+    noise_s = [float(n) for n in per_rank[0]["noise_s"]]
+    chosen, within = choose(step_s, noise_s)
+    return ProbeResult(step_s, chosen, time.monotonic() - t0, bool(per_rank[0]["interleaved"]), noise_s=noise_s,
+                       within_noise=within)
 
 
 def other_side(cfg: Any, job_plan: Any, split: Any) -> Optional[Any]:
@@ -434,11 +486,16 @@ def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any
               + f": {1e3 * step_s:.1f} ms/step probed, {1e3 * plan.summary['predicted_step_time_s']:.1f} ms "
               "predicted by the model" + ("" if result.interleaved else " (one plan at a time: not both in memory)"),
               flush=True)
-    if result.chosen:
+    if result.within_noise:
+        print("rayemb: plan probe: the plans' steps are within the probe's noise of each other ("
+              + ", ".join(f"{1e3 * n:.1f}" for n in (result.noise_s or [])[1:])
+              + " ms, the scatter of its repeats); training the step-time model's choice", flush=True)
+    elif result.chosen:
         print("rayemb: plan probe: the step-time model's second choice measured faster; training it", flush=True)
     return apply_probe(candidates, result)
 
 
 __all__ = ["TableSample", "table_samples", "probe_rank", "probe_step", "probe_plans", "ProbeResult", "PROBE_BATCHES", "placement_counts",
+           "repeat_noise", "choose",
            "other_side", "choose_by_probe", "probe_candidates", "apply_probe", "rank_bytes", "fit_together",
            "interleave_on_every_rank"]

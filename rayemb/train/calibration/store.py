@@ -154,7 +154,7 @@ def _finite(value: Any, name: str, low: float = -math.inf, strict: bool = False)
 #: a calibration's figures that a measurement never makes 0: every step and every module group costs time
 _POSITIVE = ("dense_step_s", "group_overhead_s")
 #: figures that are slopes or shares, clamped at 0 when measured
-_NON_NEGATIVE = ("lookup_s", "dense_lookup_s", "replicated_elem_s", "pool_s", "seconds", "dense_sync_bytes",
+_NON_NEGATIVE = ("lookup_s", "dense_lookup_s", "replicated_elem_s", "pool_s", "seconds", "dense_sync_bytes", "step_ratio",
                  "ddp_step_s", "age_s", "probe_hot_share", "probe_hot_rows", "world_size", "num_nodes")
 #: the probes' table sizes: a per-table figure is netted of their rows
 _COUNTS = ("probe_rows", "probe_dp_rows")
@@ -211,6 +211,72 @@ def store_calibration(out_dir: str, fields: Mapping[str, Any], cal: Any, now: Op
     return store_kept(out_dir, fields, cal.to_dict(), now)
 
 
+#: the newest measured-over-predicted step ratios kept per key; their median is what the next job applies
+LEARNED_RATIOS = 5
+#: a ratio outside these bounds is a broken run (a stall, a wrong window), not the model's bias: never kept
+RATIO_BOUNDS = (0.01, 100.0)
+
+
+def ratio_file(fields: Mapping[str, Any], kind: str) -> str:
+    """Where, relative to the output storage, the learned step ratios of ``fields`` (a calibration's key, with its
+    ``hardware``) and a prediction of ``kind`` (plan.json ``prediction``) are kept: beside that calibration, in its
+    shape's folder, as ``.ratio`` (not ``.json``: a ratio alone is no kept calibration for :func:`any_kept`)."""
+    shape = cache_key({k: v for k, v in fields.items() if k != "hardware"})
+    return f"{CACHE_DIR}/{shape}/{cache_key({**fields, 'learned': kind})}.ratio"
+
+
+def load_ratios(out_dir: str, rel: str) -> List[float]:
+    """The ratios kept at ``rel`` (:func:`ratio_file`), oldest first; [] when none or unreadable (with a warning)."""
+    path = storage.join(out_dir, *rel.split("/"))
+    try:
+        if not storage.exists(path):
+            return []
+        ratios = json.loads(storage.read_text(path))["ratios"]
+        return [_finite(r, "ratio", RATIO_BOUNDS[0], strict=True) for r in ratios][-LEARNED_RATIOS:]
+    except Exception as e:  # noqa: BLE001 - a damaged entry teaches nothing; the model's own figure stands
+        from rayemb.logs import redact_uri
+
+        print(f"rayemb: WARNING: ignoring the learned step ratios {redact_uri(path)} ({type(e).__name__}: {e})",
+              flush=True)
+        return []
+
+
+def with_learned_ratio(out_dir: str, fields: Optional[Mapping[str, Any]], cal: Any) -> Tuple[Any, Dict[str, Any]]:
+    """(``cal`` with the median of the ratios learned on its key (``step_ratio``: every predicted component
+    scaled by it), plan.json's ``learned_ratio``: ``{"applied": ratio or None, "jobs": how many, "file": where,
+    relative to the output storage}``). A calibration keyed nowhere (None ``fields``) learns nothing."""
+    import statistics
+
+    from rayemb.planner.step_time import prediction_kind
+
+    if cal is None or fields is None:
+        return cal, {}
+    rel = ratio_file(fields, prediction_kind(cal))
+    ratios = load_ratios(out_dir, rel)
+    applied = statistics.median(ratios) if ratios else None
+    if applied is not None:
+        cal = replace(cal, step_ratio=applied)
+    return cal, {"applied": applied, "jobs": len(ratios), "file": rel}
+
+
+def learn_ratio(out_dir: str, summary: Mapping[str, Any], measured_s: Optional[float],
+                now: Optional[float] = None) -> Optional[float]:
+    """Keeps the job's measured step over the model's own prediction (the plan's ``predicted_step_time_s`` with
+    any applied ratio taken off) for the next job on the same key (plan.json ``learned_ratio``); returns it, or
+    None when the job has nothing to learn from (no key, no measurement, a ratio out of :data:`RATIO_BOUNDS`)."""
+    learned = summary.get("learned_ratio") or {}
+    predicted = summary.get("predicted_step_time_s")
+    if not learned.get("file") or not predicted or not measured_s:
+        return None
+    ratio = float(measured_s) / (float(predicted) / (learned.get("applied") or 1.0))
+    if not RATIO_BOUNDS[0] < ratio < RATIO_BOUNDS[1]:
+        return None
+    ratios = (load_ratios(out_dir, learned["file"]) + [ratio])[-LEARNED_RATIOS:]
+    storage.write_text(storage.join(out_dir, *learned["file"].split("/")), json.dumps(
+        {"ratios": ratios, "measured_at": time.time() if now is None else now}, indent=1))
+    return ratio
+
+
 def job_key_fields(inputs: Any, topology: Any, resources: Any, shape: Mapping[str, Any]) -> Dict[str, Any]:
     """The key fields of the job's measurements (its calibration of ``shape``; with ``"probe"`` added, its plan
     probe, which times the job's own step: so the step's precision and the tables' dtype are in the key too)."""
@@ -253,7 +319,8 @@ def job_hardware(inputs: Any, resources: Any) -> Dict[str, Any]:
 
 
 def skipped_because(cfg: Any, schema: Any, world_size: int) -> Optional[str]:
-    """Why the job runs no calibration (None: it runs one), in the words of the driver's plan line."""
+    """Why the job runs no full calibration nor plan probe (None: it runs them), in the words of the driver's plan
+    line (with every table pinned its links are still measured: :func:`calibrate`)."""
     from rayemb.train.sharding import placement_choice
 
     if cfg.planner.objective != "step_time":
@@ -267,18 +334,19 @@ def skipped_because(cfg: Any, schema: Any, world_size: int) -> Optional[str]:
 
 
 def calibrate(inputs: Any, topology: Any, resources: Any) -> Tuple[Any, Optional[Dict[str, Any]]]:
-    """The step-time model's constants for the job (None: not asked for, nothing to choose, or failed): a stored
+    """The step-time model's constants for the job (None: not asked for, one rank, or failed): a stored
     calibration of the same key when recent enough, else measured on the live cluster and stored; and that key's
     fields (:func:`job_key_fields` with the ``hardware``, for the plan probe's kept result; None without a
-    calibration)."""
+    calibration). A job with every table pinned has nothing to choose: it reuses a kept calibration of its shape,
+    else measures only its links (:func:`_measure_link`, source ``link-measured``), for its prediction."""
     from rayemb.logs import redact_uri
     from rayemb.train.sharding import placement_choice
 
     cfg = inputs.cfg
     if cfg.planner.objective != "step_time" or not cfg.planner.calibrate:
         return None, None
-    if (no_choice := placement_choice(cfg, inputs.schema.sparse_names, inputs.world_size,
-                                             inputs.schema.raw_names)) is not None:
+    no_choice = placement_choice(cfg, inputs.schema.sparse_names, inputs.world_size, inputs.schema.raw_names)
+    if no_choice is not None and no_choice != "every table pinned":
         print(f"rayemb: {no_choice}: no placement to choose, no calibration nor plan probe; the step time is "
               "predicted with the built-in constants", flush=True)
         return None, None
@@ -302,6 +370,8 @@ def calibrate(inputs: Any, topology: Any, resources: Any) -> Tuple[Any, Optional
                   f"measured {age / 3600:.1f} h ago (planner.recalibrate=true measures anew): {cal.summary()}",
                   flush=True)
             return cal, {**fields, "hardware": hardware}
+    if no_choice is not None:
+        return _measure_link(inputs, topology, resources, fields, hardware, no_choice)
     print(f"rayemb: calibrating the step-time model on {inputs.world_size} ranks ...", flush=True)
     try:
         cal, measured_hardware = calibrate_and_fingerprint(
@@ -321,6 +391,27 @@ def calibrate(inputs: Any, topology: Any, resources: Any) -> Tuple[Any, Optional
     return cal, fields
 
 
-__all__ = ["calibrate", "skipped_because", "key_fields", "job_key_fields", "job_hardware", "kept_max_age_s", "load_kept", "store_kept",
+def _measure_link(inputs: Any, topology: Any, resources: Any, fields: Dict[str, Any],
+                  hardware: Optional[Dict[str, Any]], no_choice: str) -> Tuple[Any, Optional[Dict[str, Any]]]:
+    """A job with nothing to choose and no kept calibration of its shape: its links measured on its ranks
+    (:func:`~rayemb.train.calibration.calibrate.measure_link`), the compute figures built in, never kept as a
+    calibration (a job that chooses measures the rest)."""
+    from rayemb.train.calibration.calibrate import measure_link
+
+    cfg = inputs.cfg
+    print(f"rayemb: {no_choice}: no placement to choose, no calibration nor plan probe; measuring the link on "
+          f"{inputs.world_size} ranks for the prediction ...", flush=True)
+    try:
+        cal, measured_hardware = measure_link(inputs.world_size, resources.cpus_per_worker, cfg.scaling.use_gpu,
+                                              topology.num_nodes, strategy=cfg.scaling.placement_strategy)
+    except Exception as e:  # noqa: BLE001 - the pins stand; the prediction falls back to the built-in constants
+        print(f"rayemb: WARNING: link measurement failed ({type(e).__name__}: {e}); predicting with the built-in "
+              "constants", flush=True)
+        return None, None
+    print(f"rayemb: link measured in {cal.seconds:.1f}s: {cal.summary()} (compute figures built in)", flush=True)
+    return cal, {**fields, "hardware": hardware or measured_hardware}
+
+
+__all__ = ["calibrate", "skipped_because", "with_learned_ratio", "learn_ratio", "load_ratios", "ratio_file", "key_fields", "job_key_fields", "job_hardware", "kept_max_age_s", "load_kept", "store_kept",
            "cache_key", "cache_path", "any_kept", "check_calibration", "load_calibration", "store_calibration",
            "cluster_nodes", "CACHE_DIR"]

@@ -49,7 +49,7 @@ from rayemb.train.driver.results import best_and_last_checkpoint, step_time_chec
 from rayemb.train.driver.outputs import JobOutputs, check_output_dir, read_splits, tracking_uri as job_tracking_uri
 from rayemb.train.calibration.plan_probe import placement_counts as _placement_counts
 from rayemb.train.driver.resources import WorkerResources, worker_resources
-from rayemb.train.calibration.store import calibrate, kept_max_age_s, skipped_because
+from rayemb.train.calibration.store import calibrate, kept_max_age_s, learn_ratio, skipped_because, with_learned_ratio
 from rayemb.train.worker.resume import check_resume_from, fault_injection
 from rayemb.train.driver.job_types import MEASURED_PLAN_KEYS, JobInputs, PlannedJob, Tracking, TrainResult
 from rayemb.train.worker.losses import check_tasks
@@ -215,6 +215,9 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
     cfg = inputs.cfg
     resources = worker_resources(cfg, inputs.schema, stats, inputs.train_rows, inputs.valid_rows)
     calibration, key_fields = calibrate(inputs, topology, resources)
+    # earlier jobs' measured over predicted step on this key scale the prediction (planner.recalibrate: not)
+    calibration, learned = with_learned_ratio(inputs.out_dir, key_fields if kept_max_age_s(cfg) > 0 else None,
+                                              calibration)
 
     def make_plan(config: JobConfig, split: Any, topo: Any) -> Any:
         what = dict(cfg=config, schema=inputs.schema, stats=stats, split=split, topology=topo, calibration=calibration,
@@ -251,10 +254,16 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
     fingerprint = hashlib.sha1(to_json({k: v for k, v in summary.items() if k not in MEASURED_PLAN_KEYS})
                                .encode()).hexdigest()[:12]
     summary["prediction"] = prediction_kind(calibration)  # not the plan: left out of its fingerprint
+    if learned:
+        summary["learned_ratio"] = learned
     why = why or "the calibration failed"
     print(f"rayemb: plan {fingerprint}: " + ", ".join(f"{p} x{n}" for p, n in _placement_counts(summary).items())
           + f"; {prediction_text(summary, why)} ({summary['objective']} objective)"
-          + (f", probed {1e3 * summary['probed_step_time_s']:.1f} ms" if "probed_step_time_s" in summary else ""), flush=True)
+          + (f", probed {1e3 * summary['probed_step_time_s']:.1f} ms" if "probed_step_time_s" in summary else "")
+          + (" (the probed plans within the probe's noise: the model's choice)"
+             if (summary.get("plan_probe") or {}).get("within_noise") else "")
+          + (f", learned ratio {learned['applied']:.2f} of {learned['jobs']} earlier job(s) applied"
+             if learned.get("applied") else ""), flush=True)
     plans = {inputs.world_size: job}
     for world in elastic_worlds(cfg):  # an elastic job restarts on fewer ranks: a plan (and hot set) for each
         plans[world] = plan_world(cfg, resize_topology(topology, world), stats, calibration, plan_fn=make_plan)
@@ -407,6 +416,11 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: An
                                      planned.summary.get("probed_step_time_s"), uncalibrated=uncalibrated))
         if planned.summary.get("prediction"):
             run_logger.set_tags({"rayemb.prediction": planned.summary["prediction"]})
+        if "step_time_measured_s" in final and planned.summary.get("learned_ratio"):
+            try:  # the next job on this key predicts with it
+                learn_ratio(inputs.out_dir, planned.summary, final["step_time_measured_s"])
+            except Exception as e:  # noqa: BLE001 - the job's own result stands
+                print(f"rayemb: WARNING: could not keep the learned step ratio ({type(e).__name__}: {e})", flush=True)
         if "step_time_measured_s" in final:
             run_logger.log_metrics({k: v for k, v in final.items() if k.startswith("step_time_")
                                     and k != "step_time_s"}, step=0)
