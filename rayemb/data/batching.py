@@ -68,6 +68,9 @@ class Batch:
     mask: Optional["torch.Tensor"] = None
     #: (B,) int64 ids of the converter's ``keep_ids`` feature before any remap (-1 on padding rows), else None
     ids: Optional["torch.Tensor"] = None
+    #: (B,) int64 group of each row (schema.yaml ``group``; strings hashed, -1 on padding rows) when the
+    #: converter keeps groups (validation's GAUC), else None
+    groups: Optional["torch.Tensor"] = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -129,8 +132,10 @@ class BatchConverter:
 
     def __init__(self, schema: DatasetSchema, id_policy: str = "error",
                  remap: Optional[Callable[[Any], Any]] = None, sequence: bool = False,
-                 keep_ids: Optional[str] = None) -> None:
+                 keep_ids: Optional[str] = None, keep_groups: bool = False) -> None:
         self.schema = schema
+        #: also fill ``Batch.groups`` from the schema's group column (when it names one)
+        self.keep_groups = keep_groups and schema.group is not None
         self.id_policy = id_policy
         #: every dense column's transform, its parameters included (the export carries the same)
         self.dense_transforms = DenseTransforms.of(schema)
@@ -210,7 +215,16 @@ class BatchConverter:
         if ids is not None and len(ids) != n:
             raise DataError(f"Sparse column {self.keep_ids!r} holds {n - len(ids)} null id(s) in this batch; a "
                             "retrieval model's item column needs an item on every row: drop those rows.")
-        return self._assemble(dense, labels_np, sparse, sequence, 0 if pad_to is None else pad_to - n, ids)
+        return self._assemble(dense, labels_np, sparse, sequence, 0 if pad_to is None else pad_to - n, ids,
+                              self._groups(batch) if self.keep_groups else None)
+
+    def _groups(self, batch: pa.Table) -> np.ndarray:
+        name = self.schema.group
+        col = _column(batch, name)
+        if col.null_count:
+            raise DataError(f"Group column {name!r} has {col.null_count} null value(s) in this batch; give every "
+                            "row a group (e.g. fill with a reserved id) or drop those rows.")
+        return raw_ids_to_int64(col, name)  # integers unchanged, strings hashed
 
     def candidates(self, ids: np.ndarray, pad_to: Optional[int] = None) -> Batch:
         """A batch whose ``keep_ids`` feature holds ``ids``, one per row, and every other input is empty (dense
@@ -238,11 +252,12 @@ class BatchConverter:
         return self._assemble(np.zeros((0, len(self.schema.dense)), np.float32),
                               np.zeros(0 if tasks == 1 else (0, tasks), np.float32),
                               empty(self.schema.sparse), empty(self.schema.sequence) if self.sequence else None, rows,
-                              None if self.keep_ids is None else np.zeros(0, np.int64))
+                              None if self.keep_ids is None else np.zeros(0, np.int64),
+                              np.zeros(0, np.int64) if self.keep_groups else None)
 
     def _assemble(self, dense: np.ndarray, labels: np.ndarray, sparse: List[Tuple[np.ndarray, np.ndarray]],
                   sequence: Optional[List[Tuple[np.ndarray, np.ndarray]]], pad: int,
-                  ids: Optional[np.ndarray] = None) -> Batch:
+                  ids: Optional[np.ndarray] = None, groups: Optional[np.ndarray] = None) -> Batch:
         """The :class:`Batch` of these arrays followed by ``pad`` padding rows (remapped, masked)."""
         import torch
 
@@ -251,13 +266,15 @@ class BatchConverter:
             dense = np.concatenate([dense, np.zeros((pad, dense.shape[1]), np.float32)])
             labels = np.concatenate([labels, np.zeros((pad, *labels.shape[1:]), np.float32)])
             ids = None if ids is None else np.concatenate([ids, np.full(pad, -1, np.int64)])
+            groups = None if groups is None else np.concatenate([groups, np.full(pad, -1, np.int64)])
         kjt = _kjt(self.keys, sparse, pad)
         if self.remap is not None:
             kjt = self.remap(kjt)
         return Batch(dense=torch.from_numpy(dense), sparse=kjt, labels=torch.from_numpy(labels),
                      sequence=None if sequence is None else _kjt(self.schema.sequence_names, sequence, pad),
                      mask=torch.arange(n + pad) < n if pad else None,
-                     ids=None if ids is None else torch.from_numpy(np.array(ids, dtype=np.int64)))
+                     ids=None if ids is None else torch.from_numpy(np.array(ids, dtype=np.int64)),
+                     groups=None if groups is None else torch.from_numpy(np.array(groups, dtype=np.int64)))
 
 
 def _kjt(keys: List[str], features: List[Tuple[np.ndarray, np.ndarray]], pad: int) -> "KeyedJaggedTensor":

@@ -10,6 +10,7 @@ A dataset directory looks like::
 
     schema_version: 1
     label: label                   # or a list, one label column per task: [click, like]
+    group: user_id                 # optional: the column validation's group AUC groups by (int or string)
     dense: [I1, ..., I13]          # float32 columns
     dense_transform: log1p         # optional: the transform of dense columns not named below (default log1p)
     dense_transforms:              # optional, per dense column: log1p, standardize, identity, {clip: [lo, hi]}
@@ -191,8 +192,14 @@ class DatasetSchema:
     dense_transform: DenseTransform = DenseTransform("*", DEFAULT_KIND)
     #: the dense columns' own transforms (schema.yaml ``dense_transforms``), in dense column order
     dense_transforms: Tuple[DenseTransform, ...] = ()
+    #: the column whose values group the validation rows for GAUC (schema.yaml ``group``; int or string, may be a
+    #: sparse feature too), None: no GAUC
+    group: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.group is not None and (not self.group or self.group in self.labels):
+            raise DataError(f"schema.yaml's group {self.group!r} must name a column other than the labels "
+                            "(e.g. `group: user_id`).", category="invalid_schema")
         names = [*self.labels, *self.dense, *(f.name for f in self.sparse), *(f.name for f in self.sequence)]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -305,6 +312,8 @@ class DatasetSchema:
         if self.dense_transforms:
             d["dense_transforms"] = {t.column: t.to_yaml() for t in self.dense_transforms}
         d["sparse"] = [f.to_dict() for f in (*self.sparse, *self.sequence)]
+        if self.group is not None:
+            d["group"] = self.group
         return d
 
     @classmethod
@@ -329,6 +338,7 @@ class DatasetSchema:
                 sequence=tuple(f for f in feats if f.sequence),
                 dense_transform=dataclasses.replace(default, column="*"),
                 dense_transforms=transforms,
+                group=None if d.get("group") is None else str(d["group"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise DataError(
@@ -412,8 +422,8 @@ def count_rows(data_dir: str, split: str) -> int:
 def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
     import pyarrow as pa
 
-    missing = [c for c in [*schema.labels, *schema.dense, *schema.sparse_names, *schema.sequence_names]
-               if c not in actual.names]
+    missing = [c for c in [*schema.labels, *schema.dense, *schema.sparse_names, *schema.sequence_names,
+                           *([schema.group] if schema.group else [])] if c not in actual.names]
     if missing:
         raise DataError(
             f"Parquet file {where} is missing configured column(s) {missing}; it has {actual.names[:8]}"
@@ -446,6 +456,8 @@ def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
         t = actual.field(feat.name).type
         if not ((pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type)):
             raise bad(feat.name, "list<int64> (sequence: true)", t)
+    if schema.group and not raw_id_type(actual.field(schema.group).type):
+        raise bad(schema.group, "int64 or string (the group column)", actual.field(schema.group).type)
 
 
 def load_checked(data_dir: str, splits: Optional[List[str]] = None) -> DatasetSchema:

@@ -102,7 +102,8 @@ def test_validation_reports_every_task_and_the_chosen_one_as_valid_auc():
     assert m["valid_auc.like"] == pytest.approx(auc(y[:, 1], z[:, 1])) and m["valid_auc.click"] > m["valid_auc.like"]
     assert m["valid_auc"] == m["valid_auc.like"] and m["valid_logloss"] == m["valid_logloss.like"]
     assert m["valid_rows"] == 400
-    assert set(validation_metrics(y[:, 0], z[:, 0], ["click"])) == {"valid_auc", "valid_logloss", "valid_rows"}
+    assert set(validation_metrics(y[:, 0], z[:, 0], ["click"])) == {"valid_auc", "valid_logloss", "valid_ne",
+                                                                    "valid_calibration", "valid_rows"}
 
 
 @pytest.mark.parametrize("name", ["dlrm", "dcn_v2"])

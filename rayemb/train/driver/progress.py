@@ -42,7 +42,7 @@ class ProgressPrinter:
         self.clock = clock
         self._first: Optional[tuple] = None  # (time, step) of the first report seen
         self._last_print = float("-inf")
-        self._best_auc = float("-inf")
+        self._best_score = float("-inf")
 
     def _print(self, line: str) -> None:
         print(f"rayemb: {line}", file=self.out or sys.stdout, flush=True)
@@ -97,13 +97,13 @@ class ProgressPrinter:
         self._print(" | ".join(parts))
 
     def _epoch_end(self, epoch: int, report: Dict[str, Any]) -> None:
-        from rayemb.train.worker.metrics import primary_metric, secondary_metric
+        from rayemb.train.worker.metrics import metric_score, primary_metric, secondary_metric
 
         metric = primary_metric(report)
         value = float(report.get(metric, float("nan")))
         note = ""
-        if value > self._best_auc:
-            self._best_auc = value
+        if value == value and metric_score(metric, value) > self._best_score:  # in the metric's direction
+            self._best_score = metric_score(metric, value)
             note = " (best so far)"
         elif f"best_{metric}" in report:
             note = f" (best {float(report[f'best_{metric}']):.4f} at epoch {int(report.get('best_epoch', 0)) + 1})"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from rayemb.train.worker.metrics import primary_metric
+from rayemb.train.worker.metrics import metric_score, primary_metric
 
 
 #: the step-time figures :func:`step_time_check` names, besides the measured one
@@ -47,10 +47,16 @@ def step_time_line(check: Dict[str, float]) -> str:
 
 
 def best_and_last_checkpoint(result: Any) -> Tuple[Optional[str], Optional[str]]:
-    """(retained epoch-end checkpoint with the best validation metric, newest checkpoint) of a Ray Train result."""
+    """(retained epoch-end checkpoint with the best validation metric, newest checkpoint) of a Ray Train result.
+
+    The metric is the one early stopping followed (its ``best_<metric>`` report), compared in its direction
+    (:func:`rayemb.train.worker.metrics.metric_score`: calibration closest to 1, NE and logloss lowest)."""
+    import math
+
     last = result.checkpoint.path if result.checkpoint is not None else None
     kept = result.best_checkpoints or []
     metric = primary_metric({k for _, m in kept for k in m})
-    scored = [(float(m[metric]), c.path) for c, m in kept if metric in m]
+    scored = [(metric_score(metric, float(m[metric])), c.path) for c, m in kept
+              if metric in m and math.isfinite(float(m[metric]))]
     best = max(scored)[1] if scored else last
     return best, last

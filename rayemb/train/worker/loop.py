@@ -15,6 +15,7 @@ over all ranks together (:mod:`rayemb.train.worker.validation`), and reports.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import os
@@ -133,7 +134,6 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
     from rayemb.train.worker.device_feed import DeviceFeed, pinned
     from rayemb.train.worker.resume import CheckpointSchedule, restore, save_and_report
     from rayemb.train.worker.step import LossWindow, StepTimer, check_finite_loss
-    from rayemb.train.worker.retrieval import RETRIEVAL_METRIC
     from rayemb.train.worker.validation import evaluate
 
     quiet_third_party_logs()
@@ -167,6 +167,8 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
     item = built.item_feature  # a retrieval model's item feature, else None
     converter = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap,
                                sequence=cfg.model.sequence_tower != "none", keep_ids=item)
+    valid_converter = BatchConverter(schema, cfg.data.id_policy, remap=remapper.remap,
+                                     sequence=cfg.model.sequence_tower != "none", keep_ids=item, keep_groups=True)
     data_args = dict(in_memory=job.in_memory, first_batch_timeout_s=cfg.data.first_batch_timeout_s,
                      rank=rank, cpus_per_worker=job.cpus_per_worker, seed=cfg.train.seed)
     # on a GPU the first epoch trains as the shard is converted (the step leaves the CPU free; a CPU step needs its
@@ -176,7 +178,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
                              split=TRAIN_SPLIT, overlap_first_epoch=device.type == "cuda", **data_args)
     # every validation row is scored: the last batch is padded to the full size, padding is masked out
     valid_data = RankBatches(_shard(job, VALID_SPLIT, rank, world), cfg.data.batch_size,
-                             functools.partial(converter, pad_to=cfg.data.batch_size), split=VALID_SPLIT,
+                             functools.partial(valid_converter, pad_to=cfg.data.batch_size), split=VALID_SPLIT,
                              shuffle=False, drop_last=False, **data_args)
     valid_data.preload()  # in memory: read while the train split is, ready for the first validation
     global_batch = shape.global_size
@@ -191,7 +193,8 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
     if built.lr_schedule is not None:  # a function of the global step: a resumed job continues it exactly
         built.lr_schedule.start(step, cfg.train.epochs * steps_per_epoch)
     best = EarlyStopping(cfg.train.early_stopping_patience, position.bookkeeping,
-                         RETRIEVAL_METRIC if item else "valid_auc")
+                         early_stopping_metric(cfg.train.early_stopping_metric, retrieval=item is not None,
+                                               grouped=schema.group is not None))
     retrieval = None if item is None else {"candidates": converter.candidates, "batch_size": cfg.data.batch_size,
                                            "num_items": schema.feature(item).num_embeddings}
     fault = job.fault_injection
@@ -200,6 +203,11 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
                                placements={n: str(getattr(tp.placement, "value", tp.placement))
                                            for n, tp in job_plan.placements.items()}, world_size_planned=world,
                                dense_transforms=checkpoint_entry(schema)[DENSE_TRANSFORMS_KEY])
+
+    def validate() -> Dict[str, float]:
+        """The valid split's metrics, every rank together (all ranks call it alike)."""
+        return evaluate(model, valid_data, device, padding=lambda: valid_converter.padding(cfg.data.batch_size),
+                        tasks=schema.labels, primary=cfg.train.early_stopping_task, retrieval=retrieval)
 
     def checkpoint(epoch: int, epoch_steps: int, complete: bool, report: Dict[str, Any]) -> None:
         meta = ckpt_meta.at(epoch=epoch, step=step, epoch_complete=complete,
@@ -234,6 +242,31 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
         # each batch is copied to the device while the step before it runs (rayemb.train.worker.device_feed)
         on_device = DeviceFeed(batches(), functools.partial(_step_batch, device=device, retrieval=item is not None),
                                device)
+        eval_every = cfg.train.eval_every_n_steps
+
+        def losses() -> Iterator[Any]:
+            """The steps' losses, the split validated every ``eval_every`` steps within the epoch. The step before
+            a validation point draws no next batch, so that no input exchange of a training batch is in flight
+            while validation runs the model."""
+            feed = iter(on_device)
+            while True:
+                segment = feed if not eval_every else itertools.islice(feed, eval_every - step % eval_every)
+                ran = 0
+                for loss in train_step.steps(segment):
+                    ran += 1
+                    yield loss
+                if not eval_every or not ran or step % eval_every or epoch_steps >= skip + remaining:
+                    return
+                check_window()
+                mid = validate()
+                report = {"step": step, "epoch": epoch, "epoch_step": epoch_steps, "epoch_steps": skip + remaining,
+                          "mid_epoch_validation": 1, **mid}
+                if rank == 0:
+                    logger.info("epoch %d step %d (mid-epoch): %s", epoch, step, mid)
+                if metrics_queue is None:
+                    ray.train.report(report)
+                elif rank == 0:
+                    metrics_queue.actor.put_nowait.remote(report)
 
         def check_window() -> None:
             """Stops a diverged job before it is checkpointed (a collective: every rank's window is as long)."""
@@ -242,7 +275,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
                 dist.all_reduce(total)
                 check_finite_loss(float(total), window.first_step, step, epoch)
 
-        for loss in train_step.steps(on_device):  # no host sync per step: the loss is read at log points
+        for loss in losses():  # no host sync per step: the loss is read at log points
             step += 1
             epoch_steps += 1
             _maybe_inject_fault(fault, step)
@@ -299,10 +332,9 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
         check_window()  # the epoch's last window may be partial: a diverged model is neither validated nor saved
         clock = {"clock.loop_start_unix_s": loop_t0, "clock.ready_unix_s": ready_t,
                  "clock.epoch_start_unix_s": epoch_t0, "clock.epoch_steps_end_unix_s": time.time()}
-        valid = evaluate(model, valid_data, device, padding=lambda: converter.padding(cfg.data.batch_size),
-                         tasks=schema.labels, primary=cfg.train.early_stopping_task, retrieval=retrieval)
+        valid = validate()
         # every rank sees the same gathered metric, so all make the same decision; the last epoch is no early stop
-        stop = best.update(epoch, valid[best.metric]) and epoch + 1 < cfg.train.epochs
+        stop = best.update(epoch, valid.get(best.metric, float("nan"))) and epoch + 1 < cfg.train.epochs
         if rank == 0:
             logger.info("epoch %d step %d: %s", epoch, step, valid)
         report = {"step": step, "epoch": epoch, "epoch_end": 1, **valid, **best.metrics(), **clock,
@@ -317,19 +349,26 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
 
 
 class EarlyStopping:
-    """Tracks the best validation ``metric`` (``valid_auc``; a retrieval model's hit rate) over epochs; says when
-    ``patience`` epochs brought no gain."""
+    """Tracks the best validation ``metric`` over epochs, in its direction
+    (:func:`rayemb.train.worker.metrics.metric_score`); says when ``patience`` epochs brought no gain."""
 
     def __init__(self, patience: Optional[int], resumed: Optional[Dict[str, Any]] = None,
                  metric: str = "valid_auc") -> None:
+        from rayemb.train.worker.metrics import metric_goal
+
         resumed = resumed or {}
+        if f"best_{metric}" not in resumed:  # a fresh job, or one that followed another metric
+            resumed = {}
         self.patience, self.metric = patience, metric
-        self.best = float(resumed.get(f"best_{metric}", float("-inf")))
+        worst = float("-inf") if metric_goal(metric) == "max" else float("inf")
+        self.best = float(resumed.get(f"best_{metric}", worst))
         self.best_epoch = int(resumed.get("best_epoch", -1))
         self.bad_epochs = int(resumed.get("epochs_without_gain", 0))
 
     def update(self, epoch: int, value: float) -> bool:
-        if math.isfinite(value) and value > self.best:
+        from rayemb.train.worker.metrics import metric_score
+
+        if math.isfinite(value) and metric_score(self.metric, value) > metric_score(self.metric, self.best):
             self.best, self.best_epoch, self.bad_epochs = value, epoch, 0
         else:
             self.bad_epochs += 1
@@ -340,3 +379,24 @@ class EarlyStopping:
 
     def state(self) -> Dict[str, Any]:
         return {f"best_{self.metric}": self.best, "best_epoch": self.best_epoch, "epochs_without_gain": self.bad_epochs}
+
+
+def early_stopping_metric(named: Optional[str], retrieval: bool, grouped: bool) -> str:
+    """The metric early stopping follows: ``train.early_stopping_metric``, else ``valid_auc`` (a retrieval model:
+    its hit rate@50); refused when this model or schema does not report it."""
+    from rayemb.errors import ConfigError
+    from rayemb.train.worker.retrieval import RETRIEVAL_METRIC
+
+    if named is None:
+        return RETRIEVAL_METRIC if retrieval else "valid_auc"
+    hit_rate = named.startswith("valid_hit_rate_at_")
+    if hit_rate != retrieval:
+        kind, fix = (("a retrieval model reports hit rates only", "valid_hit_rate_at_10, _50 or _100") if retrieval
+                     else ("a ranking model reports no hit rate",
+                           "valid_auc, valid_gauc, valid_logloss, valid_ne or valid_calibration"))
+        raise ConfigError(f"Invalid config value train.early_stopping_metric: {named!r} is not reported ({kind}). "
+                          f"Use {fix}.")
+    if named == "valid_gauc" and not grouped:
+        raise ConfigError("Invalid config value train.early_stopping_metric: 'valid_gauc' needs a group column. Name "
+                          "one in schema.yaml (e.g. `group: user_id`), or follow another metric.")
+    return named

@@ -17,8 +17,10 @@ Three parts make that hold:
   runs the same number of forward passes.
 * **the metrics** (:func:`evaluate`): padding rows carry ``Batch.mask`` False
   and are dropped before the metrics are computed over every rank's rows
-  together (:mod:`rayemb.train.worker.dist_metrics`: exact AUC, each row's score sent
-  once), so AUC, logloss and ``valid_rows`` are those of the real rows.
+  together (:mod:`rayemb.train.worker.dist_metrics`: exact AUC and GAUC, each row's score
+  sent once), so AUC, logloss, NE, calibration, GAUC and ``valid_rows`` are those of the
+  real rows. GAUC needs each row's group: the valid split's converter keeps the schema's
+  ``group`` column (``Batch.groups``), the train split's does not read it.
 
 Training batches are unaffected: they stay full (``drop_last=True``) and the
 train split keeps Ray Train's equal split.
@@ -96,7 +98,8 @@ def eval_batches(data: Any, device: Any, padding: Callable[[], Any], max_steps: 
 def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
              max_steps: Optional[int] = None, tasks: Optional[Sequence[str]] = None,
              primary: Optional[str] = None, retrieval: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
-    """AUC, logloss and row count of ``model`` on every row of a split's :class:`RankBatches`, all ranks together.
+    """AUC, logloss, NE, calibration, GAUC (batches with ``Batch.groups``) and row count of ``model`` on every row
+    of a split's :class:`RankBatches`, all ranks together.
 
     Args:
         data: this rank's batches, their last one padded (``Batch.mask``).
@@ -117,6 +120,7 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
     model.eval()
     logits: List[np.ndarray] = []
     labels: List[np.ndarray] = []
+    groups: List[np.ndarray] = []
     batches = eval_batches(data, device, padding, max_steps)
     with torch.no_grad():
         if retrieval is not None:
@@ -126,15 +130,20 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
         for batch in batches:
             out = model(*model_inputs(batch, device)).float().cpu().numpy()
             y = batch.labels.numpy()
+            g = None if batch.groups is None else batch.groups.numpy()
             if batch.mask is not None:
                 keep = batch.mask.numpy()
-                out, y = out[keep], y[keep]
+                out, y, g = out[keep], y[keep], None if g is None else g[keep]
             logits.append(out)
             labels.append(y)
+            if g is not None:
+                groups.append(g)
     model.train()
     z = np.concatenate(logits) if logits else np.zeros(0, np.float32)
     y = np.concatenate(labels) if labels else np.zeros(0, np.float32)
-    return distributed_validation_metrics(y, z, tasks, primary)  # exact, each row's score sent once
+    # every rank runs as many batches (padding ones keep groups too): all ranks pass groups or none does
+    g = np.concatenate(groups) if groups else None
+    return distributed_validation_metrics(y, z, tasks, primary, groups=g)  # exact, each row's score sent once
 
 
 __all__ = ["ValidationDataConfig", "evaluate", "eval_batches"]
