@@ -76,7 +76,7 @@ class EmbeddingTrainer:
         if model_args is not None:
             model_section["args"] = dict(model_args)
         _apply_scaling(d, scaling_config)
-        _apply_run_config(d, run_config)
+        self._ray_options = _apply_run_config(d, run_config)
         self._datasets, self._schema = datasets, schema
         if isinstance(datasets, str):
             d.setdefault("data", {})["path"] = datasets
@@ -121,35 +121,187 @@ class EmbeddingTrainer:
             folder = os.path.join(root, "datasets", f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
             path = write_dataset_folder(self._datasets, self._schema, folder)
             cfg = cfg.replace(data=dataclasses.replace(cfg.data, path=path))
-        return run_training(cfg, parent_run_id, model=self._spec, new_run=new_run)
+        return run_training(cfg, parent_run_id, model=self._spec, new_run=new_run, ray_options=self._ray_options)
+
+
+#: ``ray.train.ScalingConfig`` fields a job reads into ``scaling`` (``resources_per_worker``: its CPU and GPU keys)
+HONOURED_SCALING = ("num_workers", "use_gpu", "resources_per_worker", "placement_strategy", "accelerator_type")
+#: the other ``ScalingConfig`` fields: one set to other than its default is refused, with what to do instead
+REFUSED_SCALING: Dict[str, str] = {
+    "trainer_resources": "Ray Train v2 runs its controller with no resources of its own; drop it.",
+    "label_selector": "rayemb places its workers by scaling.placement_strategy and, for GPU nodes, "
+                      "ScalingConfig(accelerator_type=...); drop label_selector.",
+    "use_tpu": "rayemb trains on CPU ranks (gloo) or GPU ranks (NCCL, use_gpu=True) only; drop use_tpu.",
+    "topology": "a TPU slice's topology: rayemb does not train on TPUs; drop topology.",
+    "elastic_resize_monitor_interval_s": "rayemb's elastic job (num_workers=(min, max)) grows at its restarts; "
+                                         "drop elastic_resize_monitor_interval_s.",
+}
+#: ``ray.train.RunConfig`` fields a job reads (``callbacks`` and ``logging_config`` go to Ray Train's RunConfig)
+HONOURED_RUN = ("name", "storage_path", "failure_config", "checkpoint_config", "callbacks", "logging_config")
+_TUNE_ONLY = ("a Ray Tune option that Ray Train v2 (what rayemb runs on) dropped; drop it (the job's progress lines "
+              "and MLflow run report the training; train.early_stopping_patience stops it).")
+REFUSED_RUN: Dict[str, str] = {
+    "storage_filesystem": "rayemb opens the output folder's filesystem from its URI: give "
+                          "storage_path='s3://bucket/path' (credentials from the environment), without storage_filesystem.",
+    "worker_runtime_env": "the workers run in the Ray job's runtime env: give it to the job (ray job submit "
+                          "--runtime-env-json, or ray.init(runtime_env=...) before fit()).",
+    "sync_config": _TUNE_ONLY, "verbose": _TUNE_ONLY, "stop": _TUNE_ONLY, "progress_reporter": _TUNE_ONLY,
+    "log_to_file": _TUNE_ONLY, "local_dir": "Ray's former name of storage_path; give storage_path instead.",
+}
+#: ``FailureConfig`` / ``CheckpointConfig`` fields a job reads
+HONOURED_FAILURE = ("max_failures",)
+_PREEMPTION = ("rayemb restarts its worker group on any failure, a preemption included, up to max_failures "
+               "(scaling.max_failures), from the newest checkpoint; drop it.")
+REFUSED_FAILURE: Dict[str, str] = {
+    "fail_fast": "rayemb's max_failures=0 fails on the first worker error; drop fail_fast.",
+    "controller_failure_limit": "rayemb's driver continues a job whose controller died when the job is run again "
+                                "(fit() continues its unfinished run); drop controller_failure_limit.",
+    "max_preemption_failures": _PREEMPTION, "relax_collectives_on_preemption": _PREEMPTION,
+    "preemption_grace_s": _PREEMPTION,
+}
+HONOURED_CHECKPOINT = ("num_to_keep", "checkpoint_score_attribute", "checkpoint_score_order")
+_CHECKPOINT_TIMES = ("rayemb writes a checkpoint at every epoch end (the last included), and every "
+                     "train.checkpoint_every_n_steps steps / train.checkpoint_every_s seconds; set those instead.")
+REFUSED_CHECKPOINT: Dict[str, str] = {
+    "checkpoint_frequency": _CHECKPOINT_TIMES, "checkpoint_at_end": _CHECKPOINT_TIMES,
+    "_checkpoint_keep_all_ranks": "every rank writes its shards of each checkpoint; drop it.",
+    "_checkpoint_upload_from_workers": "every rank writes its shards of each checkpoint; drop it.",
+}
+HONOURED_LOGGING = ("log_level",)
+#: the category of the ConfigError that refuses a Ray config field
+UNSUPPORTED_RAY_FIELD = "unsupported_ray_field"
+
+
+def _set_fields(obj: Any) -> Dict[str, Any]:
+    """``obj``'s dataclass fields set to other than their default: the field's, or what the class fills in when it
+    is left out (an empty list or mapping reads as unset; a nested config counts as set when one of its fields is)."""
+    try:
+        filled = type(obj)()
+    except Exception:  # noqa: BLE001 - a class with a required field: its field defaults alone
+        filled = None
+    out = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        default = None if f.default is dataclasses.MISSING else f.default
+        if value is None or (isinstance(value, (list, tuple, dict)) and not value):
+            continue
+        if any(d is not None and _equal(value, d) for d in (default, getattr(filled, f.name, None))):
+            continue
+        if dataclasses.is_dataclass(value) and not isinstance(value, type) and not _set_fields(value):
+            continue
+        out[f.name] = value
+    return out
+
+
+def _equal(value: Any, default: Any) -> bool:
+    try:
+        return bool(value == default)
+    except Exception:  # noqa: BLE001 - an object (a pyarrow filesystem) that compares only with its own kind
+        return False
+
+
+def _refusals(obj: Any, what: str, honoured: tuple, refused: Mapping[str, str]) -> list:
+    return [f"{what}.{name}: {refused.get(name, 'rayemb does not read it; drop it.')}"
+            for name in _set_fields(obj) if name not in honoured]
+
+
+def _refuse(problems: list) -> None:
+    if problems:
+        raise ConfigError("EmbeddingTrainer: these Ray config fields have no effect on a rayemb job, so it does not "
+                          "start: " + " ".join(problems), UNSUPPORTED_RAY_FIELD)
 
 
 def _apply_scaling(d: Dict[str, Any], scaling: Any) -> None:
-    """``ray.train.ScalingConfig`` onto the config's ``scaling`` section."""
+    """``ray.train.ScalingConfig`` onto the config's ``scaling`` section; a field it cannot honour is a ConfigError."""
     if scaling is None:
         return
+    problems = _refusals(scaling, "ScalingConfig", HONOURED_SCALING, REFUSED_SCALING)
+    resources = dict(scaling.resources_per_worker or {})
+    gpus = resources.pop("GPU", None)
+    if gpus is not None and float(gpus) != (1.0 if scaling.use_gpu else 0.0):
+        problems.append(f"ScalingConfig.resources_per_worker['GPU']={gpus}: a rayemb rank holds one whole GPU "
+                        "(use_gpu=True) or none; drop the GPU key and set use_gpu.")
+    cpus = resources.pop("CPU", None)
+    for key in sorted(resources):
+        problems.append(f"ScalingConfig.resources_per_worker[{key!r}]: a rayemb worker reserves its CPUs "
+                        "(resources_per_worker['CPU'], scaling.cpus_per_worker) and one GPU with use_gpu only"
+                        + ("; the plan's host memory per rank is scaling.memory_per_worker_gib" if key == "memory"
+                           else "") + f"; drop {key!r}.")
+    _refuse(problems)
     s = d.setdefault("scaling", {})
     s["num_workers"] = list(scaling.num_workers) if isinstance(scaling.num_workers, tuple) else scaling.num_workers
     s["use_gpu"] = bool(scaling.use_gpu)
-    cpus = (scaling.resources_per_worker or {}).get("CPU")
     if cpus is not None:
         s["cpus_per_worker"] = float(cpus)
     if scaling.placement_strategy:
         s["placement_strategy"] = scaling.placement_strategy
+    if scaling.accelerator_type:
+        s["accelerator_type"] = str(scaling.accelerator_type)
 
 
-def _apply_run_config(d: Dict[str, Any], run: Any) -> None:
-    """``ray.train.RunConfig`` (name, storage_path, FailureConfig, CheckpointConfig) onto the config."""
+def _apply_run_config(d: Dict[str, Any], run: Any) -> Dict[str, Any]:
+    """``ray.train.RunConfig`` onto the config (name, storage_path, FailureConfig, CheckpointConfig); returns what
+    goes to Ray Train's RunConfig as it is (``callbacks``, ``logging_config``). A field it cannot honour is a
+    ConfigError."""
     if run is None:
-        return
+        return {}
+    problems = _refusals(run, "RunConfig", HONOURED_RUN, REFUSED_RUN)
+    failure, checkpoint = run.failure_config, run.checkpoint_config
+    logging_config = getattr(run, "logging_config", None)  # Ray Train v2's only
+    if failure is not None:
+        problems += _refusals(failure, "RunConfig.failure_config", HONOURED_FAILURE, REFUSED_FAILURE)
+    if checkpoint is not None:
+        problems += _refusals(checkpoint, "RunConfig.checkpoint_config", HONOURED_CHECKPOINT, REFUSED_CHECKPOINT)
+    if logging_config is not None:
+        problems += _refusals(logging_config, "RunConfig.logging_config", HONOURED_LOGGING, {})
+    from ray.train.v2.api.callback import RayTrainCallback
+
+    callbacks = list(run.callbacks or [])
+    problems += [f"RunConfig.callbacks: {type(c).__name__} is not a ray.train.UserCallback (a Ray Tune callback?); "
+                 "Ray Train v2 calls UserCallbacks only: subclass ray.train.UserCallback." for c in callbacks
+                 if not isinstance(c, RayTrainCallback)]
+    metric = _score_metric(d, checkpoint, problems)
+    _refuse(problems)
     if run.name:
         d["name"] = run.name
     if run.storage_path:
         d.setdefault("tracking", {})["output_dir"] = str(run.storage_path)
-    if run.failure_config is not None:
-        d.setdefault("scaling", {})["max_failures"] = int(run.failure_config.max_failures)
-    if run.checkpoint_config is not None and run.checkpoint_config.num_to_keep is not None:
-        d.setdefault("train", {})["keep_checkpoints"] = int(run.checkpoint_config.num_to_keep)
+    if failure is not None:
+        d.setdefault("scaling", {})["max_failures"] = int(failure.max_failures)
+    if checkpoint is not None and checkpoint.num_to_keep is not None:
+        d.setdefault("train", {})["keep_checkpoints"] = int(checkpoint.num_to_keep)
+    if metric is not None:
+        d.setdefault("train", {})["early_stopping_metric"] = metric
+    return {"callbacks": callbacks, **({"logging_config": logging_config}
+                                      if logging_config is not None and _set_fields(logging_config) else {})}
+
+
+def _score_metric(d: Mapping[str, Any], checkpoint: Any, problems: list) -> Optional[str]:
+    """``CheckpointConfig.checkpoint_score_attribute`` as ``train.early_stopping_metric`` (the best checkpoint and
+    early stopping follow it), its order checked against the metric's own direction."""
+    from rayemb.config import EARLY_STOPPING_METRICS
+    from rayemb.train.worker.metrics import metric_goal
+
+    metric = getattr(checkpoint, "checkpoint_score_attribute", None)
+    if metric is None:
+        return None
+    where = "RunConfig.checkpoint_config.checkpoint_score_attribute"
+    if metric not in EARLY_STOPPING_METRICS:
+        problems.append(f"{where}={metric!r}: rayemb ranks checkpoints by a validation metric, one of "
+                        f"{list(EARLY_STOPPING_METRICS)} (train.early_stopping_metric); name one of them.")
+        return None
+    given = (d.get("train") or {}).get("early_stopping_metric")
+    if given not in (None, metric):
+        problems.append(f"{where}={metric!r} and train.early_stopping_metric={given!r} name two metrics; the best "
+                        "checkpoint and early stopping follow one: give one of them.")
+    goal, order = metric_goal(metric), checkpoint.checkpoint_score_order
+    if goal != "one" and order != goal:
+        problems.append(f"RunConfig.checkpoint_config.checkpoint_score_order={order!r}: rayemb ranks {metric} "
+                        f"{'higher' if goal == 'max' else 'lower'} is better; set checkpoint_score_order={goal!r}.")
+    elif goal == "one" and order != "max":
+        problems.append(f"RunConfig.checkpoint_config.checkpoint_score_order={order!r}: rayemb ranks {metric} "
+                        "closest to 1 is better; leave checkpoint_score_order at its default.")
+    return metric
 
 
 __all__ = ["EmbeddingTrainer"]

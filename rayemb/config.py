@@ -344,6 +344,9 @@ class ScalingConfig:
     #: how Ray places the workers' bundles: PACK (fewest nodes), SPREAD (across nodes, best effort),
     #: STRICT_SPREAD (one per node)
     placement_strategy: str = "PACK"
+    #: the accelerator type the workers' nodes must have, as Ray names it (``A10G``, ``H100``; Ray Train's
+    #: ``ScalingConfig.accelerator_type``). None: any node
+    accelerator_type: Optional[str] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.num_workers, (list, tuple)):
@@ -371,6 +374,9 @@ class ScalingConfig:
                  "Use -1 (retry forever), 0 or a positive count.")
         _require(self.placement_strategy in PLACEMENT_STRATEGIES, "scaling.placement_strategy",
                  f"{self.placement_strategy!r} is unknown", f"Use one of {PLACEMENT_STRATEGIES}.")
+        _require(self.accelerator_type is None or (isinstance(self.accelerator_type, str) and self.accelerator_type),
+                 "scaling.accelerator_type", f"{self.accelerator_type!r} is not an accelerator type's name",
+                 "Write Ray's name of the GPU (e.g. A10G, L4, A100, H100), or null for any node.")
 
 
 PLANNER_ENGINES = ("auto", "torchrec", "fast")

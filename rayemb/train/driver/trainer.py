@@ -57,12 +57,13 @@ from rayemb.train.sharding import pins_of
 
 
 def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any = None,
-                 new_run: bool = False) -> TrainResult:
+                 new_run: bool = False, ray_options: Optional[Dict[str, Any]] = None) -> TrainResult:
     """Runs one training job on the current (or a new local) Ray cluster; returns when it ends.
 
     ``model``: a :class:`~rayemb.contract.factory.ModelSpec` (None: the config's ``model`` section names it).
     The job is ``cfg.name`` in its output folder: an unfinished run of it is continued, a finished one returned
-    as it is, unless ``new_run`` (:mod:`rayemb.train.driver.job_record`)."""
+    as it is, unless ``new_run`` (:mod:`rayemb.train.driver.job_record`). ``ray_options``: Ray Train
+    ``RunConfig`` arguments the config cannot hold (``callbacks``, ``logging_config``), given as they are."""
     from rayemb.train.driver.attempt import claim_attempt, finished_result
     from rayemb.train.driver.job_record import Heartbeat
     from rayemb.train.driver.phases import JobPhases
@@ -87,7 +88,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any
         tracking = start_tracking(inputs, planned, parent_run_id)
         heartbeat.set_run_id(tracking.run_logger.run_id)
         phases.mark("tracking")
-        result = train(inputs, planned, tracking, phases)
+        result = train(inputs, planned, tracking, phases, ray_options)
         result.wall_time_s = time.monotonic() - t0
         status = result.status
     finally:
@@ -353,7 +354,8 @@ def _log_run_params(run_logger: Any, inputs: JobInputs, planned: PlannedJob) -> 
 # ---- STAGE 5: TRAIN ---- #
 
 
-def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: Any = None) -> TrainResult:
+def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: Any = None,
+          ray_options: Optional[Dict[str, Any]] = None) -> TrainResult:
     """Ray Train workers train the planned model; every report reaches MLflow; the run ends FINISHED or FAILED.
 
     ``phases``: the job's :class:`~rayemb.train.driver.phases.JobPhases` (its line printed and logged at the end)."""
@@ -389,7 +391,7 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: An
         if phases is not None:
             phases.launch()
         with _report_poll_interval():
-            result = _ray_trainer(inputs, planned, tracking, queue, resources).fit()
+            result = _ray_trainer(inputs, planned, tracking, queue, resources, ray_options).fit()
         status = "FINISHED"
         best_checkpoint, last_checkpoint = map(tracking.outputs.checkpoint_uri, best_and_last_checkpoint(result))
     except KeyboardInterrupt:
@@ -464,10 +466,32 @@ def _report_poll_interval() -> Iterator[None]:
         os.environ.pop(_POLL_ENV, None)
 
 
-def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, queue: Any,
-                 resources: WorkerResources) -> Any:
-    import ray
+def ray_train_configs(cfg: JobConfig, world_size: int, cpus_per_worker: float, storage: Dict[str, Any],
+                      job_id: str, forwarder: Any, ray_options: Optional[Dict[str, Any]] = None) -> Any:
+    """(ScalingConfig, RunConfig) of the job's Ray Train run: ``forwarder`` (the callback that hands reports to the
+    driver) first among the callbacks, then the caller's (``ray_options``)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+
+    options = dict(ray_options or {})
+    scaling = ScalingConfig(num_workers=(cfg.scaling.min_workers, world_size) if cfg.scaling.min_workers else world_size,
+                            use_gpu=cfg.scaling.use_gpu, resources_per_worker={"CPU": cpus_per_worker},
+                            placement_strategy=cfg.scaling.placement_strategy,
+                            accelerator_type=cfg.scaling.accelerator_type)
+    run = RunConfig(
+        name=job_id,
+        **storage,  # a local path, or a URI's pyarrow filesystem and path
+        callbacks=[forwarder, *options.pop("callbacks", [])],
+        failure_config=FailureConfig(max_failures=cfg.scaling.max_failures),
+        # the newest few: a corrupt newest one falls back to the one before (rayemb.train.worker.resume)
+        checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
+        **options,
+    )
+    return scaling, run
+
+
+def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, queue: Any,
+                 resources: WorkerResources, ray_options: Optional[Dict[str, Any]] = None) -> Any:
+    import ray
     from ray.train.torch import TorchTrainer
 
     from rayemb.train.worker.backend import RayembTorchConfig
@@ -490,22 +514,14 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
         resume_from=planned.resume[0] if planned.resume else None, in_memory=resources.in_memory,
         cpus_per_worker=resources.cpus_per_worker, held_splits=held, table_stats=dict(planned.stats.tables),
         metrics_queue=queue, fault_injection=fault_injection())
+    scaling, run = ray_train_configs(cfg, inputs.world_size, resources.cpus_per_worker,
+                                     tracking.outputs.run_config_storage(), tracking.job_id, ReportForwarder(queue),
+                                     ray_options)
     return TorchTrainer(
         functools.partial(worker_loop, ray.put(job)),  # one typed object, by reference (rayemb.train.worker_job)
         torch_config=RayembTorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=((cfg.scaling.min_workers, inputs.world_size)
-                                                  if cfg.scaling.min_workers else inputs.world_size),
-                                     use_gpu=cfg.scaling.use_gpu,
-                                     resources_per_worker={"CPU": resources.cpus_per_worker},
-                                     placement_strategy=cfg.scaling.placement_strategy),
-        run_config=RunConfig(
-            name=tracking.job_id,
-            **tracking.outputs.run_config_storage(),  # a local path, or a URI's pyarrow filesystem and path
-            callbacks=[ReportForwarder(queue)],
-            failure_config=FailureConfig(max_failures=cfg.scaling.max_failures),
-            # the newest few: a corrupt newest one falls back to the one before (rayemb.train.worker.resume)
-            checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
-        ),
+        scaling_config=scaling,
+        run_config=run,
         datasets={name: s for name, s in splits.items() if name not in held},
         dataset_config=ValidationDataConfig(),  # the valid split is split without dropping a row
     )
