@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _emulated import needs_emulation
+from _emulated import cannot_emulate, needs_emulation
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
@@ -62,11 +62,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _submit_argv(data: str, out: str, result_json: Path, head_disk: Path):
+def _submit_argv(data: str, out: str, result_json: Path, head_disk: Path, name: str):
     """The job's `ray job submit`: the same argv for the first submission and the one after the head loss."""
     train = [sys.executable, str(REPO / "jobs" / "train.py"), "--config", str(REPO / "jobs/configs/synth_small.yaml"),
              "--result-json", str(result_json)]
-    for o in (f"data.path={data}", f"tracking.output_dir={out}", f"name={NAME}", "tracking.experiment=headloss",
+    for o in (f"data.path={data}", f"tracking.output_dir={out}", f"name={name}", "tracking.experiment=headloss",
               "data.batch_size=64", "train.epochs=2", f"train.max_steps_per_epoch={STEPS}",
               f"train.checkpoint_every_n_steps={EVERY}", f"train.log_every_n_steps={LOG_EVERY}",
               "train.early_stopping_patience=null", "planner.calibrate=false", "planner.probe_steps=0",
@@ -74,7 +74,7 @@ def _submit_argv(data: str, out: str, result_json: Path, head_disk: Path):
               "scaling.num_workers=2", "scaling.cpus_per_worker=1", "scaling.placement_strategy=SPREAD"):
         train += ["--set", o]
     runtime_env = {"env_vars": {"RAYEMB_WORKSPACE": str(head_disk)}}  # the head's own disk: MLflow's local side
-    return [RAY, "job", "submit", "--submission-id", NAME, "--runtime-env-json", json.dumps(runtime_env), "--",
+    return [RAY, "job", "submit", "--submission-id", name, "--runtime-env-json", json.dumps(runtime_env), "--",
             *train]
 
 
@@ -115,23 +115,73 @@ def _train_steps(tracking_uri: str, run_id: str):
     return [m.step for m in sorted(history, key=lambda m: m.timestamp)]
 
 
-def _up(tmp_path: Path, before_up) -> EmulatedCluster:
-    for suffix in ("", "b", "c"):  # another cluster on this machine may hold the derived subnet
-        cluster = EmulatedCluster(f"headloss-{os.getpid()}{suffix}", nodes=2, cpus_per_node=2, bandwidth_mbit=200,
-                                  state_dir=str(tmp_path / f"emu{suffix}"), gloo_ifname=False)
-        before_up(cluster)
+def _kill(cluster: EmulatedCluster, k: int):
+    """Every process of node k SIGKILLed; the PIDs killed. A raylet may fork a worker between the listing and the
+    kill: that one outlives the kill, and a second round takes it."""
+    try:
+        return cluster.kill_node(k)
+    except EmulateError as e:
+        if "survived SIGKILL" not in str(e):
+            raise
+        return cluster.kill_node(k)
+
+
+def _nodes_up(cluster: EmulatedCluster) -> None:
+    """Both nodes running (a new head, its worker joined) where an earlier test left them otherwise."""
+    if not cluster.status()["up"]:
+        for k in (0, 1):
+            _kill(cluster, k)
+        cluster.start_node(0)
+        cluster.start_node(1)
+
+
+@pytest.fixture(scope="module")
+def head_loss_cluster(tmp_path_factory):
+    """(cluster, S3 server) shared by both variants: bringing a cluster up and down is most of what a variant
+    would add. Every node, from its first start on, has the S3 server's address and credentials in its environment
+    (EmulatedCluster.node_env reads this process's); the server binds the bridge's address once it exists."""
+    from _servers import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, MotoS3Server
+
+    if cannot_emulate():
+        pytest.skip(cannot_emulate())
+    tmp, s3_port = tmp_path_factory.mktemp("headloss"), _free_port()
+    cluster, server = None, None
+    with pytest.MonkeyPatch.context() as mp:
         try:
-            return cluster.up()
-        except EmulateError as e:
-            if "overlaps" not in str(e) or suffix == "c":
-                raise
-    raise AssertionError("unreachable")
+            for suffix in ("", "b", "c"):  # another cluster on this machine may hold the derived subnet
+                cluster = EmulatedCluster(f"headloss-{os.getpid()}{suffix}", nodes=2, cpus_per_node=2,
+                                          bandwidth_mbit=200, state_dir=str(tmp / f"emu{suffix}"), gloo_ifname=False)
+                for k, v in {"AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_ACCESS_KEY,
+                             "AWS_DEFAULT_REGION": "us-east-1",
+                             "AWS_ENDPOINT_URL": f"http://{cluster.bridge_ip}:{s3_port}",
+                             "AWS_EC2_METADATA_DISABLED": "true"}.items():
+                    mp.setenv(k, v)
+                try:
+                    cluster.up()
+                    break
+                except EmulateError as e:
+                    if "overlaps" not in str(e) or suffix == "c":
+                        raise
+            server = MotoS3Server(host=cluster.bridge_ip, port=s3_port).start()
+            assert server.env["AWS_ENDPOINT_URL"] == os.environ["AWS_ENDPOINT_URL"]
+            server.create_bucket(BUCKET)
+            yield cluster, server
+        finally:
+            try:
+                if cluster is not None:
+                    if cluster.status()["recorded"]:
+                        for k in (0, 1):  # SIGKILLed first: down's SIGTERM waits out a GCS hung in its shutdown
+                            _kill(cluster, k)
+                    cluster.down()
+            finally:
+                if server is not None:
+                    server.stop()
 
 
 @needs_emulation
 @pytest.mark.parametrize("where", ["shared", "s3"])
-def test_job_survives_losing_its_head_node(where, tiny_data, tmp_path, monkeypatch):
-    from _servers import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, MotoS3Server
+def test_job_survives_losing_its_head_node(where, head_loss_cluster, tiny_data, tmp_path, monkeypatch):
+    from _servers import FAKE_SECRET_ACCESS_KEY
     from mlflow import MlflowClient
 
     from rayemb import storage
@@ -139,29 +189,17 @@ def test_job_survives_losing_its_head_node(where, tiny_data, tmp_path, monkeypat
     from rayemb.train.driver.job_record import read_record
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    server, cluster, first = None, None, None
+    cluster, server = head_loss_cluster
+    first = None
+    name = f"{NAME}-{where}"  # one submission id per job on the shared cluster, as Ray requires
     head_disk = tmp_path / "head-disk"
     result_json = tmp_path / "result.json"
     out = f"s3://{BUCKET}/runs" if where == "s3" else str(tmp_path / "shared" / "runs")
-    s3_port = _free_port()
-
-    def s3_env(c: EmulatedCluster) -> None:
-        """The nodes get the S3 server's address and credentials from this process's environment when they start
-        (EmulatedCluster.node_env); the server binds the bridge's address once the cluster has made it."""
-        if where == "s3":
-            for k, v in {"AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_ACCESS_KEY,
-                         "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://{c.bridge_ip}:{s3_port}",
-                         "AWS_EC2_METADATA_DISABLED": "true"}.items():
-                monkeypatch.setenv(k, v)
 
     try:
-        cluster = _up(tmp_path, s3_env)
-        if where == "s3":
-            server = MotoS3Server(host=cluster.bridge_ip, port=s3_port).start()
-            assert server.env["AWS_ENDPOINT_URL"] == os.environ["AWS_ENDPOINT_URL"]
-            server.create_bucket(BUCKET)
+        _nodes_up(cluster)
         env = _client_env(cluster)
-        argv = _submit_argv(tiny_data, out, result_json, head_disk)
+        argv = _submit_argv(tiny_data, out, result_json, head_disk, name)
 
         # ---- attempt 1: submitted, its logs tailed (as KubeRay's submitter does) until the head is lost
         log = tmp_path / "first-submit.log"
@@ -170,19 +208,19 @@ def test_job_survives_losing_its_head_node(where, tiny_data, tmp_path, monkeypat
                                      start_new_session=True)
         deadline, seen = time.monotonic() + 900, None
         while time.monotonic() < deadline and first.poll() is None:
-            rec = read_record(out, NAME)
+            rec = read_record(out, name)
             if rec is not None:
                 seen = _newest_intact(storage.join(out, "ray_results", rec.job_id), KILL_FROM)
                 if seen:
                     break
             time.sleep(0.5)
         assert seen, (first.poll(), log.read_text()[-4000:], _head_logs(cluster))
-        killed = cluster.kill_node(0)  # the head: every process in its namespace, the job's driver among them
-        cluster.kill_node(1)  # its raylet and workers belong to a GCS that is gone
+        killed = _kill(cluster, 0)  # the head: every process in its namespace, the job's driver among them
+        _kill(cluster, 1)  # its raylet and workers belong to a GCS that is gone
         assert killed
         first.wait(timeout=120)  # the submitter loses the dashboard and gives up
 
-        rec = read_record(out, NAME)
+        rec = read_record(out, name)
         assert (rec.status, rec.attempt) == ("RUNNING", 1) and rec.run_id, rec
         assert rec.pid in killed and rec.host == socket.gethostname(), rec  # same host name inside the namespace
         root = storage.join(out, "ray_results", rec.job_id)
@@ -204,7 +242,7 @@ def test_job_survives_losing_its_head_node(where, tiny_data, tmp_path, monkeypat
         cluster.start_node(1)
         second = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
         why = (second.returncode, second.stdout[-5000:], second.stderr[-3000:])
-        assert second.returncode == 0 and f"Job '{NAME}' succeeded" in second.stdout, why
+        assert second.returncode == 0 and f"Job '{name}' succeeded" in second.stdout, why
 
         # ---- the job, continued: same run folder, attempt 2, from the newest checkpoint attempt 1 completed
         m = re.search(rf"attempt 2 of run {re.escape(rec.job_id)} continues from checkpoint (\S+) "
@@ -214,7 +252,7 @@ def test_job_survives_losing_its_head_node(where, tiny_data, tmp_path, monkeypat
             (newest.rstrip("/").rsplit("/", 1)[-1], done), (m.group(0), newest, done)
         result = json.loads(result_json.read_text())
         assert result["status"] == "FINISHED", result
-        after = read_record(out, NAME)
+        after = read_record(out, name)
         assert (after.status, after.attempt, after.job_id) == ("FINISHED", 2, rec.job_id), after
         assert [a.get("ended") for a in after.attempts] == [None, "FINISHED"], after.attempts
         assert result["last_checkpoint"].startswith(root) and _newest_intact(root)[0] == result["last_checkpoint"]
@@ -252,9 +290,3 @@ def test_job_survives_losing_its_head_node(where, tiny_data, tmp_path, monkeypat
         if first is not None and first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
             first.wait(timeout=30)
-        try:
-            if cluster is not None:
-                cluster.down()
-        finally:
-            if server is not None:
-                server.stop()
