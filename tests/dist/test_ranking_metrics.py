@@ -2,7 +2,8 @@
 every row on one process, to 1e-6.
 
 The shares are unequal (one rank holds none), the scores tie often, and each group's rows are spread over the
-ranks (the exchange must bring every group whole to one rank).
+ranks (the exchange must bring every group whole to one rank). Last, the job's ``evaluate`` carries a string group
+column from the valid split's batches (padded, and padding-only on a rank with no rows) to the same GAUC.
 """
 
 from __future__ import annotations
@@ -71,3 +72,67 @@ def test_ne_calibration_and_gauc_equal_the_reference_of_every_row(world):
                     assert abs(got[name] - value) <= 1e-6, (world, tasks, name, got[name], value)
                     if tasks > 1 and task == "like":
                         assert got[key] == got[name]
+
+
+class _Shard:
+    """A rank's rows, read as Ray Data's ``DataIterator.iter_batches`` reads them."""
+
+    def __init__(self, table) -> None:
+        self.table = table
+
+    def iter_batches(self, *, batch_size: int, batch_format: str, drop_last: bool, prefetch_batches: int):
+        for lo in range(0, self.table.num_rows, batch_size):
+            if not (drop_last and self.table.num_rows - lo < batch_size):
+                yield self.table.slice(lo, batch_size)
+
+
+def _valid_table():
+    import pyarrow as pa
+
+    rng = np.random.default_rng(5)
+    n = 40
+    score = np.round(rng.normal(size=n), 1)
+    label = (rng.random(n) < 1 / (1 + np.exp(-score))).astype(np.float32)
+    users = np.array(["ann", "bob", "cyd", "dee"])[rng.integers(0, 4, size=n)]
+    return pa.table({"label": pa.array(label), "I1": pa.array(score.astype(np.float32)),
+                     "C1": pa.array(np.zeros(n, np.int64)), "user": pa.array(users)})
+
+
+def _evaluate_rank(rank: int, world_size: int):
+    import functools
+
+    import torch
+
+    from rayemb.data.batching import BatchConverter
+    from rayemb.data.schema import DatasetSchema
+    from rayemb.train.worker.data_loader import RankBatches
+    from rayemb.train.worker.validation import evaluate
+
+    class Logit(torch.nn.Module):  # the dense value is the logit: the reference needs no model
+        def forward(self, dense, sparse):
+            return dense[:, 0]
+
+    schema = DatasetSchema.from_dict({"label": "label", "dense": ["I1"], "dense_transform": "identity",
+                                      "group": "user", "sparse": [{"name": "C1", "num_embeddings": 2}]})
+    convert = BatchConverter(schema, keep_groups=True)
+    out = {}
+    for case, shares in {"uneven": (23, 17), "one_sided": (40, 0)}.items():
+        mine = _valid_table().slice(sum(shares[:rank]), shares[rank])
+        data = RankBatches(_Shard(mine), 8, functools.partial(convert, pad_to=8), in_memory=True,
+                           first_batch_timeout_s=60.0, split="valid", rank=rank, shuffle=False, drop_last=False)
+        out[case] = evaluate(Logit(), data, torch.device("cpu"), padding=lambda: convert.padding(8))
+    return out
+
+
+def test_evaluate_carries_the_group_column_to_gauc():
+    from rayemb.embedding.raw_ids import raw_ids_to_int64
+    from rayemb.train.worker.metrics import gauc
+
+    table = _valid_table()
+    y, z = table["label"].to_numpy(), table["I1"].to_numpy().astype(np.float64)
+    want = gauc(y, z, raw_ids_to_int64(table["user"].to_numpy(zero_copy_only=False)))
+    assert 0.5 < want < 1.0
+    for ranks in run_multiprocess(_evaluate_rank, 2):
+        for case, got in ranks.items():
+            assert got["valid_rows"] == 40 and abs(got["valid_gauc"] - want) <= 1e-6, (case, got, want)
+            assert abs(got["valid_ne"] - _reference(y, z, np.zeros(40))["valid_ne"]) <= 1e-6
