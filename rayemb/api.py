@@ -262,6 +262,10 @@ def _apply_run_config(d: Dict[str, Any], run: Any) -> Dict[str, Any]:
                  if not isinstance(c, RayTrainCallback)]
     metric = _score_metric(d, checkpoint, problems)
     _refuse(problems)
+    from rayemb.contract.factory import ship_function
+
+    for c in callbacks:  # Ray Train's controller unpickles them: their module travels with the job, as a factory's
+        ship_function(type(c))
     if run.name:
         d["name"] = run.name
     if run.storage_path:
