@@ -156,6 +156,13 @@ def uncalibrated(run: Mapping[str, Any]) -> bool:
     return isinstance(cal, Mapping) and cal.get("source", "default") == "default"
 
 
+def link_measured(run: Mapping[str, Any]) -> bool:
+    """Whether a run's prediction priced its plan with the link measured and the compute figures built in
+    (plan.json ``prediction: link-measured``: every table pinned, nothing to calibrate the rest for). It is the
+    job's prediction for the cluster, judged like a calibrated one, and listed so a reader knows its kind."""
+    return run.get("prediction") == "link-measured"
+
+
 def row_problem(row: Optional[Mapping[str, Any]], min_runs: int, needs_prediction: bool) -> Optional[str]:
     """Why a row cannot carry a verdict, or None: it is missing, a run of it failed, none succeeded, it has
     fewer runs than ``min_runs``, or (``needs_prediction``) fewer than ``min_runs`` of its runs have a

@@ -65,7 +65,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(os.path.dirname(_HERE))
 sys.path[:0] = [_HERE, _REPO]
 
-from _report import auto_plan_check, auto_plan_line, prediction_problem, report, row_problem, spread, uncalibrated  # noqa: E402
+from _report import (auto_plan_check, auto_plan_line, link_measured, prediction_problem, report,  # noqa: E402
+                     row_problem, spread, uncalibrated)
 from host_cpu import CLASSES, HostCpu  # noqa: E402
 from throughput import (  # noqa: E402
     AUTO,
@@ -153,6 +154,7 @@ def acceptance(rows: Sequence[Mapping[str, Any]], variants: Sequence[str] = DEFA
             entry["worst_prediction_error"] = max(errors.values())
             entry["worst_prediction_row"] = max(errors, key=errors.get)
         entry["uncalibrated_rows"] = [v for v in rayemb if (mine.get(v) or {}).get("uncalibrated_runs")]
+        entry["link_measured_rows"] = [v for v in rayemb if (mine.get(v) or {}).get("link_measured_runs")]
         entry["prediction_pass"] = bool(rayemb and not any(predicting.values()) and len(errors) == len(rayemb)
                                         and max(errors.values()) <= TARGET_PREDICTION)
         if AUTO in sps and TORCHREC in sps:  # reported: TorchRec's own training, another loop
@@ -306,6 +308,7 @@ def row_of(run: Mapping[str, Any], bandwidth: float) -> Dict[str, Any]:
         "predicted_over_measured": pred / meas if pred and meas else None,
         "uncalibrated_over_measured": uncal / meas if uncal and meas else None,
         "probed_over_measured": probed / meas if probed and meas else None,
+        "link_measured": link_measured(run),
         "bytes_per_step": run.get("bytes_per_step"), "plan_summary": run.get("plan_summary"),
         "plan": run.get("plan"), "valid_auc": run.get("valid_auc"),
         "calibrated_a2a_mb_s": 1e-6 / cal["all_to_all"]["seconds_per_byte"]
@@ -332,6 +335,7 @@ def median_row(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
         if key == "predicted_over_measured":
             out["predicted_runs"] = s["n"]  # the runs the prediction's verdict rests on
     out["uncalibrated_runs"] = sum(1 for r in ok if r.get("uncalibrated_over_measured") is not None)
+    out["link_measured_runs"] = sum(1 for r in ok if r.get("link_measured"))
     for key in ("step_ms", "predicted_ms", "probed_ms", "bytes_per_step", "mb_per_step", "ranks_cpu",
                 "others_cpu", "idle_cpu", "canary_ms"):
         vals = [r[key] for r in ok if r.get(key) is not None]
@@ -407,6 +411,9 @@ def footer(acc: Mapping[str, Any], choice: Mapping[str, Mapping[str, Any]]) -> s
         if e.get("row_problems"):
             text += " rows that fail the verdicts: " + "; ".join(f"{v}: {p}" for v, p in e["row_problems"].items())
             text += ";"
+        if e.get("link_measured_rows"):
+            text += (" predictions with the link measured and the compute built in (judged): "
+                     + ", ".join(e["link_measured_rows"]) + ";")
         if e.get("prediction_problems"):
             text += " rows that fail the prediction verdict only: " + "; ".join(
                 f"{v}: {p}" for v, p in e["prediction_problems"].items()) + ";"

@@ -70,7 +70,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from _report import auto_plan_check, auto_plan_line, prediction_problem, report, row_problem, spread, uncalibrated  # noqa: E402
+from _report import (auto_plan_check, auto_plan_line, link_measured, prediction_problem, report,  # noqa: E402
+                     row_problem, spread, uncalibrated)
 
 SCHEMA_VERSION = 2
 CONFIG = os.path.join(_REPO, "jobs", "configs", "synth_small.yaml")
@@ -210,7 +211,7 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
     for r in runs:
         out.setdefault(r["variant"], {"variant": r["variant"], "kind": r["kind"], "values": [], "failed": 0,
                                       "plan": r.get("plan"), "phases": [], "step_ms": [], "pred": [], "probed": [],
-                                      "uncalibrated_runs": 0})
+                                      "uncalibrated_runs": 0, "link_measured_runs": 0})
         row = out[r["variant"]]
         if r.get("samples_per_s") is None:
             row["failed"] += 1
@@ -223,6 +224,7 @@ def aggregate(runs: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
         meas = r.get("step_time_s")
         if uncalibrated(r):  # built-in constants' figure: counted, never judged as the model's
             row["uncalibrated_runs"] += 1
+        row["link_measured_runs"] += int(link_measured(r))
         row["pred"].append(r["predicted_step_time_s"] / meas if r.get("predicted_step_time_s") and meas
                            and not uncalibrated(r) else None)
         row["probed"].append(r["probed_step_time_s"] / meas if r.get("probed_step_time_s") and meas else None)
@@ -272,6 +274,7 @@ def acceptance(rows: Mapping[str, Mapping[str, Any]], forced: Sequence[str] = FO
     worst = max(errors, key=errors.get) if errors else None
     return {
         "uncalibrated_rows": [v for v in rayemb if (rows.get(v) or {}).get("uncalibrated_runs")],
+        "link_measured_rows": [v for v in rayemb if (rows.get(v) or {}).get("link_measured_runs")],
         "row_problems": {v: p for v, p in problems.items() if p}, "rows_pass": all(ok.values()),
         "prediction_problems": {v: p for v, p in predicting.items() if p and not problems[v]},
         "auto_vs_peer": vs_peer, "auto_vs_peer_target": TARGET_VS_PEER,
@@ -331,6 +334,8 @@ def verdict(acc: Mapping[str, Any]) -> str:
         f"; the model's prediction within {100 * TARGET_PREDICTION:.0f}% on every rayemb row: " + \
         ("PASS" if acc.get("prediction_pass") else "FAIL") + \
         (f" (worst {acc['worst_prediction_row']}: {100 * worst:.0f}% off)" if worst is not None else "") + \
+        (f" (link measured, compute built in: {', '.join(acc['link_measured_rows'])})"
+         if acc.get("link_measured_rows") else "") + \
         "".join(f" [{v}: {p}]" for v, p in (acc.get("prediction_problems") or {}).items()) + \
         f"; rows complete ({MIN_RUNS}+ runs, none failed): {'PASS' if acc.get('rows_pass') else 'FAIL'}"
     if acc.get("row_problems"):

@@ -213,3 +213,19 @@ def test_an_uncalibrated_run_s_prediction_is_kept_apart_from_the_model_s():
     assert e["row_problems"] == {} and acc["rows_pass"] is True
     assert acc["auto_vs_best_pass"] is True and acc["hybrid_vs_pooled_pass"] is True
     assert "fail the prediction verdict only: table_wise: uncalibrated prediction" in mn.footer(acc, {})
+
+
+def test_a_link_measured_run_s_prediction_is_judged_and_listed():
+    run = {"variant": "table_wise", "samples_per_s": 6_000, "step_time_s": 0.1585, "predicted_step_time_s": 0.150,
+           "calibration": {"source": "link-measured"}, "prediction": "link-measured"}
+    one = mn.row_of(run, 100.0)
+    assert one["predicted_over_measured"] == pytest.approx(0.150 / 0.1585) and one["link_measured"]
+    row = mn.median_row([one] * 5)
+    assert row["link_measured_runs"] == 5 and row["predicted_runs"] == 5 and row["uncalibrated_runs"] == 0
+    rows = [r for r in _complete(100, **GOOD_100) if r["variant"] != "table_wise"] + [row]
+    e = mn.acceptance(rows)["per_bandwidth"]["100"]
+    assert e["link_measured_rows"] == ["table_wise"] and e["row_problems"] == {} and e["prediction_problems"] == {}
+    # its ratio is among those judged (5 % off: within the target)
+    assert e["worst_prediction_error"] >= abs(0.150 / 0.1585 - 1) - 1e-12 and e["prediction_pass"] is True
+    assert "link measured and the compute built in (judged): table_wise" in mn.footer(mn.acceptance(rows), {})
+

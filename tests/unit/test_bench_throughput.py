@@ -329,3 +329,18 @@ def test_an_uncalibrated_prediction_is_listed_never_judged_as_the_model_s():
     # a plan.json from before ``prediction`` existed: its calibration's source says the same
     assert tp.uncalibrated({"calibration": {"source": "default"}})
     assert not tp.uncalibrated({"calibration": {"source": "cached"}}) and not tp.uncalibrated({})
+
+
+def test_a_link_measured_prediction_is_judged_and_listed():
+    """A pinned row whose job measured its link (plan.json ``prediction: link-measured``) has the job's
+    prediction for the cluster: judged in the prediction verdict like a calibrated row's, and listed."""
+    forced = ["data_parallel", "table_wise"]
+    pinned = [dict(r, prediction="link-measured") if r["variant"] == "table_wise" else dict(r, prediction="calibrated")
+              for r in _complete()]
+    rows = tp.aggregate(pinned)
+    assert rows["table_wise"]["link_measured_runs"] == 5 and rows["table_wise"]["predicted_runs"] == 5
+    acc = tp.acceptance(rows, forced)
+    assert acc["link_measured_rows"] == ["table_wise"] and acc["uncalibrated_rows"] == []
+    assert acc["prediction_pass"] is True and acc["row_problems"] == {} and acc.get("prediction_problems") == {}
+    assert "(link measured, compute built in: table_wise)" in tp.verdict(acc)
+
