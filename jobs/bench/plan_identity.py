@@ -34,7 +34,10 @@ from throughput import _hermetic_env, common_overrides, ensure_data  # noqa: E40
 
 #: what a plan.json holds that differs from one run to the next on the same code
 VOLATILE = ("calibration.age_s", "calibration.source", "calibration.seconds", "plan_probe.age_s",
-            "plan_probe.source", "plan_probe.seconds", "topology.ddr_bytes", "capacity_bytes")
+            "plan_probe.source", "plan_probe.seconds", "topology.ddr_bytes", "capacity_bytes",
+            # where the learned step ratio is kept and how many jobs it holds; what it does to the prediction
+            # (predicted_step_time_s) is compared
+            "learned_ratio", "calibration.step_ratio")
 COLUMNS = [("side", ">4", "{}"), ("commit", ">9", "{}"), ("rc", ">3", "{}"), ("calibration", ">12", "{}"),
            ("predicted ms", ">13", "{:.3f}"), ("placements", "<40", "{}")]
 KEYS = ["side", "commit", "returncode", "calibration_source", "predicted_ms", "placements"]
@@ -98,7 +101,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         rows.append(run_job(trees["old"], "old", outs["old"], args, tmp))
         kept = os.path.join(outs["old"], "calibrations")
         if os.path.isdir(kept):
-            shutil.copytree(kept, os.path.join(outs["new"], "calibrations"))
+            # the measurements, not the old job's learned step ratio (``*.ratio``): that would scale the new
+            # job's prediction by the old one's history, not by the code
+            shutil.copytree(kept, os.path.join(outs["new"], "calibrations"), ignore=shutil.ignore_patterns("*.ratio"))
         print(f"new ({commits['new']}): plans from the old one's kept measurements", flush=True)
         rows.append(run_job(trees["new"], "new", outs["new"], args, tmp))
     problems = [f"{r['side']}: run failed (exit {r['returncode']})" for r in rows if r["plan"] is None]
