@@ -288,6 +288,9 @@ def _score_metric(d: Mapping[str, Any], checkpoint: Any, problems: list) -> Opti
 
     metric = getattr(checkpoint, "checkpoint_score_attribute", None)
     if metric is None:
+        if getattr(checkpoint, "checkpoint_score_order", "max") != "max":
+            problems.append("RunConfig.checkpoint_config.checkpoint_score_order without a checkpoint_score_attribute: "
+                            "name the metric it orders (train.early_stopping_metric), or drop the order.")
         return None
     where = "RunConfig.checkpoint_config.checkpoint_score_attribute"
     if metric not in EARLY_STOPPING_METRICS:

@@ -90,6 +90,7 @@ def test_a_tpu_scaling_config_is_refused():
     (dict(checkpoint_config=ray.train.CheckpointConfig(checkpoint_score_attribute="auc")), "name one of them"),
     (dict(checkpoint_config=ray.train.CheckpointConfig(checkpoint_score_attribute="valid_logloss")),
      "checkpoint_score_order='min'"),
+    (dict(checkpoint_config=ray.train.CheckpointConfig(checkpoint_score_order="min")), "without a checkpoint_score"),
 ])
 def test_each_run_refusal_names_the_field_and_the_fix(run, field):
     _refused(field, run_config=ray.train.RunConfig(name="r", **run))
