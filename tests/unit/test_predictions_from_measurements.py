@@ -95,6 +95,9 @@ def test_a_job_s_measured_over_predicted_step_is_what_the_next_job_predicts_with
     # the next job learns against the model's own figure (the applied ratio taken off), not the scaled one
     assert learn_ratio(out, {"predicted_step_time_s": second, "learned_ratio": learned2}, 1.25 * first) == \
         pytest.approx(1.25)
+    # planner.recalibrate: predicted without the ratios, the job's own still learned (kept, counted from 0)
+    fresh, learned3 = with_learned_ratio(out, FIELDS, _measured(), apply=False)
+    assert fresh.step_ratio == 1.0 and learned3 == {"applied": None, "jobs": 0, "file": learned["file"]}
     # another key (another prediction kind: link-measured) learns apart
     link = replace(_measured(), source="link-measured")
     assert with_learned_ratio(out, FIELDS, link)[1]["applied"] is None

@@ -241,10 +241,12 @@ def load_ratios(out_dir: str, rel: str) -> List[float]:
         return []
 
 
-def with_learned_ratio(out_dir: str, fields: Optional[Mapping[str, Any]], cal: Any) -> Tuple[Any, Dict[str, Any]]:
+def with_learned_ratio(out_dir: str, fields: Optional[Mapping[str, Any]], cal: Any,
+                       apply: bool = True) -> Tuple[Any, Dict[str, Any]]:
     """(``cal`` with the median of the ratios learned on its key (``step_ratio``: every predicted component
     scaled by it), plan.json's ``learned_ratio``: ``{"applied": ratio or None, "jobs": how many, "file": where,
-    relative to the output storage}``). A calibration keyed nowhere (None ``fields``) learns nothing."""
+    relative to the output storage}``). A calibration keyed nowhere (None ``fields``) learns nothing; with
+    ``apply`` false (``planner.recalibrate``) the job predicts without the ratios and still leaves its own."""
     import statistics
 
     from rayemb.planner.step_time import prediction_kind
@@ -252,7 +254,7 @@ def with_learned_ratio(out_dir: str, fields: Optional[Mapping[str, Any]], cal: A
     if cal is None or fields is None:
         return cal, {}
     rel = ratio_file(fields, prediction_kind(cal))
-    ratios = load_ratios(out_dir, rel)
+    ratios = load_ratios(out_dir, rel) if apply else []
     applied = statistics.median(ratios) if ratios else None
     if applied is not None:
         cal = replace(cal, step_ratio=applied)

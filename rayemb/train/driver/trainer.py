@@ -217,8 +217,7 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
     resources = worker_resources(cfg, inputs.schema, stats, inputs.train_rows, inputs.valid_rows)
     calibration, key_fields = calibrate(inputs, topology, resources)
     # earlier jobs' measured over predicted step on this key scale the prediction (planner.recalibrate: not)
-    calibration, learned = with_learned_ratio(inputs.out_dir, key_fields if kept_max_age_s(cfg) > 0 else None,
-                                              calibration)
+    calibration, learned = with_learned_ratio(inputs.out_dir, key_fields, calibration, apply=kept_max_age_s(cfg) > 0)
 
     def make_plan(config: JobConfig, split: Any, topo: Any) -> Any:
         what = dict(cfg=config, schema=inputs.schema, stats=stats, split=split, topology=topo, calibration=calibration,
