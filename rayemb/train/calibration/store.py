@@ -23,6 +23,10 @@ A stored calibration younger than ``planner.calibration_max_age_h`` is used inst
 missing, not finite or negative where they cannot be is ignored with a warning naming its file, and measured
 anew. ``planner.recalibrate: true`` measures anew and replaces it. The plan probe's step times are kept the
 same way, keyed also by its candidate plans (:func:`rayemb.train.calibration.plan_probe.choose_by_probe`).
+
+After training, the job's measured step over the model's prediction is kept beside the calibration it predicted
+with (``<shape key>/<key>.ratio``, the key with the prediction's kind: :func:`learn_ratio`); the next job on
+that key scales its predictions by the median of the last few (:func:`with_learned_ratio`).
 """
 
 from __future__ import annotations
