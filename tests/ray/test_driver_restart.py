@@ -29,10 +29,10 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "jobs" / "configs" / "synth_small.yaml"
 
 
-def _command(data: str, runs: Path, *extra: str):
+def _command(data: str, runs: Path, *extra: str, name: str = "restartable"):
     return [sys.executable, "-m", "rayemb", "train", "--config", str(CONFIG),
-            "--set", f"data.path={data}", "--set", f"tracking.output_dir={runs}", "--set", "name=restartable",
-            "--set", "tracking.experiment=restart", "--set", "data.batch_size=64", "--set", "train.epochs=2",
+            "--set", f"data.path={data}", "--set", f"tracking.output_dir={runs}", "--set", f"name={name}",
+            "--set", f"tracking.experiment={name}", "--set", "data.batch_size=64", "--set", "train.epochs=2",
             "--set", "train.max_steps_per_epoch=50", "--set", "train.checkpoint_every_n_steps=15",
             "--set", "train.log_every_n_steps=5", "--set", "train.early_stopping_patience=null",
             "--set", "planner.calibrate=false", "--set", "model.embedding_dim=8", "--set", "model.bottom_mlp=[16,8]",
@@ -117,7 +117,7 @@ def test_a_killed_driver_is_continued_by_rerunning_the_same_command(ray_2_cpus, 
     assert [a.get("ended") for a in after.attempts] == [None, "FINISHED"]  # the first never ended: killed
 
     client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
-    (exp,) = [e for e in client.search_experiments() if e.name == "restart"]
+    (exp,) = [e for e in client.search_experiments() if e.name == "restartable"]
     (run,) = client.search_runs([exp.experiment_id])  # one run: the second attempt continued the first's
     assert run.info.status == "FINISHED" and run.data.tags["rayemb.attempt"] == "2"
     attempts = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "attempt"))
@@ -128,10 +128,11 @@ def test_a_killed_driver_is_continued_by_rerunning_the_same_command(ray_2_cpus, 
     # what the killed driver had not yet written, at most: the points after its last checkpoint
     assert steps[-1] == 100 and max(b - a for a, b in zip(steps, steps[1:])) <= 15 + 5, steps
 
-    # the same checkpoint resumed by hand into other outputs: the same final weights
-    clean = subprocess.run(_command(tiny_data, tmp_path / "clean", "--resume-from", str(kept), "--result-json",
-                                    str(tmp_path / "clean.json")), cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=600)
+    # the same checkpoint resumed by hand as another job (its own record, run folder and MLflow experiment, in
+    # the same output folder: a new MLflow store costs seconds of schema migrations): the same final weights
+    clean = subprocess.run(_command(tiny_data, runs, "--resume-from", str(kept), "--result-json",
+                                    str(tmp_path / "clean.json"), name="clean"), cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)
     assert clean.returncode == 0, (clean.stdout[-3000:], clean.stderr[-3000:])
     ours = _tensors(result["last_checkpoint"], tmp_path)
     theirs = _tensors(json.loads((tmp_path / "clean.json").read_text())["last_checkpoint"], tmp_path)
