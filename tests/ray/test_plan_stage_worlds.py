@@ -45,3 +45,22 @@ def test_the_plan_stage_splits_once_per_world_size_each_for_its_batch(ray_2_cpus
             np.testing.assert_array_equal(ids, plan.split.hot_ids(table))
     # split.json and plan.json are the planned world's
     assert planned.split is planned.plans[2].split and planned.summary is planned.plans[2].job_plan.summary
+
+
+@pytest.mark.timeout(300)
+def test_the_plan_stage_refuses_an_early_stopping_metric_the_model_does_not_report(ray_2_cpus, tiny_data, tmp_path):
+    """GAUC without a group column, or a hit rate of a ranking model: refused where the model is first built,
+    before any worker starts or any output is written."""
+    import torchrec  # noqa: F401 - plan_job plans in this process
+
+    from rayemb.errors import ConfigError
+    from rayemb.train.driver.trainer import check_inputs, compute_statistics, job_topology, plan_job
+
+    out = tmp_path / "runs"
+    for metric, said in (("valid_gauc", "needs a group column"), ("valid_hit_rate_at_10", "ranking model")):
+        cfg = load_config(CONFIG, [f"data.path={tiny_data}", f"tracking.output_dir={out}", "planner.calibrate=false",
+                                   f"train.early_stopping_metric={metric}"])
+        inputs = check_inputs(cfg)
+        with pytest.raises(ConfigError, match=said):
+            plan_job(inputs, job_topology(cfg), compute_statistics(inputs))
+    assert not out.exists() or not any(out.iterdir())

@@ -287,11 +287,16 @@ def _plan_remote(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, 
 
     from rayemb.logs import quiet_third_party_logs
     from rayemb.train.sharding import build_model, make_job_plan
+    from rayemb.train.worker.loop import early_stopping_metric
+    from rayemb.train.worker.retrieval import item_feature_of
 
     quiet_third_party_logs()
     job_plan = make_job_plan(cfg, schema, stats, split, topology, calibration)
     meta = torch.device("meta")
-    build_model(cfg, schema, job_plan.placements, job_plan.hot_ids, meta, meta, model=model)
+    built, _, _ = build_model(cfg, schema, job_plan.placements, job_plan.hot_ids, meta, meta, model=model)
+    # the metric early stopping follows must be one this model and schema report: said here, before any worker
+    early_stopping_metric(cfg.train.early_stopping_metric, retrieval=item_feature_of(built) is not None,
+                          grouped=schema.group is not None)
     return job_plan
 
 
