@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 import pytest
-from _emulated import HOLD_HEAD_CPUS, needs_emulation, up_cluster
+from _emulated import HOLD_HEAD_CPUS, down, needs_emulation, up_cluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
@@ -74,7 +74,7 @@ def test_rows_produced_on_another_node_reach_the_drivers_dataset_folder(tmp_path
                                                  str(VALID_ROWS)]),
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     finally:
-        cluster.down()
+        down(cluster)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("WROTE=")]
     assert proc.returncode == 0 and lines, f"driver failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n" \
                                            f"{proc.stderr[-4000:]}"
