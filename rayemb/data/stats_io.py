@@ -98,4 +98,32 @@ def load_or_compute_stats(
     return compute_stats(data_dir, exact=exact, split=split, num_heavy_hitters=num_heavy_hitters, progress=progress)
 
 
-__all__ = ["write_stats_json", "load_stats_json", "check_stats_file", "load_or_compute_stats"]
+#: where a job keeps the statistics of the data it trained on, under its ``tracking.output_dir``
+KEPT_STATS_DIR = "stats"
+
+
+def kept_stats_path(out_dir: str, data_dir: str, split: str = TRAIN_SPLIT) -> str:
+    """``<out_dir>/stats/<split>-<fingerprint>.json``: the statistics of ``data_dir``'s split as its files are now
+    (:func:`~rayemb.data.fingerprint.dataset_fingerprint`: schema.yaml, file names, sizes and mtimes). A job
+    writes it once its outputs start; the next job on the same files, whatever else it changes, reads it instead
+    of a statistics pass (:func:`load_or_compute_stats` still checks it matches)."""
+    digest = dataset_fingerprint(data_dir, split).split(":", 1)[-1]
+    return storage.join(out_dir, KEPT_STATS_DIR, f"{split}-{digest}.json")
+
+
+def keep_stats(stats: DatasetStats, out_dir: str, data_dir: str, split: str = TRAIN_SPLIT) -> Optional[str]:
+    """Writes ``stats`` to :func:`kept_stats_path` unless it is there (atomically); returns the path, or None
+    where it could not be written (a job never fails for its cache: it says so)."""
+    path = kept_stats_path(out_dir, data_dir, split)
+    try:
+        if not storage.isfile(path):
+            write_stats_json(stats, path)
+        return path
+    except OSError as e:
+        logger.warning("could not keep the statistics at %s (%s); the next job computes them again",
+                       redact_uri(path), e)
+        return None
+
+
+__all__ = ["write_stats_json", "load_stats_json", "check_stats_file", "load_or_compute_stats", "kept_stats_path",
+           "keep_stats", "KEPT_STATS_DIR"]

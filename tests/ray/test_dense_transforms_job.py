@@ -44,3 +44,8 @@ def test_job_standardizes_with_the_statistics_and_records_them_in_its_checkpoint
         recorded = json.load(f)["dense_transforms"]
     assert recorded["I1"] == {"standardize": {"mean": moments.mean, "std": moments.std}}
     assert recorded["I2"] == "log1p" and set(recorded) == {f"I{i}" for i in range(1, 14)}
+    # the job kept the statistics of its files (moments included) for the next job on them
+    from rayemb.data.stats_io import kept_stats_path, load_stats_json
+
+    kept = load_stats_json(kept_stats_path(str(tmp_path), str(dense_data)))
+    assert kept.values.dense_moments["I1"].mean == moments.mean

@@ -185,12 +185,18 @@ def compute_statistics(inputs: JobInputs) -> Any:
     """
     from rayemb.data.checks import check_ids, check_values, dense_transform_warnings
     from rayemb.data.stats import compute_stats
-    from rayemb.data.stats_io import load_or_compute_stats
+    from rayemb import storage
+    from rayemb.data.stats_io import kept_stats_path, load_or_compute_stats
 
     cfg, data_dir, schema = inputs.cfg, inputs.data_dir, inputs.schema
     t0 = time.monotonic()
     stats_path = resolve_path(cfg.data.stats_path) if cfg.data.stats_path else None
-    print(f"rayemb: statistics pass over {redact_uri(data_dir)}/{TRAIN_SPLIT} ...", flush=True)
+    if stats_path is None:  # an earlier job's on these very files (its output folder keeps them)
+        kept = kept_stats_path(inputs.out_dir, data_dir)
+        stats_path = kept if storage.isfile(kept) else None
+    print(f"rayemb: statistics pass over {redact_uri(data_dir)}/{TRAIN_SPLIT}"
+          + (f" (or the kept {redact_uri(stats_path)} while it matches the files)" if stats_path else "") + " ...",
+          flush=True)
     stats = load_or_compute_stats(data_dir, stats_path, progress=True)
     check_values(stats.values, schema.labels, f"{data_dir}/{TRAIN_SPLIT}")
     check_ids(stats, schema, cfg.data.id_policy)
@@ -342,6 +348,10 @@ def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Option
         _log_run_params(run_logger, inputs, planned)
     log_plan(run_logger, planned.summary, job_dir)
     log_stats_and_split(run_logger, planned.stats, planned.split, job_dir)
+    if not inputs.cfg.data.stats_path:  # the next job on the same files skips the statistics pass
+        from rayemb.data.stats_io import keep_stats
+
+        keep_stats(planned.stats, inputs.out_dir, inputs.data_dir)
     outputs.publish()  # plan.json, stats.json, split.json, charts next to the checkpoints (remote output_dir)
     return Tracking(run_logger, tracking_uri, job_id, job_dir, outputs)
 
