@@ -48,7 +48,9 @@ LR_SCHEDULES = ("constant", "cosine", "linear", "step")
 #: the validation metrics early stopping and the best checkpoint may follow (directions:
 #: rayemb.train.worker.metrics.METRIC_GOALS); a retrieval model reports the hit rates, a ranking model the rest
 EARLY_STOPPING_METRICS = ("valid_auc", "valid_gauc", "valid_logloss", "valid_ne", "valid_calibration",
-                          "valid_hit_rate_at_10", "valid_hit_rate_at_50", "valid_hit_rate_at_100")
+                          "valid_rmse", "valid_mae", "valid_hit_rate_at_10", "valid_hit_rate_at_50", "valid_hit_rate_at_100")
+#: train.regression_loss: the loss of a regression task (schema.yaml ``task_types``) on the model's raw output
+REGRESSION_LOSSES = ("mse", "huber")
 #: train.lr_schedule: every key and its default (a key left out takes it)
 LR_SCHEDULE_DEFAULTS: Dict[str, Any] = {"kind": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0,
                                         "step_size": 1, "gamma": 1.0}
@@ -214,8 +216,9 @@ class TrainConfig:
     #: reports ``best_<metric>`` / ``best_epoch`` either way, and the job names the best checkpoint by it
     early_stopping_patience: Optional[int] = None
     #: the validation metric early stopping and the best checkpoint follow, in its own direction (AUC, GAUC, hit
-    #: rates: higher; logloss, NE: lower; calibration: closest to 1). None: valid_auc (a retrieval model:
-    #: valid_hit_rate_at_50). valid_gauc needs a schema.yaml ``group`` column
+    #: rates: higher; logloss, NE, RMSE, MAE: lower; calibration: closest to 1). None: valid_auc (a regression
+    #: primary task: valid_rmse; a retrieval model: valid_hit_rate_at_50). valid_gauc needs a schema.yaml ``group``
+    #: column
     early_stopping_metric: Optional[str] = None
     #: also validate every N training steps within an epoch (all ranks alike), reported at that step
     #: (None: at epoch ends only)
@@ -240,6 +243,9 @@ class TrainConfig:
     #: the label column whose validation AUC is ``valid_auc``: early stopping and the best checkpoint follow
     #: it (None: the first label)
     early_stopping_task: Optional[str] = None
+    #: the loss of a regression task (schema.yaml ``task_types: {label: regression}``) on the model's raw output:
+    #: mse, or huber (delta 1: squared below an error of 1, linear above)
+    regression_loss: str = "mse"
     #: a loss of your own, "package.module:function" taking (model output, labels) -> scalar (None: BCE per task)
     loss: Optional[str] = None
     #: the dense part's arithmetic in the training step: fp32, or bf16 under torch.autocast (MLPs, interactions;
@@ -276,6 +282,8 @@ class TrainConfig:
         for task, w in self.task_weights.items():
             _require(isinstance(w, (int, float)) and math.isfinite(w) and w >= 0, f"train.task_weights.{task}",
                      f"{w!r} is not a non-negative number", "Weigh each task's loss with a number >= 0, e.g. 1.0.")
+        _require(self.regression_loss in REGRESSION_LOSSES, "train.regression_loss",
+                 f"{self.regression_loss!r} is unknown", f"Use one of {REGRESSION_LOSSES}.")
         _require(self.loss is None or ":" in self.loss, "train.loss", f"{self.loss!r} is not of the form "
                  "'package.module:function'", "Name the module and the function, e.g. 'my_losses:sampled_softmax'.")
         for key, lr in (("train.dense_lr", self.dense_lr), ("train.embedding_lr", self.embedding_lr)):
@@ -623,6 +631,7 @@ CHOICES: Dict[str, Tuple[Any, ...]] = {
     "train.compile": COMPILE_CHOICES,
     "train.compile_mode": COMPILE_MODES,
     "train.lr_schedule": LR_SCHEDULES,
+    "train.regression_loss": REGRESSION_LOSSES,
     "train.early_stopping_metric": EARLY_STOPPING_METRICS,
     "scaling.placement_strategy": PLACEMENT_STRATEGIES,
     "planner.engine": PLANNER_ENGINES,

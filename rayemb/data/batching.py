@@ -35,7 +35,10 @@ Padding (validation scores every row): the sharded model's input exchange
 needs the same batch size on every rank, so a short last batch is padded to the
 full size (``converter(table, pad_to=B)``) and a rank with no rows left runs a
 batch of padding only (``converter.padding(B)``). A padding row has dense
-zeros, empty bags, label 0, and ``Batch.mask`` False; metrics leave it out.
+zeros, empty bags, label 0, weight 0 (with a weight column), and ``Batch.mask`` False; metrics leave it out.
+
+A schema.yaml ``weight`` column reaches ``Batch.weights`` (float32, checked finite and >= 0 per batch), on the
+train and the valid split alike.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ class Batch:
     #: (B,) int64 group of each row (schema.yaml ``group``; strings hashed, -1 on padding rows) when the
     #: converter keeps groups (validation's GAUC), else None
     groups: Optional["torch.Tensor"] = None
+    #: (B,) float32 weight of each row (schema.yaml ``weight``; 0 on padding rows), None: no weight column
+    weights: Optional["torch.Tensor"] = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -203,6 +208,7 @@ class BatchConverter:
                 raise DataError(f"Label column {name!r} has {labels.null_count} null value(s); drop those rows.")
             columns.append(labels.to_numpy(zero_copy_only=False).astype(np.float32))
         labels_np = columns[0] if len(columns) == 1 else np.stack(columns, axis=1)
+        weights = None if self.schema.weight is None else self._weights(batch)
 
         sparse = []
         for feat in self.schema.sparse:
@@ -216,7 +222,18 @@ class BatchConverter:
             raise DataError(f"Sparse column {self.keep_ids!r} holds {n - len(ids)} null id(s) in this batch; a "
                             "retrieval model's item column needs an item on every row: drop those rows.")
         return self._assemble(dense, labels_np, sparse, sequence, 0 if pad_to is None else pad_to - n, ids,
-                              self._groups(batch) if self.keep_groups else None)
+                              self._groups(batch) if self.keep_groups else None, weights)
+
+    def _weights(self, batch: pa.Table) -> np.ndarray:
+        name = self.schema.weight
+        col = _column(batch, name)
+        w = col.to_numpy(zero_copy_only=False).astype(np.float32) if not col.null_count else None
+        if w is None or not (np.isfinite(w) & (w >= 0)).all():
+            bad = col.null_count if w is None else int((~(np.isfinite(w) & (w >= 0))).sum())
+            raise DataError(f"Weight column {name!r} holds {bad} null, NaN, infinite or negative value(s) in this "
+                            "batch; every row's weight must be a finite number >= 0: fix or drop those rows.",
+                            category="invalid_values")
+        return w
 
     def _groups(self, batch: pa.Table) -> np.ndarray:
         name = self.schema.group
@@ -253,11 +270,13 @@ class BatchConverter:
                               np.zeros(0 if tasks == 1 else (0, tasks), np.float32),
                               empty(self.schema.sparse), empty(self.schema.sequence) if self.sequence else None, rows,
                               None if self.keep_ids is None else np.zeros(0, np.int64),
-                              np.zeros(0, np.int64) if self.keep_groups else None)
+                              np.zeros(0, np.int64) if self.keep_groups else None,
+                              None if self.schema.weight is None else np.zeros(0, np.float32))
 
     def _assemble(self, dense: np.ndarray, labels: np.ndarray, sparse: List[Tuple[np.ndarray, np.ndarray]],
                   sequence: Optional[List[Tuple[np.ndarray, np.ndarray]]], pad: int,
-                  ids: Optional[np.ndarray] = None, groups: Optional[np.ndarray] = None) -> Batch:
+                  ids: Optional[np.ndarray] = None, groups: Optional[np.ndarray] = None,
+                  weights: Optional[np.ndarray] = None) -> Batch:
         """The :class:`Batch` of these arrays followed by ``pad`` padding rows (remapped, masked)."""
         import torch
 
@@ -267,6 +286,7 @@ class BatchConverter:
             labels = np.concatenate([labels, np.zeros((pad, *labels.shape[1:]), np.float32)])
             ids = None if ids is None else np.concatenate([ids, np.full(pad, -1, np.int64)])
             groups = None if groups is None else np.concatenate([groups, np.full(pad, -1, np.int64)])
+            weights = None if weights is None else np.concatenate([weights, np.zeros(pad, np.float32)])
         kjt = _kjt(self.keys, sparse, pad)
         if self.remap is not None:
             kjt = self.remap(kjt)
@@ -274,7 +294,8 @@ class BatchConverter:
                      sequence=None if sequence is None else _kjt(self.schema.sequence_names, sequence, pad),
                      mask=torch.arange(n + pad) < n if pad else None,
                      ids=None if ids is None else torch.from_numpy(np.array(ids, dtype=np.int64)),
-                     groups=None if groups is None else torch.from_numpy(np.array(groups, dtype=np.int64)))
+                     groups=None if groups is None else torch.from_numpy(np.array(groups, dtype=np.int64)),
+                     weights=None if weights is None else torch.from_numpy(np.array(weights, dtype=np.float32)))
 
 
 def _kjt(keys: List[str], features: List[Tuple[np.ndarray, np.ndarray]], pad: int) -> "KeyedJaggedTensor":

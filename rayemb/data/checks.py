@@ -103,6 +103,9 @@ class ValueSummary:
     label_not_binary: int = 0
     label_positives: int = 0
     label_examples: List[float] = field(default_factory=list)
+    #: label column -> its values that are finite but not 0 or 1 (labels holding none left out): a regression
+    #: label's are no problem
+    label_not_binary_by: Dict[str, int] = field(default_factory=dict)
     #: dense column -> NaN or infinite (non-null) values
     dense_non_finite: Dict[str, int] = field(default_factory=dict)
     #: dense column -> moments of its finite values, nulls as 0 (what the model's transform sees)
@@ -123,6 +126,8 @@ class ValueSummary:
             binary = (y == 0.0) | (y == 1.0)
             s.label_non_finite += int((~finite).sum())
             s.label_not_binary += int((finite & ~binary).sum())
+            if (finite & ~binary).any():
+                s.label_not_binary_by[name] = s.label_not_binary_by.get(name, 0) + int((finite & ~binary).sum())
             if i == 0:
                 s.label_positives = int((y == 1.0).sum())
             examples += y[~binary].tolist()
@@ -145,6 +150,9 @@ class ValueSummary:
         moments = dict(self.dense_moments)
         for k, v in other.dense_moments.items():
             moments[k] = moments[k] + v if k in moments else v
+        by = dict(self.label_not_binary_by)
+        for k, n in other.label_not_binary_by.items():
+            by[k] = by.get(k, 0) + n
         return ValueSummary(
             rows=self.rows + other.rows,
             label_nulls=self.label_nulls + other.label_nulls,
@@ -152,6 +160,7 @@ class ValueSummary:
             label_not_binary=self.label_not_binary + other.label_not_binary,
             label_positives=self.label_positives + other.label_positives,
             label_examples=examples,
+            label_not_binary_by=by,
             dense_non_finite=dense,
             dense_moments=moments,
         )
@@ -161,7 +170,8 @@ class ValueSummary:
             "rows": self.rows,
             "label": {"nulls": self.label_nulls, "non_finite": self.label_non_finite,
                       "not_binary": self.label_not_binary, "positives": self.label_positives,
-                      "examples": self.label_examples},
+                      "examples": self.label_examples,
+                      **({"not_binary_by": dict(self.label_not_binary_by)} if self.label_not_binary_by else {})},
             "dense_non_finite": dict(self.dense_non_finite),
             # a stats.json written before the moments were measured reads and writes as it was
             **({"dense": {k: v.to_dict() for k, v in self.dense_moments.items()}} if self.dense_moments else {}),
@@ -173,6 +183,7 @@ class ValueSummary:
         return cls(rows=int(d.get("rows", 0)), label_nulls=int(lab.get("nulls", 0)),
                    label_non_finite=int(lab.get("non_finite", 0)), label_not_binary=int(lab.get("not_binary", 0)),
                    label_positives=int(lab.get("positives", 0)), label_examples=list(lab.get("examples", [])),
+                   label_not_binary_by={k: int(v) for k, v in lab.get("not_binary_by", {}).items()},
                    dense_non_finite={k: int(v) for k, v in d.get("dense_non_finite", {}).items()},
                    dense_moments={k: DenseMoments.from_dict(v) for k, v in d.get("dense", {}).items()})
 
@@ -184,17 +195,25 @@ def _unique_examples(values: Sequence[float]) -> List[float]:
     return (finite + ([float("nan")] if has_nan else []))[:NUM_LABEL_EXAMPLES]
 
 
-def check_values(summary: ValueSummary, label: Union[str, Sequence[str]], where: str) -> None:
+def check_values(summary: ValueSummary, label: Union[str, Sequence[str]], where: str,
+                 regression: Sequence[str] = ()) -> None:
     """Raises :class:`DataError` when ``summary`` (of the dataset split ``where``) holds bad labels or dense values.
-    ``label``: the label column, or every task's."""
+    ``label``: the label column, or every task's; ``regression``: the labels of regression tasks, whose values
+    need only be finite."""
     label = label if isinstance(label, str) or len(label) != 1 else label[0]
+    not_binary = summary.label_not_binary
+    if regression:
+        if summary.label_not_binary_by:
+            not_binary -= sum(n for k, n in summary.label_not_binary_by.items() if k in regression)
+        elif set(regression) >= ({label} if isinstance(label, str) else set(label)):
+            not_binary = 0  # a summary without per-label counts, every label a regression one
     problems = []
     if summary.label_nulls:
         problems.append(f"label column {label!r} has {summary.label_nulls:,} null value(s)")
     if summary.label_non_finite:
         problems.append(f"label column {label!r} has {summary.label_non_finite:,} NaN or infinite value(s)")
-    if summary.label_not_binary:
-        problems.append(f"label column {label!r} has {summary.label_not_binary:,} value(s) that are not 0 or 1")
+    if not_binary:
+        problems.append(f"label column {label!r} has {not_binary:,} value(s) that are not 0 or 1")
     if problems and summary.label_examples:
         problems[-1] += f" (e.g. {summary.label_examples})"
     if problems:

@@ -11,6 +11,8 @@ A dataset directory looks like::
     schema_version: 1
     label: label                   # or a list, one label column per task: [click, like]
     group: user_id                 # optional: the column validation's group AUC groups by (int or string)
+    task_types: {rating: regression}  # optional, per label: binary (the default) or regression
+    weight: w                      # optional: a float column (finite, >= 0) weighing each row's loss and metrics
     dense: [I1, ..., I13]          # float32 columns
     dense_transform: log1p         # optional: the transform of dense columns not named below (default log1p)
     dense_transforms:              # optional, per dense column: log1p, standardize, identity, {clip: [lo, hi]}
@@ -41,6 +43,12 @@ URI (``s3://bucket/data``; :mod:`rayemb.storage`): the same checks, the same err
 Every dense column goes through one transform before the model (:mod:`rayemb.data.transforms`): the one
 ``dense_transforms`` names, else ``dense_transform``, else ``log1p`` (so a schema naming none reads as it always
 did). ``standardize``'s mean and std come from the statistics pass: :meth:`DatasetSchema.with_dense_params`.
+
+A label is ``binary`` (0/1, binary cross-entropy on the model's logit) unless ``task_types`` names it
+``regression`` (any finite value, MSE or Huber on the model's raw output, ``train.regression_loss``). Only
+regression labels are kept in :attr:`DatasetSchema.task_types`, so a schema saying ``binary`` outright equals
+one saying nothing. ``weight`` names a column whose value multiplies each row's loss and validation metric
+terms (docs/data.md, "Task types and row weights").
 """
 
 from __future__ import annotations
@@ -65,6 +73,9 @@ ID_KINDS = (ENCODED, RAW)
 #: a raw-id table's eviction policies (rayemb.embedding.raw_tables.POLICIES implements them)
 EVICTION_POLICIES = ("lru", "lfu")
 #: every key a sparse feature's schema.yaml entry may have
+#: a label's task types: 0/1 labels under binary cross-entropy, or real-valued labels under a regression loss
+BINARY, REGRESSION = "binary", "regression"
+TASK_TYPES = (BINARY, REGRESSION)
 FEATURE_KEYS = ("name", "num_embeddings", "multi_hot", "sequence", "max_length", "target", "ids", "eviction",
                 "ttl_hours")
 
@@ -195,8 +206,13 @@ class DatasetSchema:
     #: the column whose values group the validation rows for GAUC (schema.yaml ``group``; int or string, may be a
     #: sparse feature too), None: no GAUC
     group: Optional[str] = None
+    #: (label, task type) of every label that is not binary (schema.yaml ``task_types``), in label order
+    task_types: Tuple[Tuple[str, str], ...] = ()
+    #: the column weighing each row's loss and validation metrics (schema.yaml ``weight``), None: every row 1
+    weight: Optional[str] = None
 
     def __post_init__(self) -> None:
+        self._check_tasks()
         if self.group is not None and (not self.group or self.group in self.labels):
             raise DataError(f"schema.yaml's group {self.group!r} must name a column other than the labels "
                             "(e.g. `group: user_id`).", category="invalid_schema")
@@ -218,6 +234,43 @@ class DatasetSchema:
                                 f"feature of this schema ({sorted(pooled)[:8]}...). Name the pooled column the "
                                 "history is compared with (e.g. the candidate item).", category="invalid_schema")
         self._check_transforms()
+
+    def _check_tasks(self) -> None:
+        types = dict(self.task_types)
+        unknown = [t for t in types if t not in self.labels]
+        if unknown:
+            raise DataError(f"schema.yaml's task_types names {unknown}, which are not label columns "
+                            f"({self.labels}). Name label columns only, or add them to `label`.",
+                            category="invalid_schema")
+        for label, kind in types.items():
+            if kind not in TASK_TYPES:
+                raise DataError(f"schema.yaml's task_types gives label {label!r} the type {kind!r}; allowed: "
+                                f"{', '.join(TASK_TYPES)} (the default: binary).", category="invalid_schema")
+        # binary is the default: only the others are kept, in label order, so equal schemas compare equal
+        object.__setattr__(self, "task_types", tuple((t, types[t]) for t in self.labels
+                                                     if types.get(t, BINARY) != BINARY))
+        if self.weight is not None:
+            taken = [*self.labels, *self.dense, *(f.name for f in (*self.sparse, *self.sequence)), self.group]
+            if not self.weight or self.weight in taken:
+                raise DataError(f"schema.yaml's weight {self.weight!r} must name a float column of its own, not a "
+                                "label, feature or group column (e.g. `weight: sample_weight`).",
+                                category="invalid_schema")
+
+    def task_type(self, label: str) -> str:
+        """``binary`` or ``regression``: the task type of label column ``label``."""
+        if label not in self.labels:
+            raise KeyError(label)
+        return dict(self.task_types).get(label, BINARY)
+
+    @property
+    def task_kinds(self) -> List[str]:
+        """Every label's task type, in :attr:`labels` order."""
+        return [self.task_type(t) for t in self.labels]
+
+    @property
+    def regression_labels(self) -> List[str]:
+        """The labels of regression tasks, in :attr:`labels` order."""
+        return [t for t, kind in self.task_types if kind == REGRESSION]
 
     def _check_transforms(self) -> None:
         named = [t.column for t in self.dense_transforms]
@@ -314,6 +367,10 @@ class DatasetSchema:
         d["sparse"] = [f.to_dict() for f in (*self.sparse, *self.sequence)]
         if self.group is not None:
             d["group"] = self.group
+        if self.task_types:
+            d["task_types"] = dict(self.task_types)
+        if self.weight is not None:
+            d["weight"] = self.weight
         return d
 
     @classmethod
@@ -325,6 +382,11 @@ class DatasetSchema:
                             category="invalid_schema")
         default = DenseTransform.parse("dense_transform", d.get("dense_transform", DEFAULT_KIND))
         transforms = tuple(DenseTransform.parse(str(c), spec) for c, spec in declared.items())
+        types = d.get("task_types") or {}
+        if not isinstance(types, Mapping):
+            raise DataError(f"{source}: task_types must map label columns to binary or regression (e.g. "
+                            f"`task_types: {{rating: regression}}`); it holds {type(types).__name__}.",
+                            category="invalid_schema")
         try:
             feats = [SparseFeature.from_dict(s) for s in d["sparse"]]
             labels = [str(x) for x in d["label"]] if isinstance(d["label"], list) else [str(d["label"])]
@@ -339,6 +401,8 @@ class DatasetSchema:
                 dense_transform=dataclasses.replace(default, column="*"),
                 dense_transforms=transforms,
                 group=None if d.get("group") is None else str(d["group"]),
+                task_types=tuple((str(t), str(kind)) for t, kind in types.items()),
+                weight=None if d.get("weight") is None else str(d["weight"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise DataError(
@@ -423,7 +487,8 @@ def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
     import pyarrow as pa
 
     missing = [c for c in [*schema.labels, *schema.dense, *schema.sparse_names, *schema.sequence_names,
-                           *([schema.group] if schema.group else [])] if c not in actual.names]
+                           *([schema.group] if schema.group else []), *([schema.weight] if schema.weight else [])]
+               if c not in actual.names]
     if missing:
         raise DataError(
             f"Parquet file {where} is missing configured column(s) {missing}; it has {actual.names[:8]}"
@@ -440,6 +505,9 @@ def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
         t = actual.field(col).type
         if not (pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)):
             raise bad(col, "a numeric type", t)
+    if schema.weight and not (pa.types.is_floating(actual.field(schema.weight).type)
+                              or pa.types.is_integer(actual.field(schema.weight).type)):
+        raise bad(schema.weight, "a float type (the weight column)", actual.field(schema.weight).type)
 
     def raw_id_type(t: Any) -> bool:
         return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)

@@ -198,12 +198,12 @@ def compute_statistics(inputs: JobInputs) -> Any:
           + (f" (or the kept {redact_uri(stats_path)} while it matches the files)" if stats_path else "") + " ...",
           flush=True)
     stats = load_or_compute_stats(data_dir, stats_path, progress=True)
-    check_values(stats.values, schema.labels, f"{data_dir}/{TRAIN_SPLIT}")
+    check_values(stats.values, schema.labels, f"{data_dir}/{TRAIN_SPLIT}", schema.regression_labels)
     check_ids(stats, schema, cfg.data.id_policy)
     for line in dense_transform_warnings(stats.values, schema):
         print(f"rayemb: warning: {line}", flush=True)
     valid_values = compute_stats(data_dir, split=VALID_SPLIT, tables=False).values
-    check_values(valid_values, schema.labels, f"{data_dir}/{VALID_SPLIT}")
+    check_values(valid_values, schema.labels, f"{data_dir}/{VALID_SPLIT}", schema.regression_labels)
     print(f"rayemb: statistics of {stats.rows:,} rows in {time.monotonic() - t0:.1f}s", flush=True)
     return stats
 
@@ -302,7 +302,8 @@ def _plan_remote(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, 
     built, _, _ = build_model(cfg, schema, job_plan.placements, job_plan.hot_ids, meta, meta, model=model)
     # the metric early stopping follows must be one this model and schema report: said here, before any worker
     early_stopping_metric(cfg.train.early_stopping_metric, retrieval=item_feature_of(built) is not None,
-                          grouped=schema.group is not None)
+                          grouped=schema.group is not None,
+                          regression=schema.task_type(cfg.train.early_stopping_task or schema.label) == "regression")
     return job_plan
 
 

@@ -146,7 +146,7 @@ def build_step(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, device:
     prefetch = prefetch if prefetch is not None and prefetch.enabled else None
     item = item_feature_of(model)
     loss_fn = job_loss(schema, cfg.train.task_weights, model_spec.loss if model_spec is not None else None, item,
-                       table_stats)
+                       table_stats, regression_loss=cfg.train.regression_loss)
     # made before a checkpoint's optimizer state is loaded: its base rates are the config's
     schedule = None if is_constant(cfg.train.lr_schedule) else LrSchedule(optimizer, cfg.train.lr_schedule)
     clip = list(dense_parameters(model).values()) if cfg.train.grad_clip_norm is not None else []

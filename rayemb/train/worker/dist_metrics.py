@@ -13,7 +13,9 @@ grows with the split and the world. The AUC needs only, for each positive, the n
 4. one all-reduce of integers sums it: the AUC is that sum over ``2 * P * N``, exactly the Mann-Whitney
    statistic with average ranks for ties that :func:`rayemb.train.worker.metrics.auc` computes on one process.
 
-Logloss, NE and calibration are sums over rows (logloss, labels, predicted probabilities), all-reduced. GAUC
+Logloss, NE and calibration are sums over rows (logloss, labels, predicted probabilities), all-reduced; so are a
+regression task's RMSE and MAE (squared and absolute errors) and, with row weights, every one of those sums
+weighted plus the weights' own sum: exact to float64 rounding. AUC and GAUC stay unweighted. GAUC
 sends each (group, score, label) row once, to the rank its group id falls to (``group mod world``): every rank
 then holds whole groups, adds up rows x AUC of its groups with both classes
 (:func:`rayemb.train.worker.metrics.group_auc_terms`) and one all-reduce sums them. Integers are int64: exact up
@@ -132,38 +134,59 @@ def distributed_gauc(groups: np.ndarray, scores: np.ndarray, labels: np.ndarray)
     return float(sums[0]) / float(sums[1]) if float(sums[1]) else float("nan")
 
 
+def _task_sums(y: np.ndarray, z: np.ndarray, kind: str, w: Optional[np.ndarray]) -> Tuple[float, float, float]:
+    """A task's three summed terms: binary (logloss, labels, predicted probabilities), regression (squared
+    errors, absolute errors, 0); each row's times its weight when ``w`` is given."""
+    from rayemb.train.worker.metrics import logloss_sum, regression_sums, sigmoid, weighted_binary_sums
+
+    if kind == "regression":
+        return (*regression_sums(y, z, w), 0.0)
+    if w is not None:
+        return weighted_binary_sums(y, z, w)
+    return logloss_sum(y, z), float(y.sum()), float(sigmoid(z).sum())
+
+
 def distributed_validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[Sequence[str]] = None,
                                    primary: Optional[str] = None,
-                                   groups: Optional[np.ndarray] = None) -> Dict[str, float]:
+                                   groups: Optional[np.ndarray] = None,
+                                   task_types: Optional[Sequence[str]] = None,
+                                   weights: Optional[np.ndarray] = None) -> Dict[str, float]:
     """:func:`rayemb.train.worker.metrics.validation_metrics` of every rank's rows together, no row gathered whole:
-    the same keys and values (AUC and GAUC exact; logloss, NE and calibration to float64 rounding). ``groups``:
-    every rank passes them or none does."""
+    the same keys and values (AUC and GAUC exact; logloss, NE, calibration, RMSE and MAE to float64 rounding).
+    ``groups``, ``weights``: every rank passes them or none does."""
     import torch
     import torch.distributed as dist
 
-    from rayemb.train.worker.metrics import logloss_sum, normalized_entropy, sigmoid
+    from rayemb.train.worker.metrics import normalized_entropy
 
     _, world = _world()
     tasks = list(tasks or [])
     columns = max(1, len(tasks))
+    kinds = list(task_types or ["binary"] * columns)
     labels = np.asarray(labels, np.float64).reshape(-1, columns)
     logits = np.asarray(logits, np.float64).reshape(-1, columns)
-    # per task: logloss, labels and predicted probabilities summed over the rows
-    sums = torch.tensor([float(labels.shape[0])] + [v for i in range(columns) for v in (
-        logloss_sum(labels[:, i], logits[:, i]), float(labels[:, i].sum()), float(sigmoid(logits[:, i]).sum()))],
-                        dtype=torch.float64)
+    w = None if weights is None else np.asarray(weights, np.float64).ravel()
+    # rows, then per task its three summed terms (_task_sums), then (weighted) the weights' sum
+    sums = torch.tensor([float(labels.shape[0])] + [v for i in range(columns) for v in _task_sums(
+        labels[:, i], logits[:, i], kinds[i], w)] + ([] if w is None else [float(w.sum())]), dtype=torch.float64)
     if world > 1:
         dist.all_reduce(sums)
     rows = float(sums[0])
+    total = rows if w is None else float(sums[-1])  # what each task's sums are divided by
     out: Dict[str, float] = {}
     names = tasks if len(tasks) > 1 else [""]
     for i, task in enumerate(names):
         suffix = f".{task}" if task else ""
+        if kinds[i] == "regression":
+            squared, absolute = (float(v) for v in sums[1 + 3 * i:3 + 3 * i])
+            out[f"valid_rmse{suffix}"] = float(np.sqrt(squared / total)) if total > 0 else float("nan")
+            out[f"valid_mae{suffix}"] = absolute / total if total > 0 else float("nan")
+            continue
         loss, positives, predicted = (float(v) for v in sums[1 + 3 * i:4 + 3 * i])
-        mean_loss = loss / rows if rows else float("nan")
+        mean_loss = loss / total if total > 0 else float("nan")
         out[f"valid_auc{suffix}"] = distributed_auc(logits[:, i], labels[:, i])
         out[f"valid_logloss{suffix}"] = mean_loss
-        out[f"valid_ne{suffix}"] = normalized_entropy(mean_loss, positives / rows) if rows else float("nan")
+        out[f"valid_ne{suffix}"] = normalized_entropy(mean_loss, positives / total) if total > 0 else float("nan")
         out[f"valid_calibration{suffix}"] = predicted / positives if positives else float("nan")
         if groups is not None:
             out[f"valid_gauc{suffix}"] = distributed_gauc(groups, logits[:, i], labels[:, i])

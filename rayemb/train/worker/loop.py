@@ -89,10 +89,11 @@ def _step_batch(batch, device, retrieval: bool = False, non_blocking: bool = Fal
     """One step's tensors on the device: the model's inputs (rayemb.contract.model) and what the loss takes
     besides the model's output: the labels, or a retrieval model's item ids (rayemb.train.worker.retrieval)."""
     from rayemb.contract.model import model_inputs
+    from rayemb.train.worker.losses import loss_target
     from rayemb.train.worker.step import StepBatch
 
     inputs = model_inputs(batch, device, non_blocking)
-    target = batch.ids if retrieval else batch.labels
+    target = batch.ids if retrieval else loss_target(batch)
     return StepBatch(inputs, target.to(device, non_blocking=non_blocking), inputs[1])
 
 
@@ -194,7 +195,9 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
         built.lr_schedule.start(step, cfg.train.epochs * steps_per_epoch)
     best = EarlyStopping(cfg.train.early_stopping_patience, position.bookkeeping,
                          early_stopping_metric(cfg.train.early_stopping_metric, retrieval=item is not None,
-                                               grouped=schema.group is not None))
+                                               grouped=schema.group is not None,
+                                               regression=schema.task_type(cfg.train.early_stopping_task
+                                                                           or schema.label) == "regression"))
     retrieval = None if item is None else {"candidates": converter.candidates, "batch_size": cfg.data.batch_size,
                                            "num_items": schema.feature(item).num_embeddings}
     fault = job.fault_injection
@@ -207,7 +210,8 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
     def validate() -> Dict[str, float]:
         """The valid split's metrics, every rank together (all ranks call it alike)."""
         return evaluate(model, valid_data, device, padding=lambda: valid_converter.padding(cfg.data.batch_size),
-                        tasks=schema.labels, primary=cfg.train.early_stopping_task, retrieval=retrieval)
+                        tasks=schema.labels, primary=cfg.train.early_stopping_task, retrieval=retrieval,
+                        task_types=schema.task_kinds)
 
     def checkpoint(epoch: int, epoch_steps: int, complete: bool, report: Dict[str, Any]) -> None:
         meta = ckpt_meta.at(epoch=epoch, step=step, epoch_complete=complete,
@@ -381,14 +385,21 @@ class EarlyStopping:
         return {f"best_{self.metric}": self.best, "best_epoch": self.best_epoch, "epochs_without_gain": self.bad_epochs}
 
 
-def early_stopping_metric(named: Optional[str], retrieval: bool, grouped: bool) -> str:
-    """The metric early stopping follows: ``train.early_stopping_metric``, else ``valid_auc`` (a retrieval model:
-    its hit rate@50); refused when this model or schema does not report it."""
+def early_stopping_metric(named: Optional[str], retrieval: bool, grouped: bool, regression: bool = False) -> str:
+    """The metric early stopping follows: ``train.early_stopping_metric``, else ``valid_auc`` (``regression``, a
+    primary task of regression: ``valid_rmse``; a retrieval model: its hit rate@50); refused when this model or
+    schema does not report it."""
     from rayemb.errors import ConfigError
     from rayemb.train.worker.retrieval import RETRIEVAL_METRIC
 
     if named is None:
-        return RETRIEVAL_METRIC if retrieval else "valid_auc"
+        return RETRIEVAL_METRIC if retrieval else "valid_rmse" if regression else "valid_auc"
+    regression_metric = named in ("valid_rmse", "valid_mae")
+    if not retrieval and regression_metric != regression:
+        fix = ("valid_rmse or valid_mae" if regression
+               else "valid_auc, valid_gauc, valid_logloss, valid_ne or valid_calibration")
+        raise ConfigError(f"Invalid config value train.early_stopping_metric: {named!r} is not reported for the "
+                          f"primary task, a {'regression' if regression else 'binary'} one. Use {fix}.")
     hit_rate = named.startswith("valid_hit_rate_at_")
     if hit_rate != retrieval:
         kind, fix = (("a retrieval model reports hit rates only", "valid_hit_rate_at_10, _50 or _100") if retrieval

@@ -1,4 +1,10 @@
-"""Evaluation metrics computed in numpy on gathered predictions."""
+"""Evaluation metrics computed in numpy on gathered predictions.
+
+A binary task reports AUC, logloss, NE and calibration (GAUC with a group column); a regression task (schema.yaml
+``task_types``) RMSE and MAE of its raw output. With row weights (schema.yaml ``weight``), logloss, NE,
+calibration, RMSE and MAE are weighted (every row's term times its weight, over the summed weights); AUC and
+GAUC stay unweighted.
+"""
 
 from __future__ import annotations
 
@@ -71,6 +77,36 @@ def calibration(labels: np.ndarray, logits: np.ndarray) -> float:
     return float(np.sum(sigmoid(logits)) / positives) if positives else float("nan")
 
 
+def weighted_binary_sums(labels: np.ndarray, logits: np.ndarray, weights: np.ndarray) -> "tuple[float, float, float]":
+    """(sum w * logloss, sum w * label, sum w * predicted probability) of the rows: the sums weighted logloss, NE
+    and calibration are made of."""
+    y = np.asarray(labels, dtype=np.float64).ravel()
+    z = np.asarray(logits, dtype=np.float64).ravel()
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    loss = np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))
+    return float(np.sum(w * loss)), float(np.sum(w * y)), float(np.sum(w * sigmoid(z)))
+
+
+def regression_sums(labels: np.ndarray, outputs: np.ndarray,
+                    weights: Optional[np.ndarray] = None) -> "tuple[float, float]":
+    """(sum w * squared error, sum w * absolute error) of raw outputs against real labels (``weights`` None: 1)."""
+    err = np.asarray(outputs, dtype=np.float64).ravel() - np.asarray(labels, dtype=np.float64).ravel()
+    w = 1.0 if weights is None else np.asarray(weights, dtype=np.float64).ravel()
+    return float(np.sum(w * err * err)), float(np.sum(w * np.abs(err)))
+
+
+def rmse(labels: np.ndarray, outputs: np.ndarray, weights: Optional[np.ndarray] = None) -> float:
+    """Root of the (weighted) mean squared error of raw outputs; NaN for no rows or zero total weight."""
+    total = float(np.asarray(labels).size if weights is None else np.sum(np.asarray(weights, dtype=np.float64)))
+    return float(np.sqrt(regression_sums(labels, outputs, weights)[0] / total)) if total > 0 else float("nan")
+
+
+def mae(labels: np.ndarray, outputs: np.ndarray, weights: Optional[np.ndarray] = None) -> float:
+    """The (weighted) mean absolute error of raw outputs; NaN for no rows or zero total weight."""
+    total = float(np.asarray(labels).size if weights is None else np.sum(np.asarray(weights, dtype=np.float64)))
+    return regression_sums(labels, outputs, weights)[1] / total if total > 0 else float("nan")
+
+
 def group_auc_terms(groups: np.ndarray, labels: np.ndarray, scores: np.ndarray) -> "tuple[float, float]":
     """(sum over groups with both classes of rows x AUC, their rows), each group's AUC as :func:`auc` computes it
     (ties half), vectorized: one sort by (group, score)."""
@@ -115,22 +151,41 @@ def gauc(labels: np.ndarray, scores: np.ndarray, groups: np.ndarray) -> float:
 
 
 def validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[Sequence[str]] = None,
-                       primary: Optional[str] = None, groups: Optional[np.ndarray] = None) -> Dict[str, float]:
+                       primary: Optional[str] = None, groups: Optional[np.ndarray] = None,
+                       task_types: Optional[Sequence[str]] = None,
+                       weights: Optional[np.ndarray] = None) -> Dict[str, float]:
     """``valid_auc``, ``valid_logloss``, ``valid_ne``, ``valid_calibration`` and ``valid_rows`` of every
     (label, logit) pair given (padding left out); with ``groups`` (schema.yaml ``group``), ``valid_gauc``.
 
     Several ``tasks`` (``labels`` and ``logits`` of shape ``(N, T)``, columns in ``tasks`` order): each task's
     ``valid_<metric>.<task>``, and the unsuffixed ones are the ``primary`` task's (the first by default), the one
-    early stopping and the best checkpoint follow."""
+    early stopping and the best checkpoint follow. ``task_types``: each task's ``binary`` (the default) or
+    ``regression`` (``valid_rmse`` and ``valid_mae`` instead); ``weights``: each row's weight (module docstring)."""
     labels, logits = np.asarray(labels), np.asarray(logits)
     columns = len(tasks) if tasks else 1
     labels, logits = labels.reshape(-1, columns), logits.reshape(-1, columns)
     names = list(tasks) if tasks and len(tasks) > 1 else [""]
+    kinds = list(task_types or ["binary"] * columns)
+    w = None if weights is None else np.asarray(weights, dtype=np.float64).ravel()
     out: Dict[str, float] = {}
     for i, task in enumerate(names):
         suffix = f".{task}" if task else ""
         y, z = labels[:, i], logits[:, i]
+        if kinds[i] == "regression":
+            out[f"valid_rmse{suffix}"] = rmse(y, z, w)
+            out[f"valid_mae{suffix}"] = mae(y, z, w)
+            continue
         out[f"valid_auc{suffix}"] = auc(y, z)
+        if w is not None:
+            total = float(w.sum())
+            loss, positives, predicted = weighted_binary_sums(y, z, w)
+            mean_loss = loss / total if total > 0 else float("nan")
+            out[f"valid_logloss{suffix}"] = mean_loss
+            out[f"valid_ne{suffix}"] = normalized_entropy(mean_loss, positives / total) if total > 0 else float("nan")
+            out[f"valid_calibration{suffix}"] = predicted / positives if positives else float("nan")
+            if groups is not None:
+                out[f"valid_gauc{suffix}"] = gauc(y, z, groups)
+            continue
         out[f"valid_logloss{suffix}"] = logloss(y, z)
         out[f"valid_ne{suffix}"] = ne(y, z)
         out[f"valid_calibration{suffix}"] = calibration(y, z)
@@ -146,6 +201,7 @@ def validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[S
 #: how a validation metric improves: ``max`` (higher is better), ``min`` (lower), ``one`` (closer to 1)
 METRIC_GOALS: Dict[str, str] = {
     "valid_auc": "max", "valid_gauc": "max", "valid_logloss": "min", "valid_ne": "min", "valid_calibration": "one",
+    "valid_rmse": "min", "valid_mae": "min",
 }
 
 
@@ -179,8 +235,10 @@ def primary_metric(metrics: Any) -> str:
 
 
 def secondary_metric(primary: str) -> str:
-    """The metric the job's lines show beside ``primary``: a ranking model's logloss, a retrieval model's hit
-    rate@10."""
+    """The metric the job's lines show beside ``primary``: a ranking model's logloss (a regression task's MAE or
+    RMSE), a retrieval model's hit rate@10."""
     if primary.startswith("valid_hit_rate_at_"):
         return "valid_hit_rate_at_10"
+    if primary.split(".")[0] in ("valid_rmse", "valid_mae"):
+        return "valid_mae" if primary.split(".")[0] == "valid_rmse" else "valid_rmse"
     return "valid_logloss" if primary != "valid_logloss" else "valid_auc"

@@ -97,7 +97,8 @@ def eval_batches(data: Any, device: Any, padding: Callable[[], Any], max_steps: 
 
 def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
              max_steps: Optional[int] = None, tasks: Optional[Sequence[str]] = None,
-             primary: Optional[str] = None, retrieval: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
+             primary: Optional[str] = None, retrieval: Optional[Dict[str, Any]] = None,
+             task_types: Optional[Sequence[str]] = None) -> Dict[str, float]:
     """AUC, logloss, NE, calibration, GAUC (batches with ``Batch.groups``) and row count of ``model`` on every row
     of a split's :class:`RankBatches`, all ranks together.
 
@@ -108,6 +109,8 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
         max_steps: score at most this many batches per rank.
         tasks, primary: the label columns of a multi-task model and the one ``valid_auc`` reports
             (:func:`rayemb.train.worker.metrics.validation_metrics`).
+        task_types: each task's ``binary`` or ``regression`` (None: every task binary); batches with
+            ``Batch.weights`` (schema.yaml ``weight``) give weighted metrics.
         retrieval: for a retrieval model, :func:`rayemb.train.worker.retrieval.evaluate_retrieval`'s ``candidates``,
             ``num_items`` and ``batch_size``: hit rate@K over the catalogue instead of AUC.
     """
@@ -121,6 +124,7 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
     logits: List[np.ndarray] = []
     labels: List[np.ndarray] = []
     groups: List[np.ndarray] = []
+    weights: List[np.ndarray] = []
     batches = eval_batches(data, device, padding, max_steps)
     with torch.no_grad():
         if retrieval is not None:
@@ -131,19 +135,25 @@ def evaluate(model: Any, data: Any, device: Any, padding: Callable[[], Any],
             out = model(*model_inputs(batch, device)).float().cpu().numpy()
             y = batch.labels.numpy()
             g = None if batch.groups is None else batch.groups.numpy()
+            w = None if getattr(batch, "weights", None) is None else batch.weights.numpy()
             if batch.mask is not None:
                 keep = batch.mask.numpy()
-                out, y, g = out[keep], y[keep], None if g is None else g[keep]
+                out, y = out[keep], y[keep]
+                g, w = None if g is None else g[keep], None if w is None else w[keep]
             logits.append(out)
             labels.append(y)
             if g is not None:
                 groups.append(g)
+            if w is not None:
+                weights.append(w)
     model.train()
     z = np.concatenate(logits) if logits else np.zeros(0, np.float32)
     y = np.concatenate(labels) if labels else np.zeros(0, np.float32)
     # every rank runs as many batches (padding ones keep groups too): all ranks pass groups or none does
     g = np.concatenate(groups) if groups else None
-    return distributed_validation_metrics(y, z, tasks, primary, groups=g)  # exact, each row's score sent once
+    w = np.concatenate(weights) if weights else None  # likewise: a weight column reaches every batch or none
+    return distributed_validation_metrics(y, z, tasks, primary, groups=g, task_types=task_types,
+                                          weights=w)  # exact, each row's score sent once
 
 
 __all__ = ["ValidationDataConfig", "evaluate", "eval_batches"]
