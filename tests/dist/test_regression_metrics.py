@@ -1,4 +1,4 @@
-"""RMSE, MAE and the weighted metrics over 2 and 3 gloo ranks (rayemb.train.worker.dist_metrics) equal a numpy
+"""RMSE, MAE and the weighted metrics (AUC included) over 2 and 3 gloo ranks (rayemb.train.worker.dist_metrics) equal a numpy
 reference of every row on one process, to 1e-6.
 
 The shares are unequal (one rank holds none) and one task is binary, one regression. Last, the job's
@@ -21,7 +21,7 @@ KINDS = ["binary", "regression"]
 def _rows():
     rng = np.random.default_rng(13)
     n = 1001
-    logits = rng.normal(size=(n, 2))
+    logits = np.round(rng.normal(size=(n, 2)), 1)  # ties
     labels = np.stack([(rng.random(n) < 1 / (1 + np.exp(-logits[:, 0]))).astype(np.float32),
                        (logits[:, 1] + rng.normal(scale=0.7, size=n)).astype(np.float32)], 1)
     weights = rng.random(n) * 4
@@ -51,7 +51,11 @@ def _reference(labels: np.ndarray, logits: np.ndarray, w: np.ndarray):
     loss = np.sum(w * -(y[:, 0] * np.log(p) + (1 - y[:, 0]) * np.log(1 - p))) / w.sum()
     rate = np.sum(w * y[:, 0]) / w.sum()
     err = z[:, 1] - y[:, 1]
-    return {"valid_logloss.click": loss,
+    positive, negative = y[:, 0] == 1, y[:, 0] == 0
+    wins = (z[positive, 0][:, None] > z[negative, 0][None, :]) + 0.5 * (z[positive, 0][:, None]
+                                                                        == z[negative, 0][None, :])
+    pair_w = w[positive][:, None] * w[negative][None, :]
+    return {"valid_auc.click": np.sum(wins * pair_w) / np.sum(pair_w), "valid_logloss.click": loss,
             "valid_ne.click": loss / -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate)),
             "valid_calibration.click": np.sum(w * p) / np.sum(w * y[:, 0]),
             "valid_rmse.rating": np.sqrt(np.sum(w * err ** 2) / w.sum()),
@@ -62,7 +66,8 @@ def _reference(labels: np.ndarray, logits: np.ndarray, w: np.ndarray):
 def test_rmse_mae_and_weighted_metrics_equal_the_reference_of_every_row(world):
     labels, logits, weights = _rows()
     want = {"plain": _reference(labels, logits, np.ones(len(labels))), "weighted": _reference(labels, logits, weights)}
-    assert abs(want["plain"]["valid_rmse.rating"] - want["weighted"]["valid_rmse.rating"]) > 1e-3
+    for key in ("valid_rmse.rating", "valid_auc.click"):
+        assert abs(want["plain"][key] - want["weighted"][key]) > 1e-4  # the weights matter
     for got in run_multiprocess(_rank, world):
         for case, reference in want.items():
             for key, value in reference.items():

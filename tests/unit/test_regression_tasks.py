@@ -166,10 +166,18 @@ def test_regression_metrics_equal_numpy_and_skip_the_binary_ones():
     assert "valid_auc.click" in got and "valid_rmse.click" not in got
 
 
-def test_weighted_metrics_equal_numpy_and_auc_stays_unweighted():
+def _pairwise_auc(y: np.ndarray, z: np.ndarray, w: np.ndarray) -> float:
+    """Every (positive, negative) pair written out, weighted ``w_pos * w_neg``, ties half."""
+    pos, neg = y == 1, y == 0
+    wins = (z[pos][:, None] > z[neg][None, :]) + 0.5 * (z[pos][:, None] == z[neg][None, :])
+    pair_w = w[pos][:, None] * w[neg][None, :]
+    return float(np.sum(wins * pair_w) / np.sum(pair_w))
+
+
+def test_weighted_metrics_equal_numpy():
     rng = np.random.default_rng(4)
     n = 80
-    z = rng.normal(size=(n, 2))
+    z = np.round(rng.normal(size=(n, 2)), 1)  # ties
     y = np.stack([(rng.random(n) < 0.3).astype(float), rng.normal(size=n)], 1)
     w = rng.random(n) * 3
     w[:5] = 0.0
@@ -181,11 +189,10 @@ def test_weighted_metrics_equal_numpy_and_auc_stays_unweighted():
     want = {"valid_logloss.click": loss, "valid_ne.click": loss / -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate)),
             "valid_calibration.click": np.sum(w * p) / np.sum(w * y[:, 0]),
             "valid_rmse.rating": np.sqrt(np.sum(w * err ** 2) / w.sum()),
-            "valid_mae.rating": np.sum(w * np.abs(err)) / w.sum()}
+            "valid_mae.rating": np.sum(w * np.abs(err)) / w.sum(), "valid_auc.click": _pairwise_auc(y[:, 0], z[:, 0], w)}
     for key, value in want.items():
         assert abs(got[key] - value) < 1e-9, (key, got[key], value)
-    assert got["valid_auc.click"] == validation_metrics(y, z, ["click", "rating"],
-                                                        task_types=["binary", "regression"])["valid_auc.click"]
+    assert abs(got["valid_auc.click"] - _pairwise_auc(y[:, 0], z[:, 0], np.ones(n))) > 1e-3  # the weights matter
     # unit weights: the unweighted metrics
     unit = validation_metrics(y, z, ["click", "rating"], task_types=["binary", "regression"], weights=np.ones(n))
     plain = validation_metrics(y, z, ["click", "rating"], task_types=["binary", "regression"])

@@ -15,7 +15,9 @@ grows with the split and the world. The AUC needs only, for each positive, the n
 
 Logloss, NE and calibration are sums over rows (logloss, labels, predicted probabilities), all-reduced; so are a
 regression task's RMSE and MAE (squared and absolute errors) and, with row weights, every one of those sums
-weighted plus the weights' own sum: exact to float64 rounding. AUC and GAUC stay unweighted. GAUC
+weighted plus the weights' own sum: exact to float64 rounding. The weighted AUC counts each (positive,
+negative) pair ``w_pos * w_neg``: the same sample sort, weights sent with the pairs and summed in float64. GAUC
+stays unweighted. GAUC
 sends each (group, score, label) row once, to the rank its group id falls to (``group mod world``): every rank
 then holds whole groups, adds up rows x AUC of its groups with both classes
 (:func:`rayemb.train.worker.metrics.group_auc_terms`) and one all-reduce sums them. Integers are int64: exact up
@@ -51,21 +53,25 @@ def _splitters(scores: np.ndarray, world: int) -> np.ndarray:
     return np.quantile(pooled, q) if pooled.size else np.zeros(len(q))
 
 
-def _exchange(scores: np.ndarray, labels: np.ndarray, splitters: np.ndarray, world: int) -> np.ndarray:
-    """This rank's range of every rank's (score, label) pairs, as an (m, 2) float64 array."""
+def _exchange(scores: np.ndarray, labels: np.ndarray, splitters: np.ndarray, world: int,
+              weights: Optional[np.ndarray] = None) -> np.ndarray:
+    """This rank's range of every rank's (score, label) pairs, as an (m, 2) float64 array; with ``weights``,
+    (score, label, weight) triples, (m, 3)."""
     import torch
     import torch.distributed as dist
 
     dest = np.searchsorted(splitters, scores, side="left")  # equal scores: one destination
     order = np.argsort(dest, kind="stable")
-    send = np.stack([scores[order], labels[order]], axis=1).astype(np.float64).ravel()
+    columns = [scores[order], labels[order]] + ([] if weights is None else [weights[order]])
+    width = len(columns)
+    send = np.stack(columns, axis=1).astype(np.float64).ravel()
     counts = np.bincount(dest, minlength=world).astype(np.int64)
     recv_counts = torch.zeros(world, dtype=torch.int64)
     dist.all_to_all_single(recv_counts, torch.from_numpy(counts))
-    out = torch.zeros(int(recv_counts.sum()) * 2, dtype=torch.float64)
-    dist.all_to_all_single(out, torch.from_numpy(send), output_split_sizes=(recv_counts * 2).tolist(),
-                           input_split_sizes=(counts * 2).tolist())
-    return out.numpy().reshape(-1, 2)
+    out = torch.zeros(int(recv_counts.sum()) * width, dtype=torch.float64)
+    dist.all_to_all_single(out, torch.from_numpy(send), output_split_sizes=(recv_counts * width).tolist(),
+                           input_split_sizes=(counts * width).tolist())
+    return out.numpy().reshape(-1, width)
 
 
 def _auc_terms(scores: np.ndarray, positive: np.ndarray) -> Tuple[int, int, int]:
@@ -100,6 +106,31 @@ def distributed_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     dist.all_reduce(total)
     p, n = sum(int(c[0]) for c in counts), sum(int(c[1]) for c in counts)
     return float(int(total) / (2.0 * p * n)) if p and n else float("nan")
+
+
+def distributed_weighted_auc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> float:
+    """Weighted ROC AUC (:func:`rayemb.train.worker.metrics.weighted_auc`: each (positive, negative) pair counted
+    ``w_pos * w_neg``, ties half) of every rank's rows, every rank calling it; float64 sums instead of integers."""
+    import torch
+    import torch.distributed as dist
+
+    from rayemb.train.worker.metrics import weighted_auc, weighted_auc_terms
+
+    rank, world = _world()
+    scores = np.asarray(scores, dtype=np.float64).ravel()
+    labels = np.asarray(labels).astype(bool).ravel()
+    weights = np.asarray(weights, dtype=np.float64).ravel()
+    if world == 1:
+        return weighted_auc(labels, scores, weights)
+    mine = _exchange(scores, labels, _splitters(scores, world), world, weights)
+    pairs, pos, neg = weighted_auc_terms(mine[:, 0], mine[:, 1] > 0.5, mine[:, 2])
+    every = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(every, torch.tensor([pos, neg], dtype=torch.float64))
+    below = sum(float(c[1]) for c in every[:rank])  # every lower range's negative weight scores below ours
+    total = torch.tensor([pairs + pos * below], dtype=torch.float64)
+    dist.all_reduce(total)
+    p, n = sum(float(c[0]) for c in every), sum(float(c[1]) for c in every)
+    return float(total) / (p * n) if p > 0 and n > 0 else float("nan")
 
 
 def distributed_gauc(groups: np.ndarray, scores: np.ndarray, labels: np.ndarray) -> float:
@@ -184,7 +215,8 @@ def distributed_validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks
             continue
         loss, positives, predicted = (float(v) for v in sums[1 + 3 * i:4 + 3 * i])
         mean_loss = loss / total if total > 0 else float("nan")
-        out[f"valid_auc{suffix}"] = distributed_auc(logits[:, i], labels[:, i])
+        out[f"valid_auc{suffix}"] = (distributed_auc(logits[:, i], labels[:, i]) if w is None
+                                     else distributed_weighted_auc(logits[:, i], labels[:, i], w))
         out[f"valid_logloss{suffix}"] = mean_loss
         out[f"valid_ne{suffix}"] = normalized_entropy(mean_loss, positives / total) if total > 0 else float("nan")
         out[f"valid_calibration{suffix}"] = predicted / positives if positives else float("nan")
@@ -197,4 +229,4 @@ def distributed_validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks
     return out
 
 
-__all__ = ["distributed_auc", "distributed_gauc", "distributed_validation_metrics"]
+__all__ = ["distributed_auc", "distributed_weighted_auc", "distributed_gauc", "distributed_validation_metrics"]

@@ -2,8 +2,8 @@
 
 A binary task reports AUC, logloss, NE and calibration (GAUC with a group column); a regression task (schema.yaml
 ``task_types``) RMSE and MAE of its raw output. With row weights (schema.yaml ``weight``), logloss, NE,
-calibration, RMSE and MAE are weighted (every row's term times its weight, over the summed weights); AUC and
-GAUC stay unweighted.
+calibration, RMSE and MAE are weighted (every row's term times its weight, over the summed weights) and AUC
+counts each (positive, negative) pair ``w_pos * w_neg`` (:func:`weighted_auc`); GAUC stays unweighted.
 """
 
 from __future__ import annotations
@@ -75,6 +75,29 @@ def calibration(labels: np.ndarray, logits: np.ndarray) -> float:
     positive."""
     positives = float(np.sum(np.asarray(labels, dtype=np.float64)))
     return float(np.sum(sigmoid(logits)) / positives) if positives else float("nan")
+
+
+def weighted_auc_terms(scores: np.ndarray, positive: np.ndarray,
+                       weights: np.ndarray) -> "tuple[float, float, float]":
+    """(sum over (positive, negative) pairs with the negative below of ``w_pos * w_neg``, ties half; the positives'
+    weight; the negatives' weight) of some rows."""
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    y = np.asarray(positive).astype(bool).ravel()
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    if not s.size:
+        return 0.0, 0.0, 0.0
+    values, inverse = np.unique(s, return_inverse=True)
+    pos = np.bincount(inverse, weights=np.where(y, w, 0.0), minlength=len(values))
+    neg = np.bincount(inverse, weights=np.where(y, 0.0, w), minlength=len(values))
+    below = np.concatenate([[0.0], np.cumsum(neg)[:-1]])
+    return float(np.sum(pos * (below + 0.5 * neg))), float(pos.sum()), float(neg.sum())
+
+
+def weighted_auc(labels: np.ndarray, scores: np.ndarray, weights: np.ndarray) -> float:
+    """ROC AUC with row weights: each (positive, negative) pair counted ``w_pos * w_neg`` (ties half); unit
+    weights give :func:`auc`. NaN when either class weighs nothing."""
+    pairs, pos, neg = weighted_auc_terms(scores, labels, weights)
+    return pairs / (pos * neg) if pos > 0 and neg > 0 else float("nan")
 
 
 def weighted_binary_sums(labels: np.ndarray, logits: np.ndarray, weights: np.ndarray) -> "tuple[float, float, float]":
@@ -175,7 +198,7 @@ def validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[S
             out[f"valid_rmse{suffix}"] = rmse(y, z, w)
             out[f"valid_mae{suffix}"] = mae(y, z, w)
             continue
-        out[f"valid_auc{suffix}"] = auc(y, z)
+        out[f"valid_auc{suffix}"] = auc(y, z) if w is None else weighted_auc(y, z, w)
         if w is not None:
             total = float(w.sum())
             loss, positives, predicted = weighted_binary_sums(y, z, w)
