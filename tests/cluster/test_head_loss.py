@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _emulated import cannot_emulate, needs_emulation
+from _emulated import cannot_emulate, down, kill_node, needs_emulation
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
@@ -115,31 +115,22 @@ def _train_steps(tracking_uri: str, run_id: str):
     return [m.step for m in sorted(history, key=lambda m: m.timestamp)]
 
 
-def _kill(cluster: EmulatedCluster, k: int):
-    """Every process of node k SIGKILLed; the PIDs killed. A raylet may fork a worker between the listing and the
-    kill: that one outlives the kill, and a second round takes it."""
-    try:
-        return cluster.kill_node(k)
-    except EmulateError as e:
-        if "survived SIGKILL" not in str(e):
-            raise
-        return cluster.kill_node(k)
-
-
-def _nodes_up(cluster: EmulatedCluster) -> None:
-    """Both nodes running (a new head, its worker joined) where an earlier test left them otherwise."""
-    if not cluster.status()["up"]:
+def _nodes_up(cluster: EmulatedCluster, state: dict) -> None:
+    """Both nodes running (a new head, its worker joined) where an earlier test stopped before starting them."""
+    if not state["up"]:
         for k in (0, 1):
-            _kill(cluster, k)
+            kill_node(cluster, k)
         cluster.start_node(0)
         cluster.start_node(1)
+        state["up"] = True
 
 
 @pytest.fixture(scope="module")
 def head_loss_cluster(tmp_path_factory):
-    """(cluster, S3 server) shared by both variants: bringing a cluster up and down is most of what a variant
-    would add. Every node, from its first start on, has the S3 server's address and credentials in its environment
-    (EmulatedCluster.node_env reads this process's); the server binds the bridge's address once it exists."""
+    """(cluster, S3 server, {"up": whether both nodes run}) shared by both variants: bringing a cluster up and
+    down is most of what a variant would add. Every node, from its first start on, has the S3 server's address and
+    credentials in its environment (EmulatedCluster.node_env reads this process's); the server binds the bridge's
+    address once it exists."""
     from _servers import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, MotoS3Server
 
     if cannot_emulate():
@@ -165,14 +156,11 @@ def head_loss_cluster(tmp_path_factory):
             server = MotoS3Server(host=cluster.bridge_ip, port=s3_port).start()
             assert server.env["AWS_ENDPOINT_URL"] == os.environ["AWS_ENDPOINT_URL"]
             server.create_bucket(BUCKET)
-            yield cluster, server
+            yield cluster, server, {"up": True}
         finally:
             try:
                 if cluster is not None:
-                    if cluster.status()["recorded"]:
-                        for k in (0, 1):  # SIGKILLed first: down's SIGTERM waits out a GCS hung in its shutdown
-                            _kill(cluster, k)
-                    cluster.down()
+                    down(cluster)
             finally:
                 if server is not None:
                     server.stop()
@@ -189,7 +177,7 @@ def test_job_survives_losing_its_head_node(where, head_loss_cluster, tiny_data, 
     from rayemb.train.driver.job_record import read_record
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    cluster, server = head_loss_cluster
+    cluster, server, nodes = head_loss_cluster
     first = None
     name = f"{NAME}-{where}"  # one submission id per job on the shared cluster, as Ray requires
     head_disk = tmp_path / "head-disk"
@@ -197,7 +185,7 @@ def test_job_survives_losing_its_head_node(where, head_loss_cluster, tiny_data, 
     out = f"s3://{BUCKET}/runs" if where == "s3" else str(tmp_path / "shared" / "runs")
 
     try:
-        _nodes_up(cluster)
+        _nodes_up(cluster, nodes)
         env = _client_env(cluster)
         argv = _submit_argv(tiny_data, out, result_json, head_disk, name)
 
@@ -215,8 +203,9 @@ def test_job_survives_losing_its_head_node(where, head_loss_cluster, tiny_data, 
                     break
             time.sleep(0.5)
         assert seen, (first.poll(), log.read_text()[-4000:], _head_logs(cluster))
-        killed = _kill(cluster, 0)  # the head: every process in its namespace, the job's driver among them
-        _kill(cluster, 1)  # its raylet and workers belong to a GCS that is gone
+        nodes["up"] = False
+        killed = kill_node(cluster, 0)  # the head: every process in its namespace, the job's driver among them
+        kill_node(cluster, 1)  # its raylet and workers belong to a GCS that is gone
         assert killed
         first.wait(timeout=120)  # the submitter loses the dashboard and gives up
 
@@ -240,6 +229,7 @@ def test_job_survives_losing_its_head_node(where, head_loss_cluster, tiny_data, 
         # ---- a new head, the same submission
         cluster.start_node(0)
         cluster.start_node(1)
+        nodes["up"] = True
         second = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
         why = (second.returncode, second.stdout[-5000:], second.stderr[-3000:])
         assert second.returncode == 0 and f"Job '{name}' succeeded" in second.stdout, why
