@@ -48,7 +48,8 @@ LR_SCHEDULES = ("constant", "cosine", "linear", "step")
 #: the validation metrics early stopping and the best checkpoint may follow (directions:
 #: rayemb.train.worker.metrics.METRIC_GOALS); a retrieval model reports the hit rates, a ranking model the rest
 EARLY_STOPPING_METRICS = ("valid_auc", "valid_gauc", "valid_logloss", "valid_ne", "valid_calibration",
-                          "valid_rmse", "valid_mae", "valid_hit_rate_at_10", "valid_hit_rate_at_50", "valid_hit_rate_at_100")
+                          "valid_rmse", "valid_mae", "valid_hit_rate_at_10", "valid_hit_rate_at_50",
+                          "valid_hit_rate_at_100")
 #: train.regression_loss: the loss of a regression task (schema.yaml ``task_types``) on the model's raw output
 REGRESSION_LOSSES = ("mse", "huber")
 #: train.lr_schedule: every key and its default (a key left out takes it)

@@ -1,5 +1,5 @@
-"""RMSE, MAE and the weighted metrics (AUC included) over 2 and 3 gloo ranks (rayemb.train.worker.dist_metrics) equal a numpy
-reference of every row on one process, to 1e-6.
+"""RMSE, MAE and the weighted metrics (AUC included) over 2 and 3 gloo ranks (rayemb.train.worker.dist_metrics)
+equal a numpy reference of every row on one process, to 1e-6.
 
 The shares are unequal (one rank holds none) and one task is binary, one regression. Last, the job's
 ``evaluate`` carries the weight column from the valid split's batches (padded, and padding-only on a rank with

@@ -121,7 +121,8 @@ def test_each_task_type_gets_its_own_loss(kind):
             + 0.25 * regression(out[:, 1], labels[:, 1]))
     assert torch.allclose(loss(out, labels), want, atol=1e-6)
     # huber is linear past an error of 1: the two losses differ on these outputs
-    assert not torch.allclose(TaskLoss(["r"], task_types=["regression"], regression_loss="huber")(out[:, 1], labels[:, 1]),
+    huber = TaskLoss(["r"], task_types=["regression"], regression_loss="huber")
+    assert not torch.allclose(huber(out[:, 1], labels[:, 1]),
                               TaskLoss(["r"], task_types=["regression"])(out[:, 1], labels[:, 1]))
 
 
@@ -186,10 +187,12 @@ def test_weighted_metrics_equal_numpy():
     loss = np.sum(w * -(y[:, 0] * np.log(p) + (1 - y[:, 0]) * np.log(1 - p))) / w.sum()
     rate = np.sum(w * y[:, 0]) / w.sum()
     err = z[:, 1] - y[:, 1]
-    want = {"valid_logloss.click": loss, "valid_ne.click": loss / -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate)),
+    entropy = -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate))
+    want = {"valid_logloss.click": loss, "valid_ne.click": loss / entropy,
             "valid_calibration.click": np.sum(w * p) / np.sum(w * y[:, 0]),
             "valid_rmse.rating": np.sqrt(np.sum(w * err ** 2) / w.sum()),
-            "valid_mae.rating": np.sum(w * np.abs(err)) / w.sum(), "valid_auc.click": _pairwise_auc(y[:, 0], z[:, 0], w)}
+            "valid_mae.rating": np.sum(w * np.abs(err)) / w.sum(),
+            "valid_auc.click": _pairwise_auc(y[:, 0], z[:, 0], w)}
     for key, value in want.items():
         assert abs(got[key] - value) < 1e-9, (key, got[key], value)
     assert abs(got["valid_auc.click"] - _pairwise_auc(y[:, 0], z[:, 0], np.ones(n))) > 1e-3  # the weights matter
