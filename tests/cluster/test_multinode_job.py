@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 import pytest
-from _emulated import HOLD_HEAD_CPUS, needs_emulation, up_cluster
+from _emulated import HOLD_HEAD_CPUS, down, needs_emulation, up_cluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
@@ -103,7 +103,7 @@ def test_default_job_on_three_nodes_learns_and_predicts_from_every_node(tiny_dat
         model, preds = str(cluster.shared_dir / "model"), str(node_local / "preds")
         scored = _predict_on_cluster(cluster, env, multi, tiny_data, model, preds)
     finally:
-        cluster.down()
+        down(cluster)
     assert "rayemb: calibrated" in out  # the step-time model was measured across the nodes
     # one split table, the final one: across nodes the hot sets come from the calibrated break-even
     assert out.count("rayemb: frequent-category split (") == 1, out[-4000:]
