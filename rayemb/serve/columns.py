@@ -142,6 +142,19 @@ def sigmoid(logits: np.ndarray) -> np.ndarray:
     return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
+def task_outputs(logits: np.ndarray, schema: Any) -> np.ndarray:
+    """What is served per task, float64: a binary task's probability ``sigmoid(logit)``, a regression task's
+    (schema.yaml ``task_types``) raw output. ``logits``: ``(N,)`` for one label, ``(N, T)`` for T labels."""
+    regression = {label for label, kind in schema.task_types if kind == "regression"}
+    if not regression:
+        return sigmoid(logits)
+    out = np.asarray(logits, dtype=np.float64)
+    if out.ndim == 1:
+        return out if schema.labels[0] in regression else sigmoid(out)
+    return np.stack([out[:, i] if label in regression else sigmoid(out[:, i])
+                     for i, label in enumerate(schema.labels)], axis=1)
+
+
 def vector_array(vectors: np.ndarray) -> pa.Array:
     """``(N, d)`` float vectors as a ``list<float>`` array of N rows."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -170,4 +183,4 @@ def output_table(model: Any, data: Any, output: Optional[str] = None) -> pa.Tabl
 
 __all__ = ["ITEM_EMBEDDING", "PREDICTION_COLUMN", "RETRIEVAL_OUTPUTS", "SCORE", "USER_EMBEDDING", "as_arrow",
            "check_output", "feature_columns", "id_column", "input_columns", "missing_columns_error", "output_names",
-           "output_table", "prediction_columns", "served_columns", "sigmoid", "vector_array"]
+           "output_table", "prediction_columns", "served_columns", "sigmoid", "task_outputs", "vector_array"]

@@ -70,7 +70,8 @@ from rayemb.data.schema import DatasetSchema
 from rayemb.errors import ConfigError, DataError
 # the columns of scoring, re-exported: code that loads a model finds them next to it
 from rayemb.serve.columns import (ITEM_EMBEDDING, PREDICTION_COLUMN, SCORE, USER_EMBEDDING, as_arrow, check_output,
-                                  feature_columns, id_column, input_columns, missing_columns_error, sigmoid)
+                                  feature_columns, id_column, input_columns, missing_columns_error, sigmoid,
+                                  task_outputs)
 
 logger = logging.getLogger(__name__)
 
@@ -410,13 +411,14 @@ class InferenceModel:
 
     def predict(self, data: Any, batch_rows: int = DEFAULT_BATCH_ROWS) -> np.ndarray:
         """Probabilities ``sigmoid(logit)`` as float64 (computed in float64: no ties the logits do not have):
-        ``(N,)``, or ``(N, T)`` for T label columns. A retrieval model: ``(N,)`` pair scores
-        ``query . candidate`` (float64), not probabilities."""
+        ``(N,)``, or ``(N, T)`` for T label columns; a regression task's (schema.yaml ``task_types``) column is
+        its raw output. A retrieval model: ``(N,)`` pair scores ``query . candidate`` (float64), not
+        probabilities."""
         if self.item_feature is not None:
             from rayemb.serve.retrieval import pair_scores
 
             return pair_scores(self, self.rows(data, SCORE), batch_rows)
-        return sigmoid(self.logits(data, batch_rows))
+        return task_outputs(self.logits(data, batch_rows), self.schema)
 
     # ---- a retrieval model's vectors (rayemb.serve.retrieval) ---- #
 
