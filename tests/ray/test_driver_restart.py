@@ -125,8 +125,12 @@ def test_a_killed_driver_is_continued_by_rerunning_the_same_command(ray_2_cpus, 
     steps = [m.step for m in sorted(client.get_metric_history(run.info.run_id, "train_loss"),
                                     key=lambda m: m.timestamp)]
     assert steps == sorted(set(steps)), steps  # no step twice, in order across the two attempts
-    # what the killed driver had not yet written, at most: the points after its last checkpoint
-    assert steps[-1] == 100 and max(b - a for a, b in zip(steps, steps[1:])) <= 15 + 5, steps
+    # every point after the checkpoint the second attempt continued from, and the first attempt's before it without
+    # a hole: the only hole is what the killed driver had trained before that checkpoint but not yet written (its
+    # MLflow writes trail its training, the more so on a loaded machine)
+    before = [s for s in steps if s <= resumed_step]
+    assert before == list(range(5, (before or [0])[-1] + 1, 5)), steps
+    assert [s for s in steps if s > resumed_step] == list(range((resumed_step // 5 + 1) * 5, 101, 5)), steps
 
     # the same checkpoint resumed by hand as another job (its own record, run folder and MLflow experiment, in
     # the same output folder: a new MLflow store costs seconds of schema migrations): the same final weights
