@@ -259,8 +259,12 @@ def test_job_survives_losing_its_head_node(where, head_loss_cluster, tiny_data, 
             steps = _train_steps(first_store, rec.run_id)
             assert steps == sorted(set(steps)) and steps[-1] == LAST, steps
             assert steps[:len(first_steps)] == first_steps, (first_steps, steps)
-            # the points attempt 1 had not logged when it died, at most: what it trained after its last checkpoint
-            assert max(b - a for a, b in zip(steps, steps[1:])) <= EVERY + LOG_EVERY, steps
+            # attempt 1's points without a hole, then every point after the checkpoint attempt 2 continued from:
+            # the only hole is what attempt 1 trained before that checkpoint but had not logged when it died (its
+            # driver's MLflow writes trail its training, the more so on a loaded machine)
+            assert first_steps == list(range(LOG_EVERY, first_steps[-1] + 1, LOG_EVERY)), first_steps
+            first_point = (done // LOG_EVERY + 1) * LOG_EVERY
+            assert [s for s in steps if s > done] == list(range(first_point, LAST + 1, LOG_EVERY)), (done, steps)
             client = MlflowClient(first_store)
             run = client.get_run(rec.run_id)
             assert run.info.status == "FINISHED" and run.data.tags["rayemb.attempt"] == "2"
