@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _table_shard import TableShard
 
 from rayemb.multiprocess import run_multiprocess
 
@@ -79,18 +80,6 @@ def test_rmse_mae_and_weighted_metrics_equal_the_reference_of_every_row(world):
         assert abs(single["valid_mae"] - want["weighted"]["valid_mae.rating"]) <= 1e-6 and "valid_auc" not in single
 
 
-class _Shard:
-    """A rank's rows, read as Ray Data's ``DataIterator.iter_batches`` reads them."""
-
-    def __init__(self, table) -> None:
-        self.table = table
-
-    def iter_batches(self, *, batch_size: int, batch_format: str, drop_last: bool, prefetch_batches: int):
-        for lo in range(0, self.table.num_rows, batch_size):
-            if not (drop_last and self.table.num_rows - lo < batch_size):
-                yield self.table.slice(lo, batch_size)
-
-
 def _valid_table():
     import pyarrow as pa
 
@@ -123,7 +112,7 @@ def _evaluate_rank(rank: int, world_size: int):
     out = {}
     for case, shares in {"uneven": (23, 17), "one_sided": (40, 0)}.items():
         mine = _valid_table().slice(sum(shares[:rank]), shares[rank])
-        data = RankBatches(_Shard(mine), 8, functools.partial(convert, pad_to=8), in_memory=True,
+        data = RankBatches(TableShard(mine), 8, functools.partial(convert, pad_to=8), in_memory=True,
                            first_batch_timeout_s=60.0, split="valid", rank=rank, shuffle=False, drop_last=False)
         out[case] = evaluate(Output(), data, torch.device("cpu"), padding=lambda: convert.padding(8),
                              tasks=schema.labels, task_types=schema.task_kinds)

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 import pyarrow as pa
 import pytest
+from _table_shard import TableShard
 
 from rayemb.multiprocess import run_multiprocess
 
@@ -32,22 +33,6 @@ TRAIN_STEPS = 4
 #: case -> (rows of rank 0, rows of rank 1) out of the first VALID_ROWS validation rows, in order
 SHARES: Dict[str, Tuple[int, int]] = {"even": (19, 18), "uneven": (34, 3), "one_sided": (37, 0),
                                       "single_row": (1, 0)}
-
-
-class _Shard:
-    """A rank's share of the rows, read the way Ray Data's ``DataIterator.iter_batches`` reads it: batches of
-    ``batch_size`` rows, the last one short unless ``drop_last``."""
-
-    def __init__(self, table: pa.Table) -> None:
-        self.table = table
-
-    def iter_batches(self, *, batch_size: int, batch_format: str, drop_last: bool, prefetch_batches: int):
-        assert batch_format == "pyarrow"
-        for lo in range(0, self.table.num_rows, batch_size):
-            batch = self.table.slice(lo, batch_size)
-            if drop_last and batch.num_rows < batch_size:
-                return
-            yield batch
 
 
 def _score_rank(rank: int, world_size: int, cfg: Any, schema: Any) -> Dict[str, Any]:
@@ -84,7 +69,7 @@ def _score_rank(rank: int, world_size: int, cfg: Any, schema: Any) -> Dict[str, 
         lo = sum(shares[:rank])
         mine = valid.slice(lo, shares[rank])
         for in_memory in (True, False):
-            data = RankBatches(_Shard(mine), LOCAL_BATCH, functools.partial(convert, pad_to=LOCAL_BATCH),
+            data = RankBatches(TableShard(mine), LOCAL_BATCH, functools.partial(convert, pad_to=LOCAL_BATCH),
                                in_memory=in_memory, first_batch_timeout_s=60.0, split="valid", rank=rank,
                                shuffle=False, drop_last=False)
             results[f"{case}/{'memory' if in_memory else 'streamed'}"] = evaluate(
@@ -174,8 +159,8 @@ def test_validation_keeps_the_last_batch_training_drops_it():
 
     table = pa.table({"x": list(range(37))})
     args = dict(in_memory=True, first_batch_timeout_s=5.0, rank=0, shuffle=False)
-    train = RankBatches(_Shard(table), 16, lambda b: b.num_rows, split="train", **args)
-    valid = RankBatches(_Shard(table), 16, lambda b: b.num_rows, split="valid", drop_last=False, **args)
+    train = RankBatches(TableShard(table), 16, lambda b: b.num_rows, split="train", **args)
+    valid = RankBatches(TableShard(table), 16, lambda b: b.num_rows, split="valid", drop_last=False, **args)
     assert list(train.epoch(0)) == [16, 16] and list(valid.epoch(0)) == [16, 16, 5]
 
 
