@@ -20,8 +20,8 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 import torch
-from _sparse import HeadModel, checkpoint_batch
-from test_logical_checkpoint import LR, PLAN_A, TABLES
+from _sparse import checkpoint_batch
+from test_logical_checkpoint import PLAN_A, TABLES, _build
 
 from rayemb.multiprocess import run_multiprocess
 
@@ -29,49 +29,10 @@ LOCAL_BATCH = 6
 STEPS = 4
 
 
-def _build(world_size: int, precision: Dict[str, str]):
-    """Plan A sharded as a job shards it, its exchanges at ``precision`` (``train.comm_precision``)."""
-    import torch.distributed as dist
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.optim import RowWiseAdagrad
-    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-    from rayemb.embedding.data_parallel import OneDataParallelWrapper, replicated_embedding_parameters
-    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
-    from rayemb.embedding.qcomm import CommPrecision
-    from rayemb.embedding.sharders import cpu_capable_sharders
-
-    p = CommPrecision.of(precision)
-    torch.manual_seed(0)
-    configs = [EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=v, feature_names=[f"f_{n}"])
-               for n, (v, d) in TABLES.items()]
-    hot = {n: h for n, (kind, _, h) in PLAN_A.items() if kind == "hybrid"}
-    sparse = HybridEmbeddingBagCollection(configs, hot, device=torch.device("meta"))
-    model = HeadModel(sparse, sum(d for _, d in TABLES.values()))
-    apply_optimizer_in_backward(RowWiseAdagrad, sparse.parameters(), {"lr": LR})
-    cons = sparse.parameter_constraints({n: t for n, (k, t, _) in PLAN_A.items() if k == "hybrid"},
-                                        {n: [t] for n, (k, t, _) in PLAN_A.items() if k != "hybrid"}, min_partition=4)
-    sharders = cpu_capable_sharders(p)
-    plan = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device="cpu"),
-                                    constraints=cons).collective_plan(model, sharders, dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders,
-                                   data_parallel_wrapper=OneDataParallelWrapper(allreduce_comm_precision=p.allreduce))
-    replicated = replicated_embedding_parameters(dmp)
-    dense = {k: v for k, v in in_backward_optimizer_filter(dmp.named_parameters()) if k not in replicated}
-    opt = CombinedOptimizer([dmp.fused_optimizer,
-                             KeyedOptimizerWrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=LR)),
-                             KeyedOptimizerWrapper(replicated, lambda ps: RowWiseAdagrad(ps, lr=LR))])
-    return dmp, opt, sparse.remapper
-
-
 def _train(rank: int, world_size: int, precision: Dict[str, str]) -> Dict[str, object]:
     from rayemb.embedding.comm import CommCounter, instrument_ddp
 
-    dmp, opt, remapper = _build(world_size, precision)
+    dmp, opt, remapper = _build(world_size, PLAN_A, seed=0, comm_precision=precision)
     assert instrument_ddp(dmp) == 1  # the one DDP's all-reduce is counted, with or without a compression hook
     losses: List[float] = []
     steps: List[Dict[str, Dict[str, float]]] = []

@@ -16,7 +16,7 @@ matches the original model's next step to float tolerance.
 from __future__ import annotations
 
 import os
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -43,9 +43,11 @@ PLAN_B = {"a": ("column_wise", "column_wise", None), "b": ("hybrid", "row_wise",
           "g": ("row_wise", "row_wise", None)}
 
 
-def _build(world_size: int, plan: Dict[str, tuple], seed: int, one_ddp: bool = True):
+def _build(world_size: int, plan: Dict[str, tuple], seed: int, one_ddp: bool = True,
+           comm_precision: Optional[Dict[str, str]] = None):
     """The model of ``plan`` sharded as a job shards it (``one_ddp=False``: TorchRec's own DDP per data-parallel
-    lookup instead of the job's one DDP), its optimizer and remapper."""
+    lookup instead of the job's one DDP), its exchanges at ``comm_precision`` (``train.comm_precision``; None:
+    fp32), its optimizer and remapper."""
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
@@ -57,8 +59,10 @@ def _build(world_size: int, plan: Dict[str, tuple], seed: int, one_ddp: bool = T
 
     from rayemb.embedding.data_parallel import OneDataParallelWrapper, replicated_embedding_parameters
     from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
+    from rayemb.embedding.qcomm import CommPrecision
     from rayemb.embedding.sharders import cpu_capable_sharders
 
+    precision = CommPrecision.of(comm_precision)
     torch.manual_seed(seed)
     configs = [EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=v, feature_names=[f"f_{n}"])
                for n, (v, d) in TABLES.items()]
@@ -68,11 +72,12 @@ def _build(world_size: int, plan: Dict[str, tuple], seed: int, one_ddp: bool = T
     apply_optimizer_in_backward(RowWiseAdagrad, sparse.parameters(), {"lr": LR})
     cons = sparse.parameter_constraints({n: t for n, (p, t, _) in plan.items() if p == "hybrid"},
                                         {n: [t] for n, (p, t, _) in plan.items() if p != "hybrid"}, min_partition=4)
-    sharders = cpu_capable_sharders()
+    sharders = cpu_capable_sharders(precision)
     sharding = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, compute_device="cpu"),
                                         constraints=cons).collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=sharding, sharders=sharders,
-                                   data_parallel_wrapper=OneDataParallelWrapper() if one_ddp else None)
+                                   data_parallel_wrapper=OneDataParallelWrapper(
+                                       allreduce_comm_precision=precision.allreduce) if one_ddp else None)
     replicated = replicated_embedding_parameters(dmp)
     dense = {k: p for k, p in in_backward_optimizer_filter(dmp.named_parameters()) if k not in replicated}
     opt = CombinedOptimizer([dmp.fused_optimizer, KeyedOptimizerWrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=LR)),
