@@ -1,4 +1,5 @@
-"""``rayemb compare``: runs of an experiment side by side — a table, CSV, Markdown and PNG charts."""
+"""``rayemb compare``: runs of an experiment, or the trials of a sweep, side by side — a table, CSV, Markdown and
+PNG charts."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from rayemb.tracking.tags import TAG_KIND
 
 def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds the ``rayemb compare`` options to ``parser`` (the CLI calls :func:`compare_main` with the result)."""
-    parser.add_argument("--experiment", required=True, help="MLflow experiment name")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--experiment", help="MLflow experiment name: compare its runs")
+    what.add_argument("--sweep", metavar="PARENT_RUN_ID",
+                      help="a `rayemb sweep` parent run: its trials, best first, with the metric against each "
+                           "swept key and a parallel-coordinates chart")
     parser.add_argument("--filter", default="",
                         help="MLflow search filter, e.g. \"params.`model.embedding_dim` = '16'\" or "
                              "\"metrics.`param.train.epochs` >= 2\" (numeric settings are also metrics param.<key>)")
@@ -25,7 +30,9 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
                              f"default: {' '.join(DEFAULT_METRICS)})")
     parser.add_argument("--param", default=None,
                         help="param for the final-metric-vs-param chart (default: the differing param, if only one)")
-    parser.add_argument("--out", required=True, help="output folder for compare.csv, compare.md and PNG charts")
+    parser.add_argument("--out", default=None,
+                        help="output folder for the CSV, Markdown and PNG charts (required with --experiment; with "
+                             "--sweep default: sweep-<first 8 characters of the id>)")
     parser.add_argument("--log-run", action="store_true",
                         help=f"also log the outputs as a run named '{COMPARISON_RUN_NAME}'")
     parser.add_argument("--tracking-uri", default=None,
@@ -40,6 +47,11 @@ def compare_main(args: argparse.Namespace) -> int:
     """Runs ``rayemb compare``; returns the exit code. User mistakes raise :class:`TrackingError`."""
     from mlflow import MlflowClient
 
+    if args.sweep:
+        return _compare_sweep(args)
+    if not args.out:
+        raise TrackingError("`rayemb compare --experiment` needs --out DIR: the folder for compare.csv, compare.md "
+                            "and the charts.", category="invalid_arguments")
     uri = resolve_tracking_uri(args.tracking_uri)
     client = MlflowClient(uri)
     metrics = list(dict.fromkeys(args.metrics or DEFAULT_METRICS))
@@ -86,4 +98,28 @@ def compare_main(args: argparse.Namespace) -> int:
             print(f"could not log the comparison run to {rl.shown_uri}; the outputs are in {args.out}", file=sys.stderr)
             return 1
         print(f"logged comparison run {rl.run_id}")
+    return 0
+
+
+def _compare_sweep(args: argparse.Namespace) -> int:
+    from mlflow import MlflowClient
+
+    from rayemb.tracking.sweep_report import load_sweep, write_report
+
+    given = [flag for flag, value in (("--filter", args.filter), ("--metric", args.metrics), ("--param", args.param),
+                                      ("--log-run", args.log_run)) if value]
+    if given:
+        raise TrackingError(f"{', '.join(given)} do(es) not apply to --sweep: a sweep is compared on the metric and "
+                            "keys its parent run names. Drop them, or compare runs with --experiment.",
+                            category="invalid_arguments")
+    report = load_sweep(MlflowClient(resolve_tracking_uri(args.tracking_uri)), args.sweep)
+    out = args.out or f"sweep-{args.sweep[:8]}"
+    paths = write_report(report, out)
+    best = report.best
+    print(f"sweep {report.parent_run_id}: {len(report.trials)} trials over {', '.join(report.keys)}, "
+          f"{report.metric} ({report.mode}); "
+          + (f"best {best.metric:.4f} by run {best.run_id}" if best else "no finished trial logged it"))
+    print(report.to_markdown())
+    for p in paths:
+        print(f"wrote {p}")
     return 0

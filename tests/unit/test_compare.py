@@ -4,31 +4,17 @@ from __future__ import annotations
 
 import argparse
 import csv
-from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from PIL import Image
+from _png import assert_png as _assert_png
 
 from rayemb.errors import RayembError, TrackingError
 from rayemb.tracking import plots
 from rayemb.cli.compare import add_compare_arguments, compare_main
 from rayemb.tracking import TAG_KIND, RunLogger, ensure_store
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EXPERIMENT = "cmp"
-
-
-def _assert_png(path: str) -> None:
-    data = Path(path).read_bytes()
-    assert data[:8] == PNG_MAGIC, path
-    assert len(data) > 5_000, path
-    with Image.open(path) as im:
-        im.verify()
-    with Image.open(path) as im:
-        assert im.format == "PNG" and im.size[0] >= 400 and im.size[1] >= 300
-        lo_hi = im.convert("L").getextrema()
-        assert lo_hi[1] - lo_hi[0] > 100, f"{path} looks blank"  # something was drawn on the white canvas
 
 
 def _final_auc(dim: int) -> float:
