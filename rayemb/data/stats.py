@@ -198,6 +198,7 @@ def compute_stats(
     progress: bool = False,
     tables: bool = True,
     in_process: Optional[bool] = None,
+    fingerprint: Optional[str] = None,
 ) -> DatasetStats:
     """Computes the statistics of ``data_dir/split`` (what stats.json holds) in one streaming Ray Data pass.
 
@@ -220,14 +221,15 @@ def compute_stats(
     for the Ray Data pass, only when it is not running. Checks
     the columns first (missing column / wrong type: :class:`DataError` naming it).
     Out-of-range ids are counted, not fatal: apply
-    :func:`rayemb.data.checks.check_ids` with the job's ``data.id_policy``.
+    :func:`rayemb.data.checks.check_ids` with the job's ``data.id_policy``. ``fingerprint``: the split's
+    (:func:`~rayemb.data.fingerprint.dataset_fingerprint`) where the caller took it already.
     """
     if num_heavy_hitters < 1:
         raise DataError(f"num_heavy_hitters={num_heavy_hitters}: keep at least one heavy-hitter counter per table.")
     schema = DatasetSchema.load(data_dir)
     check_parquet_columns(schema, data_dir, split)
     files = parquet_files(data_dir, split)
-    fingerprint = dataset_fingerprint(data_dir, split)
+    fingerprint = fingerprint or dataset_fingerprint(data_dir, split)
     features = [(f.name, int(f.num_embeddings), bool(f.multi_hot), f.ids == RAW) for f in schema.sparse] \
         if tables else []
     total_rows = count_rows(data_dir, split)  # footers only (concurrently for remote files)

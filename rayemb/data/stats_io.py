@@ -77,17 +77,20 @@ def load_or_compute_stats(
     exact: bool = False,
     num_heavy_hitters: int = DEFAULT_NUM_HEAVY_HITTERS,
     progress: bool = False,
+    fingerprint: Optional[str] = None,
 ) -> DatasetStats:
     """Reuses ``stats_path`` when its fingerprint and split match ``data_dir``, else computes stats.
 
-    A stale file (the data changed) is logged and recomputed, never silently used; so is one that counted
+    ``fingerprint``: the split's :func:`~rayemb.data.fingerprint.dataset_fingerprint` where the caller has it
+    (one listing and ``stat`` of every file, a request each on an object store), else taken here. A stale file (the data changed) is logged and recomputed, never silently used; so is one that counted
     a raw-id table's ids as an encoded table's (written before rayemb counted raw ids), and one without the
     moments of a ``standardize`` dense column (written before rayemb measured them).
     """
     if stats_path and storage.isfile(stats_path):
         stats = load_stats_json(stats_path)
         schema = DatasetSchema.load(data_dir)
-        if (stats.fingerprint == dataset_fingerprint(data_dir, split) and stats.split in (None, split)
+        fingerprint = fingerprint or dataset_fingerprint(data_dir, split)
+        if (stats.fingerprint == fingerprint and stats.split in (None, split)
                 and stats.values is not None
                 and {n for n, t in stats.tables.items() if t.ids == "raw"} == set(schema.raw_names)
                 and all(c in stats.values.dense_moments for c in schema.standardized)):
@@ -95,26 +98,29 @@ def load_or_compute_stats(
             return stats
         logger.warning("%s was computed for other data than %s/%s (or by an older rayemb); recomputing",
                        redact_uri(stats_path), redact_uri(data_dir), split)
-    return compute_stats(data_dir, exact=exact, split=split, num_heavy_hitters=num_heavy_hitters, progress=progress)
+    return compute_stats(data_dir, exact=exact, split=split, num_heavy_hitters=num_heavy_hitters, progress=progress,
+                         fingerprint=fingerprint)
 
 
 #: where a job keeps the statistics of the data it trained on, under its ``tracking.output_dir``
 KEPT_STATS_DIR = "stats"
 
 
-def kept_stats_path(out_dir: str, data_dir: str, split: str = TRAIN_SPLIT) -> str:
+def kept_stats_path(out_dir: str, data_dir: str, split: str = TRAIN_SPLIT, fingerprint: Optional[str] = None) -> str:
     """``<out_dir>/stats/<split>-<fingerprint>.json``: the statistics of ``data_dir``'s split as its files are now
     (:func:`~rayemb.data.fingerprint.dataset_fingerprint`: schema.yaml, file names, sizes and mtimes). A job
     writes it once its outputs start; the next job on the same files, whatever else it changes, reads it instead
-    of a statistics pass (:func:`load_or_compute_stats` still checks it matches)."""
-    digest = dataset_fingerprint(data_dir, split).split(":", 1)[-1]
+    of a statistics pass (:func:`load_or_compute_stats` still checks it matches). ``fingerprint``: the split's,
+    where the caller has it."""
+    digest = (fingerprint or dataset_fingerprint(data_dir, split)).split(":", 1)[-1]
     return storage.join(out_dir, KEPT_STATS_DIR, f"{split}-{digest}.json")
 
 
 def keep_stats(stats: DatasetStats, out_dir: str, data_dir: str, split: str = TRAIN_SPLIT) -> Optional[str]:
     """Writes ``stats`` to :func:`kept_stats_path` unless it is there (atomically); returns the path, or None
-    where it could not be written (a job never fails for its cache: it says so)."""
-    path = kept_stats_path(out_dir, data_dir, split)
+    where it could not be written (a job never fails for its cache: it says so). It is kept under the
+    fingerprint of the files it counted (``stats.fingerprint``), taken when the pass started."""
+    path = kept_stats_path(out_dir, data_dir, split, fingerprint=stats.fingerprint)
     try:
         if not storage.isfile(path):
             write_stats_json(stats, path)

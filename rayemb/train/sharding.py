@@ -1,7 +1,6 @@
 """From statistics to a TorchRec ``ShardingPlan`` for the job's model, outside the workers.
 
-The driver computes the frequent-category split (pure numpy) and then, in a
-Ray task (so the driver itself never needs torchrec/fbgemm kernels), runs
+The driver computes the frequent-category split (pure numpy) and then runs
 rayemb's planner: the cost model picks data-parallel, pooled model-parallel or
 hybrid per table and TorchRec's planner places the shards. The result travels
 to every worker in the train loop config, so all ranks shard alike.

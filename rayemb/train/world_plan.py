@@ -23,8 +23,8 @@ from rayemb.batch_shape import BatchShape
 from rayemb.config import JobConfig
 from rayemb.planner.tables import split_rule
 
-#: how a world's :class:`~rayemb.train.sharding.JobPlan` is made from (config, split, topology): in this
-#: process, or in a Ray task where TorchRec loads (:func:`rayemb.train.driver.trainer.plan_job`)
+#: how a world's :class:`~rayemb.train.sharding.JobPlan` is made from (config, split, topology), in the driver
+#: (:func:`rayemb.train.driver.trainer.plan_job`)
 PlanFn = Callable[[JobConfig, Any, Any], Any]
 
 

@@ -7,8 +7,7 @@
     compute_statistics(inputs)             -> DatasetStats one pass (Ray Data; a small split here);
                                                            labels, dense, ids checked
     plan_job(inputs, topology, stats)      -> PlannedJob   per world size its split and cost-model plan
-                                                           (rayemb.train.world_plan; a Ray task, or here when
-                                                           this process has TorchRec loaded)
+                                                           (rayemb.train.world_plan; TorchRec loads here)
     start_tracking(inputs, planned)        -> Tracking     the MLflow run, params, config, plan/stats artifacts
     train(inputs, planned, tracking)       -> TrainResult  Ray Train workers; the run ends FINISHED or FAILED
 
@@ -27,7 +26,6 @@ import dataclasses
 import functools
 import hashlib
 import os
-import sys
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -186,18 +184,21 @@ def compute_statistics(inputs: JobInputs) -> Any:
     from rayemb.data.checks import check_ids, check_values, dense_transform_warnings
     from rayemb.data.stats import compute_stats
     from rayemb import storage
+    from rayemb.data.fingerprint import dataset_fingerprint
     from rayemb.data.stats_io import kept_stats_path, load_or_compute_stats
 
     cfg, data_dir, schema = inputs.cfg, inputs.data_dir, inputs.schema
     t0 = time.monotonic()
+    # once per job: it lists and stats every file (a request each on an object store); the pass's stats carry it
+    fingerprint = dataset_fingerprint(data_dir, TRAIN_SPLIT)
     stats_path = resolve_path(cfg.data.stats_path) if cfg.data.stats_path else None
     if stats_path is None:  # an earlier job's on these very files (its output folder keeps them)
-        kept = kept_stats_path(inputs.out_dir, data_dir)
+        kept = kept_stats_path(inputs.out_dir, data_dir, fingerprint=fingerprint)
         stats_path = kept if storage.isfile(kept) else None
     print(f"rayemb: statistics pass over {redact_uri(data_dir)}/{TRAIN_SPLIT}"
           + (f" (or the kept {redact_uri(stats_path)} while it matches the files)" if stats_path else "") + " ...",
           flush=True)
-    stats = load_or_compute_stats(data_dir, stats_path, progress=True)
+    stats = load_or_compute_stats(data_dir, stats_path, progress=True, fingerprint=fingerprint)
     check_values(stats.values, schema.labels, f"{data_dir}/{TRAIN_SPLIT}", schema.regression_labels)
     check_ids(stats, schema, cfg.data.id_policy)
     for line in dense_transform_warnings(stats.values, schema):
@@ -213,10 +214,8 @@ def compute_statistics(inputs: JobInputs) -> Any:
 
 def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
     """The plan of every world size the job may run at (:func:`~rayemb.train.world_plan.plan_world`): the
-    planned one on ``topology``, and each smaller one of an elastic job. Their cost-model plans of the real model
-    are made in a Ray task (TorchRec loads there, not in the driver, unless the driver has it loaded already)."""
-    import ray
-
+    planned one on ``topology``, and each smaller one of an elastic job, their cost-model plans of the real model
+    made in this process."""
     from rayemb.train.world_plan import plan_world
 
     cfg = inputs.cfg
@@ -226,17 +225,10 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
     calibration, learned = with_learned_ratio(inputs.out_dir, key_fields, calibration, apply=kept_max_age_s(cfg) > 0)
 
     def make_plan(config: JobConfig, split: Any, topo: Any) -> Any:
-        what = dict(cfg=config, schema=inputs.schema, stats=stats, split=split, topology=topo, calibration=calibration,
-                    model=inputs.model)
-        if "torchrec" in sys.modules:  # a caller that has TorchRec loaded already: no worker to start and load it
-            return _plan_remote(**what)
-        try:
-            return ray.get(ray.remote(num_cpus=0)(_plan_remote).remote(**what))
-        except ray.exceptions.RayTaskError as e:
-            user_error = find_user_error(e)
-            if user_error is not None:  # the planner's own message, not the remote traceback
-                raise user_error from None
-            raise
+        # Here, not in a Ray task: the JobPlan holds TorchRec's ShardingPlan, so the driver loaded TorchRec anyway
+        # when it received one, after a task worker had started and loaded it too (seconds of a warm job's plan).
+        return _make_plan(cfg=config, schema=inputs.schema, stats=stats, split=split, topology=topo,
+                          calibration=calibration, model=inputs.model)
 
     def make_shown_plan(config: JobConfig, split: Any, topo: Any) -> Any:
         """The planned world's plan, its split's table printed first (the elastic worlds' are not)."""
@@ -285,8 +277,8 @@ def elastic_worlds(cfg: JobConfig) -> List[int]:
     return list(range(low, cfg.scaling.num_workers))
 
 
-def _plan_remote(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any, calibration: Any,
-                 model: Any = None):
+def _make_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, topology: Any, calibration: Any,
+               model: Any = None):
     """The job's plan, and its model built once on the meta device: a factory that breaks the model contract
     fails here, before any worker starts (:func:`rayemb.contract.model.check_model`)."""
     import torch

@@ -1,0 +1,43 @@
+"""The plan stage makes the job's TorchRec plan in the driver, with no Ray task: the JobPlan holds TorchRec's
+ShardingPlan, so a driver receiving it from a task loaded TorchRec all the same, after a task worker had started
+and loaded it too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rayemb.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = str(REPO / "jobs" / "configs" / "synth_small.yaml")
+
+
+@pytest.mark.timeout(300)
+def test_the_plan_stage_plans_in_the_driver_without_a_ray_task(ray_2_cpus, tiny_data, tmp_path, monkeypatch):
+    import ray
+
+    import rayemb.train.driver.trainer as trainer
+
+    made = []
+    real = trainer._make_plan
+
+    def counted(**what):
+        made.append(what["split"].world_size)
+        return real(**what)
+
+    def no_task(*args, **kwargs):
+        raise AssertionError("the plan stage started a Ray task or actor")
+
+    monkeypatch.setattr(trainer, "_make_plan", counted)
+    cfg = load_config(CONFIG, [f"data.path={tiny_data}", f"tracking.output_dir={tmp_path / 'runs'}",
+                               "planner.calibrate=false"])
+    inputs = trainer.check_inputs(cfg)
+    stats = trainer.compute_statistics(inputs)
+    topology = trainer.job_topology(cfg)
+    monkeypatch.setattr(ray, "remote", no_task)
+    planned = trainer.plan_job(inputs, topology, stats)
+
+    assert made == [2]
+    assert planned.plans[2].job_plan.sharding_plan is not None
