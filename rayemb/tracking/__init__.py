@@ -17,6 +17,7 @@ module              what it does
 ``compare``         ``rayemb compare``: runs side by side, tables and charts
 ``plots``           PNG charts (imports matplotlib)
 ``sweep``           ``rayemb train --sweep``: a grid of jobs as child runs
+``sweep_report``    ``rayemb compare --sweep``: a sweep's trials best first, tables and charts
 ==================  =============================================================
 
 Example::

@@ -12,7 +12,7 @@ from rayemb.cli import main
 from rayemb.tracking import ensure_store
 from rayemb.tracking.store import artifact_location
 
-KEYS = ("train.lr", "model.embedding_dim", "train.optimizer")
+KEYS = ("train.dense_lr", "model.embedding_dim", "train.dense_optimizer")
 T0 = 1_800_000_000_000  # ms; every run's start and end are set, so wall seconds are exact
 
 #: name -> (lr, dim, optimizer, status, valid_auc per validation at steps 10, 20, ..., last train_loss step, wall s)
@@ -70,7 +70,7 @@ def sweep(tmp_path_factory):
     parent, ids = make_sweep(client, exp_id, TRIALS)
     lone = client.create_run(exp_id, run_name="lone", tags={"rayemb.kind": "train"}).info.run_id
     empty = client.create_run(exp_id, run_name="empty", tags={"rayemb.kind": "sweep"}).info.run_id
-    for k, v in {"sweep.keys": "train.lr", "sweep.metric": "valid_auc", "sweep.mode": "max"}.items():
+    for k, v in {"sweep.keys": "train.dense_lr", "sweep.metric": "valid_auc", "sweep.mode": "max"}.items():
         client.log_param(empty, k, v)
     return {"uri": uri, "parent": parent, "ids": ids, "lone": lone, "empty": empty}
 
@@ -96,7 +96,7 @@ def test_the_table_lists_every_trial_best_first_with_its_best_metric(sweep, tmp_
                                       "0.7400"]
     assert len([ln for ln in md if ln.startswith("| ")]) == 1 + len(TRIALS)
 
-    charts = ["sweep_train.lr.png", "sweep_model.embedding_dim.png", "sweep_train.optimizer.png",
+    charts = ["sweep_train.dense_lr.png", "sweep_model.embedding_dim.png", "sweep_train.dense_optimizer.png",
               "sweep_parallel.png"]
     for name in charts:
         assert_png(str(out / name))
