@@ -59,6 +59,10 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
                    help="input text parsed at a time, the bound on memory (default: %(default)s)")
     p.add_argument("--rating-threshold", type=float, default=4.0,
                    help="movielens: label = rating >= this (default: %(default)s)")
+    p.add_argument("--label", choices=["binary", "rating"], default="binary",
+                   help="movielens: binary (default): label = rating >= --rating-threshold; rating: the rating itself "
+                        "in a float column `rating`, declared a regression task (task_types: {rating: regression}) "
+                        "that rayemb train fits with MSE and scores by RMSE/MAE")
     p.add_argument("--history-length", type=int, default=20,
                    help="movielens: items in a row's history list (default: %(default)s)")
     p.add_argument("--history-as-sequence", action="store_true",
@@ -87,7 +91,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         vocab_from_train=args.vocab_from_train, min_count=args.min_count, valid_fraction=args.valid_fraction,
         valid_days=tuple(args.valid_days or ()), valid_inputs=tuple(args.valid_input or ()), seed=args.seed,
         rows_per_file=args.rows_per_file, max_bad_fraction=args.max_bad_fraction,
-        block_size=int(args.block_size_mib * 2**20), rating_threshold=args.rating_threshold,
+        block_size=int(args.block_size_mib * 2**20), rating_threshold=args.rating_threshold, label=args.label,
         history_length=args.history_length,
         history_as_sequence=args.history_as_sequence, progress_every_s=args.progress_every,
         raw_ids=args.ids == "raw", capacity=args.capacity, engine=args.engine, address=args.address,

@@ -68,6 +68,9 @@ def convert(fmt: str, opts: ConvertOptions) -> Dict[str, Any]:
     if opts.raw_ids and fmt != "criteo":
         raise ConfigError(f"--ids raw keeps Criteo's hex values as ids; rayemb convert {fmt} makes ids with "
                           "--hash-buckets or --vocab-from-train.", category="invalid_option")
+    if opts.label != "binary" and fmt != "movielens":
+        raise ConfigError(f"--label {opts.label} keeps MovieLens ratings as the label; rayemb convert {fmt} reads its "
+                          "0/1 click column: drop --label.", category="invalid_option")
     if engine_for(fmt, opts) == "ray":
         from rayemb.convert.ray_engine import convert_criteo_ray
 

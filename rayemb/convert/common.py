@@ -66,6 +66,8 @@ class ConvertOptions:
     max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION
     block_size: int = DEFAULT_BLOCK_SIZE
     rating_threshold: float = 4.0
+    #: movielens: ``binary`` (label = rating >= rating_threshold) or ``rating`` (the rating itself, a regression task)
+    label: str = "binary"
     history_length: int = 20
     #: movielens: declare ``history`` a sequence feature (target ``item``) instead of a pooled multi-hot bag
     history_as_sequence: bool = False

@@ -7,6 +7,9 @@ The three layouts, told apart by the first line's separator:
 - ``ratings.csv`` (ML-20M, ML-25M, latest): ``userId,movieId,rating,timestamp`` with that header.
 
 Each rating becomes a row: ``label = rating >= --rating-threshold`` (default 4),
+or with ``--label rating`` the rating itself, as given, in a float ``rating``
+column that ``schema.yaml`` declares a regression task (``task_types: {rating:
+regression}``: MSE on the model's raw output, ``valid_rmse``/``valid_mae``),
 ``user`` and ``item`` ids (a vocabulary over the training rows by descending
 frequency; unseen -> one OOV id), ``history`` — the user's previous
 ``--history-length`` (default 20) items before this rating in time order (oldest
@@ -47,6 +50,9 @@ LAYOUTS = {"::": "ratings.dat", "\t": "u.data", ",": "ratings.csv"}
 _ID = r"^[0-9]{1,18}$"
 _RATING = r"^[0-9]{1,6}(\.[0-9]{1,6})?$"
 _WRITE_ROWS = 1 << 18  # rows whose history lists are built at once (a row group of the current part)
+#: --label: a 0/1 label from --rating-threshold, or the rating kept as a regression label
+LABELS = ("binary", "rating")
+RATING_COLUMN = "rating"
 
 
 def detect_layout(path: str, head: List[str]) -> str:
@@ -105,6 +111,9 @@ def _history(rows: np.ndarray, hist_len: np.ndarray, item_ids: np.ndarray) -> pa
 
 
 def _check_options(opts: ConvertOptions) -> None:
+    if opts.label not in LABELS:
+        raise ConfigError(f"--label {opts.label!r}: use binary (label = rating >= --rating-threshold) or rating (the "
+                          "rating as a regression label).", category="invalid_option")
     if opts.hash_buckets is not None:
         raise ConfigError("rayemb convert movielens makes contiguous user and item ids from a vocabulary; drop "
                           "--hash-buckets.", category="invalid_option")
@@ -140,15 +149,18 @@ def convert_movielens(opts: ConvertOptions) -> Dict[str, Any]:
         users, items = _vocab(user[~valid], opts.min_count), _vocab(item[~valid], opts.min_count)
         user_ids, item_ids = users.encode(user.astype(np.uint64)), items.encode(item.astype(np.uint64))
         hist_len = np.minimum(pos, opts.history_length)
-        label = (rating >= opts.rating_threshold).astype(np.float32)
+        regression = opts.label == "rating"
+        label_column = RATING_COLUMN if regression else LABEL_COLUMN
+        label = rating.astype(np.float32) if regression else (rating >= opts.rating_threshold).astype(np.float32)
+        tasks = {"task_types": ((RATING_COLUMN, "regression"),)} if regression else {}
         pooled = (SparseFeature("user", users.num_embeddings), SparseFeature("item", items.num_embeddings))
         if opts.history_as_sequence:  # the recent items, in time order, for a user-history tower against ``item``
-            schema = DatasetSchema(label=LABEL_COLUMN, dense=("history_length",), sparse=pooled, sequence=(
+            schema = DatasetSchema(label=label_column, dense=("history_length",), sparse=pooled, sequence=(
                 SparseFeature("history", items.num_embeddings, sequence=True, max_length=opts.history_length,
-                              target="item"),))
+                              target="item"),), **tasks)
         else:
-            schema = DatasetSchema(label=LABEL_COLUMN, dense=("history_length",), sparse=pooled + (
-                SparseFeature("history", items.num_embeddings, multi_hot=True),))
+            schema = DatasetSchema(label=label_column, dense=("history_length",), sparse=pooled + (
+                SparseFeature("history", items.num_embeddings, multi_hot=True),), **tasks)
         tally = tallies({f.name: f.num_embeddings for f in (*schema.sparse, *schema.sequence)},
                         {"user": users.oov_id, "item": items.oov_id, "history": items.oov_id})
         pa_schema = arrow_schema(schema)
@@ -166,7 +178,7 @@ def convert_movielens(opts: ConvertOptions) -> Dict[str, Any]:
                 tally["user"].add(split, user_ids[chunk], 0)
                 tally["item"].add(split, item_ids[chunk], 0)
                 tally["history"].add(split, pc.list_flatten(history).to_numpy(), int((hist_len[chunk] == 0).sum()))
-                writer.write(pa.table({LABEL_COLUMN: label[chunk], "history_length": hist_len[chunk].astype(np.float32),
+                writer.write(pa.table({label_column: label[chunk], "history_length": hist_len[chunk].astype(np.float32),
                                        "user": user_ids[chunk], "item": item_ids[chunk], "history": history}))
             writer.close()
         elapsed = progress.elapsed_s()
@@ -177,7 +189,8 @@ def convert_movielens(opts: ConvertOptions) -> Dict[str, Any]:
                      "users with at least 2 ratings; train rows shuffled with seed %d" % opts.seed,
             "ids": {"mode": "vocab", "min_count": opts.min_count, "oov_id": "the last id of each table",
                     "rare_values": {"user": users.rare, "item": items.rare}},
-            "label": f"rating >= {opts.rating_threshold}", "history_length": opts.history_length,
+            "label": ("rating (regression)" if regression else f"rating >= {opts.rating_threshold}"),
+            "history_length": opts.history_length,
             "rows": {s: int(len(i)) for s, i in rows.items()},
             "label_mean": {s: float(label[i].mean()) for s, i in rows.items()},
             "users": int(first.sum()), "items": int(len(np.unique(item))),
