@@ -110,12 +110,26 @@ class ValueSummary:
     dense_non_finite: Dict[str, int] = field(default_factory=dict)
     #: dense column -> moments of its finite values, nulls as 0 (what the model's transform sees)
     dense_moments: Dict[str, DenseMoments] = field(default_factory=dict)
+    #: the weight column counted (schema.yaml ``weight``), None: the data has none, or the summary predates the count
+    weight: Optional[str] = None
+    #: weights that are null, NaN, infinite or negative, with example values
+    weight_invalid: int = 0
+    weight_examples: List[float] = field(default_factory=list)
+    #: the sum of the valid weights: 0 over a split's rows leaves nothing to train on or score
+    weight_sum: float = 0.0
 
     @classmethod
     def of_table(cls, table: pa.Table, label: Union[None, str, Sequence[str]],
-                 dense: Sequence[str]) -> "ValueSummary":
-        """``label``: the label column, or every task's (their bad values summed; positives: the first's)."""
+                 dense: Sequence[str], weight: Optional[str] = None) -> "ValueSummary":
+        """``label``: the label column, or every task's (their bad values summed; positives: the first's);
+        ``weight``: the row weight column, if any."""
         s = cls(rows=table.num_rows)
+        if weight is not None:
+            col = table.column(weight)
+            w = col.to_numpy(zero_copy_only=False).astype(np.float64) if col.num_chunks else np.zeros(0)
+            bad = ~(np.isfinite(w) & (w >= 0))  # a null reads as NaN
+            s.weight, s.weight_invalid, s.weight_sum = weight, int(bad.sum()), float(w[~bad].sum())
+            s.weight_examples = _unique_examples(w[bad].tolist())
         labels = [label] if isinstance(label, str) else list(label or [])
         examples: List[float] = []
         for i, name in enumerate(labels):
@@ -154,6 +168,9 @@ class ValueSummary:
         for k, n in other.label_not_binary_by.items():
             by[k] = by.get(k, 0) + n
         return ValueSummary(
+            weight=self.weight or other.weight, weight_invalid=self.weight_invalid + other.weight_invalid,
+            weight_examples=_unique_examples([*self.weight_examples, *other.weight_examples]),
+            weight_sum=self.weight_sum + other.weight_sum,
             rows=self.rows + other.rows,
             label_nulls=self.label_nulls + other.label_nulls,
             label_non_finite=self.label_non_finite + other.label_non_finite,
@@ -175,6 +192,8 @@ class ValueSummary:
             "dense_non_finite": dict(self.dense_non_finite),
             # a stats.json written before the moments were measured reads and writes as it was
             **({"dense": {k: v.to_dict() for k, v in self.dense_moments.items()}} if self.dense_moments else {}),
+            **({"weight": {"column": self.weight, "invalid": self.weight_invalid, "examples": self.weight_examples,
+                           "sum": self.weight_sum}} if self.weight else {}),
         }
 
     @classmethod
@@ -185,7 +204,11 @@ class ValueSummary:
                    label_positives=int(lab.get("positives", 0)), label_examples=list(lab.get("examples", [])),
                    label_not_binary_by={k: int(v) for k, v in lab.get("not_binary_by", {}).items()},
                    dense_non_finite={k: int(v) for k, v in d.get("dense_non_finite", {}).items()},
-                   dense_moments={k: DenseMoments.from_dict(v) for k, v in d.get("dense", {}).items()})
+                   dense_moments={k: DenseMoments.from_dict(v) for k, v in d.get("dense", {}).items()},
+                   weight=d["weight"]["column"] if "weight" in d else None,
+                   weight_invalid=int(d.get("weight", {}).get("invalid", 0)),
+                   weight_examples=list(d.get("weight", {}).get("examples", [])),
+                   weight_sum=float(d.get("weight", {}).get("sum", 0.0)))
 
 
 def _unique_examples(values: Sequence[float]) -> List[float]:
@@ -222,6 +245,13 @@ def check_values(summary: ValueSummary, label: Union[str, Sequence[str]], where:
         cols = ", ".join(f"{k!r} ({v:,})" for k, v in sorted(summary.dense_non_finite.items()))
         problems.append(f"dense column(s) {cols} hold NaN or infinite values — fill them (e.g. with 0) or drop "
                         "those rows")
+    if summary.weight and summary.weight_invalid:
+        problems.append(f"weight column {summary.weight!r} has {summary.weight_invalid:,} null, NaN, infinite or "
+                        f"negative value(s) (e.g. {summary.weight_examples}) — every row's weight must be a finite "
+                        "number >= 0: fix or drop those rows")
+    elif summary.weight and summary.rows and summary.weight_sum == 0:
+        problems.append(f"weight column {summary.weight!r} is 0 on every row, so no row counts in the loss or the "
+                        "metrics — give the rows that matter a weight > 0, or remove `weight:` from schema.yaml")
     if problems:
         raise DataError(f"Dataset {where} ({summary.rows:,} rows): " + "; ".join(problems) + ".",
                         category="invalid_values")

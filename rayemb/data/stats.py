@@ -121,7 +121,7 @@ def _summarize_table(table: pa.Table, features: Sequence[Feature], capacity: Opt
 
 def _summarize_files(
     batch: pa.Table, *, features: Sequence[Feature], capacity: Optional[int], rows_per_read: int,
-    label: Union[None, str, Sequence[str]] = None, dense: Sequence[str] = (),
+    label: Union[None, str, Sequence[str]] = None, dense: Sequence[str] = (), weight: Optional[str] = None,
 ) -> pa.Table:
     """Ray Data UDF: parquet paths in, one row per file out, holding its pickled summaries.
 
@@ -133,7 +133,8 @@ def _summarize_files(
     naming it.
     """
     names = [f[0] for f in features]
-    columns = names + ([label] if isinstance(label, str) else list(label or [])) + list(dense)
+    columns = names + ([label] if isinstance(label, str) else list(label or [])) + list(dense) + \
+        ([weight] if weight else [])
     blobs = []
     for path in batch.column("path").to_pylist():
         merger = _TreeMerger()
@@ -145,7 +146,7 @@ def _summarize_files(
                 table = pa.Table.from_batches([rb])
                 if features:
                     merger.push(_summarize_table(table, features, capacity))
-                values = values + ValueSummary.of_table(table, label, dense)
+                values = values + ValueSummary.of_table(table, label, dense, weight)
         except (pa.ArrowException, OSError, ValueError) as e:
             # Returned, not raised: Ray Data would wrap a raised error in its own exception and traceback.
             blobs.append(pickle.dumps(corrupt_file_error(path, e), protocol=pickle.HIGHEST_PROTOCOL))
@@ -237,7 +238,7 @@ def compute_stats(
         in_process = total_rows <= SMALL_SPLIT_MAX_ROWS
     summarize_kwargs = {"features": features, "capacity": None if exact else num_heavy_hitters,
                         "rows_per_read": DEFAULT_ROWS_PER_READ, "label": schema.label if not schema.extra_labels else schema.labels,
-                        "dense": list(schema.dense)}
+                        "dense": list(schema.dense), "weight": schema.weight}
     t0 = time.monotonic()
     merger = _TreeMerger()
     value_summary = ValueSummary()
