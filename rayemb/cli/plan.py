@@ -63,7 +63,7 @@ def plan_main(args: argparse.Namespace) -> int:
     if args.stats:
         from rayemb.data.stats_io import load_stats_json
 
-        stats = load_stats_json(args.stats)
+        stats = schema.table_stats(load_stats_json(args.stats))  # a shared table's: the union of its features'
     pins = None
     if args.pins:
         with open(args.pins) as f:

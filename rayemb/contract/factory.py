@@ -65,6 +65,25 @@ class ModelSpec:
         return model, paths
 
 
+def check_table_dims(model_cfg: Any, schema: Any) -> None:
+    """The shipped DLRM refuses pooled vectors of another width than its bottom MLP's output (ConfigError naming
+    the features and the fix), before any work: its dot interaction multiplies every pair of vectors. Other
+    models take each feature's width from :attr:`~rayemb.contract.model.Embeddings.dims`."""
+    if model_cfg.factory or model_cfg.name != "dlrm":
+        return
+    args = dict(model_cfg.args or {})
+    width = int(list(args.get("bottom_mlp", model_cfg.bottom_mlp))[-1])
+    dims = dict(zip(schema.pooled_features, schema.feature_dims(model_cfg.embedding_dim)))
+    off = {f: d for f, d in dims.items() if d != width}
+    if off:
+        raise ConfigError(
+            f"model.name: dlrm takes pairwise dot products of the pooled vectors and the bottom MLP's output, so "
+            f"every one must be {width} wide (model.bottom_mlp's last size); schema.yaml's embedding_dim makes "
+            f"features {off} other widths. Drop embedding_dim from those entries (or give every table one dim and "
+            "set model.embedding_dim and model.bottom_mlp's last size to it), or use model.name: dcn_v2 or "
+            "two_tower, which concatenate vectors of any width.", BAD_FACTORY)
+
+
 def _import(target: str, where: str) -> Callable[..., Any]:
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
@@ -172,4 +191,4 @@ def _resolve(name: str, factory: Optional[str], args: Optional[Mapping[str, Any]
     return ModelSpec(SHIPPED_MODELS[name], args, name)
 
 
-__all__ = ["ModelSpec", "model_spec", "model_spec_from_json", "user_loss", "ship_function", "SHIPPED_MODELS"]
+__all__ = ["ModelSpec", "check_table_dims", "model_spec", "model_spec_from_json", "user_loss", "ship_function", "SHIPPED_MODELS"]

@@ -3,8 +3,11 @@
 A factory is a plain function ``factory(embeddings, schema, **args) -> nn.Module``.
 ``embeddings`` (:class:`Embeddings`) holds the embedding modules rayemb built
 from the job's plan: ``pooled`` maps the batch's ``KeyedJaggedTensor`` to a
-``KeyedTensor`` with one ``(B, dim)`` vector per pooled feature, whatever the
-placement behind it (data-parallel, sharded, hybrid hot/cold, compressed);
+``KeyedTensor`` with one ``(B, dims[i])`` vector per pooled feature, whatever the
+placement behind it (data-parallel, sharded, hybrid hot/cold, compressed). A
+feature's width is its table's dim (schema.yaml ``embedding_dim``, else
+``model.embedding_dim``), so widths may differ; two features reading one table
+(``table:``) get vectors of the same rows;
 ``sequence`` (only with ``model.sequence_tower`` other than ``none``) maps the
 sequence features' KJT to one ``JaggedTensor`` per feature. The model holds
 them as submodules and is called on each batch as::
@@ -41,11 +44,12 @@ SEQUENCE_ATTRIBUTE = "sequence"
 class Embeddings:
     """The embedding modules of a job, built from its plan, as a model factory receives them."""
 
-    #: ``KeyedJaggedTensor -> KeyedTensor``: one ``(B, dim)`` pooled embedding per feature of ``features``
+    #: ``KeyedJaggedTensor -> KeyedTensor``: one ``(B, dims[i])`` pooled embedding per feature of ``features``
     pooled: nn.Module
-    #: the pooled features, in the schema's order (the ``KeyedTensor``'s keys)
+    #: the pooled features, in the ``KeyedTensor``'s key order: the schema's, except that features sharing a
+    #: table follow its owner (:attr:`~rayemb.data.schema.DatasetSchema.pooled_features`)
     features: Tuple[str, ...]
-    #: every table's embedding dimension (``model.embedding_dim``)
+    #: ``model.embedding_dim``: the dim of tables whose schema entry gives none, and of the sequence tables
     dim: int
     #: ``KeyedJaggedTensor -> Dict[str, JaggedTensor]`` of the sequence features, or None without them
     sequence: Optional[nn.Module] = None
@@ -53,6 +57,24 @@ class Embeddings:
     sequence_features: Tuple[SequenceFeature, ...] = ()
     #: where the model's dense layers go (the rank's device)
     device: Optional[torch.device] = None
+    #: each pooled feature's vector width, in ``features`` order (empty when built: every one ``dim``)
+    dims: Tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        dims = tuple(int(d) for d in self.dims) or (int(self.dim),) * len(self.features)
+        if len(dims) != len(self.features):
+            raise ValueError(f"Embeddings: {len(dims)} dims for {len(self.features)} features {self.features}; "
+                             "give one dim per pooled feature")
+        object.__setattr__(self, "dims", dims)
+
+    def dim_of(self, feature: str) -> int:
+        """The width of pooled feature ``feature``'s vector."""
+        return self.dims[self.features.index(feature)]
+
+    @property
+    def pooled_width(self) -> int:
+        """The width of every pooled vector side by side (``KeyedTensor.values()``'s second dim)."""
+        return sum(self.dims)
 
 
 def model_inputs(batch: Any, device: Any, non_blocking: bool = False) -> Tuple[Any, ...]:

@@ -1,8 +1,10 @@
-"""The job's tables as TorchRec configs: one pooled table per sparse feature, one per sequence feature.
+"""The job's tables as TorchRec configs: one pooled table per table-owning sparse feature, one per sequence feature.
 
-Tables share their feature's name, so statistics, splits, plans and checkpoints
-key them alike; every table has the model's ``embedding_dim``, and the pooled
-ones its ``embedding_dtype``.
+Tables share their owning feature's name, so statistics, splits, plans and
+checkpoints key them alike; a feature with ``table: F`` in schema.yaml is one
+more of table ``F``'s ``feature_names``. A pooled table has its schema entry's
+``embedding_dim`` (else the model's) and the model's ``embedding_dtype``; a
+sequence table has the model's ``embedding_dim``.
 """
 
 from __future__ import annotations
@@ -22,20 +24,22 @@ DATA_TYPES = {"fp32": DataType.FP32, "fp16": DataType.FP16}
 
 
 def table_configs(schema, embedding_dim: int, dtype: str = "fp32") -> List[EmbeddingBagConfig]:
-    """One ``EmbeddingBagConfig`` per sparse feature of a :class:`DatasetSchema`, named after its feature.
+    """One ``EmbeddingBagConfig`` per pooled table of a :class:`DatasetSchema` (:attr:`~DatasetSchema.tables`),
+    named after its owning feature, its features that one and those naming it in ``table:``.
 
-    Tables share the feature's name so stats, splits and plans key them alike. ``dtype``
+    ``embedding_dim`` (``model.embedding_dim``) is the dim of a table whose schema entry gives none. ``dtype``
     (``model.embedding_dtype``) is the weights' storage: every half of a hybrid table inherits it.
     """
+    dims = schema.table_dims(embedding_dim)
     return [
         EmbeddingBagConfig(
             name=f.name,
-            embedding_dim=embedding_dim,
+            embedding_dim=dims[f.name],
             num_embeddings=f.num_embeddings,
-            feature_names=[f.name],
+            feature_names=schema.table_features(f.name),
             data_type=DATA_TYPES[dtype],
         )
-        for f in schema.sparse
+        for f in schema.tables
     ]
 
 

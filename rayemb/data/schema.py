@@ -21,9 +21,15 @@ A dataset directory looks like::
       - {name: C1, num_embeddings: 45834, multi_hot: false}
       - {name: H1, num_embeddings: 45834, sequence: true, max_length: 20, target: C1}
       - {name: U1, num_embeddings: 1000000, multi_hot: false, ids: raw, eviction: lfu, ttl_hours: 72}
+      - {name: item, num_embeddings: 50000, embedding_dim: 32}
+      - {name: history, multi_hot: true, table: item}   # reads item's table (rows and dim)
 
 Each sparse feature is looked up in its own embedding table of ``num_embeddings``
-rows; ids must lie in ``[0, num_embeddings)``. An ``ids: raw`` feature instead
+rows, ``embedding_dim`` wide (default ``model.embedding_dim``; a multiple of
+:data:`DIM_MULTIPLE`), or with ``table: F`` in pooled feature ``F``'s table
+(one TorchRec table, both features in its ``feature_names``; its statistics
+are those of the union of their ids, :meth:`DatasetSchema.table_stats`);
+ids must lie in ``[0, num_embeddings)``. An ``ids: raw`` feature instead
 holds ids of any int64 value or strings (string, or list<string> when
 multi-hot): ``num_embeddings`` is then the table's capacity, the ids it keeps
 are chosen by ``eviction`` (``lru``, the default, or ``lfu``) and, with
@@ -77,7 +83,10 @@ EVICTION_POLICIES = ("lru", "lfu")
 BINARY, REGRESSION = "binary", "regression"
 TASK_TYPES = (BINARY, REGRESSION)
 FEATURE_KEYS = ("name", "num_embeddings", "multi_hot", "sequence", "max_length", "target", "ids", "eviction",
-                "ttl_hours")
+                "ttl_hours", "embedding_dim", "table")
+#: a table's embedding_dim must be a multiple of this: FBGEMM's table-batched kernels (every sharding but
+#: data-parallel) read rows in 4-element vectors, and column-wise shards split a row at multiples of it
+DIM_MULTIPLE = 4
 
 
 def _raw_only(name: Any, keys: List[str]) -> DataError:
@@ -102,6 +111,11 @@ class SparseFeature:
     eviction: str = "lru"
     #: raw only: an id unseen for this many hours leaves the table (None: never for its age alone)
     ttl_hours: Optional[float] = None
+    #: its table's embedding dimension (None: ``model.embedding_dim``); a feature reading another's table has that
+    #: table's
+    embedding_dim: Optional[int] = None
+    #: the feature whose table this feature reads (None: a table of its own, named after the feature)
+    table: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -112,6 +126,7 @@ class SparseFeature:
                 "it must be a positive row count (the number of distinct ids, ids in [0, num_embeddings))."
             )
         self._check_raw()
+        self._check_table()
         if not self.sequence:
             extra = [k for k in ("max_length", "target") if getattr(self, k) is not None]
             if extra:
@@ -131,6 +146,27 @@ class SparseFeature:
         if self.target == self.name:
             raise DataError(f"Sequence feature {self.name!r} names itself as target; name the pooled feature its "
                             "history is compared with (e.g. the candidate item column).", category="invalid_schema")
+
+    def _check_table(self) -> None:
+        dim = self.embedding_dim
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1
+                                or dim % DIM_MULTIPLE):
+            raise DataError(f"Sparse feature {self.name!r} has embedding_dim: {dim!r}; a table's dim must be a positive "
+                            f"multiple of {DIM_MULTIPLE} (FBGEMM's table-batched lookups and column-wise shards "
+                            f"split rows in {DIM_MULTIPLE}-element vectors), e.g. 8, 16 or 32.",
+                            category="invalid_schema")
+        if self.table is None:
+            return
+        if not self.table or self.table == self.name:
+            raise DataError(f"Sparse feature {self.name!r} has table: {self.table!r}; name another pooled feature "
+                            "whose table it reads (e.g. `table: item`), or drop `table:` for a table of its own.",
+                            category="invalid_schema")
+        kind = "sequence: true" if self.sequence else "ids: raw" if self.ids == RAW else None
+        if kind is not None:
+            raise DataError(f"Sparse feature {self.name!r} sets table: {self.table!r} and {kind}; only pooled "
+                            "features with encoded ids share a table. Declare a history that shares the item table "
+                            "as a multi_hot pooled column (`multi_hot: true`, `table: item`), or drop `table:`.",
+                            category="invalid_schema")
 
     def _check_raw(self) -> None:
         def bad(key: str, value: Any, allowed: str) -> DataError:
@@ -170,6 +206,10 @@ class SparseFeature:
             d.update(ids=RAW, eviction=self.eviction)
             if self.ttl_hours is not None:
                 d["ttl_hours"] = self.ttl_hours
+        if self.embedding_dim is not None:
+            d["embedding_dim"] = self.embedding_dim
+        if self.table is not None:
+            d["table"] = self.table
         return d
 
     @classmethod
@@ -185,7 +225,8 @@ class SparseFeature:
         return cls(str(s["name"]), int(s["num_embeddings"]), bool(s.get("multi_hot", False)),
                    bool(s.get("sequence", False)), s.get("max_length"),
                    None if s.get("target") is None else str(s["target"]),
-                   s.get("ids", ENCODED), s.get("eviction", "lru"), s.get("ttl_hours"))
+                   s.get("ids", ENCODED), s.get("eviction", "lru"), s.get("ttl_hours"),
+                   s.get("embedding_dim"), None if s.get("table") is None else str(s["table"]))
 
 
 @dataclass(frozen=True)
@@ -233,7 +274,41 @@ class DatasetSchema:
                 raise DataError(f"Sequence feature {f.name!r} has target {f.target!r}, which is not a pooled sparse "
                                 f"feature of this schema ({sorted(pooled)[:8]}...). Name the pooled column the "
                                 "history is compared with (e.g. the candidate item).", category="invalid_schema")
+        self._check_shared_tables()
         self._check_transforms()
+
+    def _check_shared_tables(self) -> None:
+        """Every ``table:`` names a pooled feature with a table of its own, of the same rows and dim."""
+        pooled = {f.name: f for f in self.sparse}
+        for f in self.sparse:
+            if f.table is None:
+                continue
+            owner = pooled.get(f.table)
+            if owner is None:
+                where = " (a sequence feature, whose table is not pooled)" if f.table in self.sequence_names else ""
+                raise DataError(f"Sparse feature {f.name!r} has table: {f.table!r}, which is not a pooled sparse "
+                                f"feature of this schema{where}. Name one of {sorted(pooled)[:8]}, or drop `table:`.",
+                                category="invalid_schema")
+            if owner.table is not None:
+                raise DataError(f"Sparse feature {f.name!r} reads the table of {owner.name!r}, which itself reads "
+                                f"{owner.table!r} ({f.name} -> {owner.name} -> {owner.table}); a table: must name "
+                                f"the feature that owns the table. Write `table: {owner.table}` for {f.name!r}.",
+                                category="invalid_schema")
+            if owner.ids == RAW:
+                raise DataError(f"Sparse feature {f.name!r} reads the table of {owner.name!r}, which holds raw ids "
+                                "(ids: raw); only tables of encoded ids are shared. Drop `table:`.",
+                                category="invalid_schema")
+            if int(f.num_embeddings) != int(owner.num_embeddings):
+                raise DataError(f"Sparse feature {f.name!r} reads the table of {owner.name!r} but declares "
+                                f"num_embeddings={f.num_embeddings}, and {owner.name!r} {owner.num_embeddings}; a "
+                                f"shared table has one row count. Give both {owner.num_embeddings} (or drop "
+                                f"num_embeddings from {f.name!r}: it takes its table's).", category="invalid_schema")
+            if f.embedding_dim is not None and f.embedding_dim != owner.embedding_dim:
+                has = "model.embedding_dim" if owner.embedding_dim is None else f"embedding_dim {owner.embedding_dim}"
+                raise DataError(f"Sparse feature {f.name!r} reads the table of {owner.name!r} but declares "
+                                f"embedding_dim {f.embedding_dim}, and that table has {has}; a shared table has one "
+                                f"dim. Set embedding_dim on {owner.name!r} only (drop it from {f.name!r}).",
+                                category="invalid_schema")
 
     def _check_tasks(self) -> None:
         types = dict(self.task_types)
@@ -339,6 +414,77 @@ class DatasetSchema:
         return [f.name for f in self.sparse]
 
     @property
+    def tables(self) -> List[SparseFeature]:
+        """The pooled features that own a table (no ``table:``), in schema order: one pooled table each, named
+        after its feature, that its own feature and every feature naming it in ``table:`` read."""
+        return [f for f in self.sparse if f.table is None]
+
+    @property
+    def table_names(self) -> List[str]:
+        """The pooled tables' names, in schema order (the features of :attr:`tables`)."""
+        return [f.name for f in self.tables]
+
+    def table_of(self, feature: str) -> str:
+        """The table pooled feature ``feature`` reads: its own name, or the feature its ``table:`` names."""
+        f = self.feature(feature)
+        return f.table if f.table is not None else f.name
+
+    def table_features(self, table: str) -> List[str]:
+        """The pooled features reading ``table``: its owner first, then the sharers in schema order."""
+        return [f.name for f in self.sparse if self.table_of(f.name) == table]
+
+    def table_dims(self, default: int) -> Dict[str, int]:
+        """table -> its embedding dim (``default``: ``model.embedding_dim``, for a table declaring none)."""
+        return {f.name: int(f.embedding_dim or default) for f in self.tables}
+
+    @property
+    def pooled_features(self) -> List[str]:
+        """The pooled features in the order a pooled module (TorchRec's EBC, rayemb's hybrid one) returns their
+        vectors: table by table, each table's owner then the features sharing it; :attr:`sparse_names` when no
+        table is shared."""
+        return [n for t in self.table_names for n in self.table_features(t)]
+
+    def feature_dims(self, default: int) -> Tuple[int, ...]:
+        """Every pooled feature's vector width (its table's dim), in :attr:`pooled_features` order."""
+        dims = self.table_dims(default)
+        return tuple(dims[self.table_of(f)] for f in self.pooled_features)
+
+    def table_stats(self, stats: Any) -> Any:
+        """``stats`` (a :class:`~rayemb.data.stats_types.DatasetStats` with one entry per pooled feature) with one
+        entry per table: a shared table's counts are those of the union of its features' ids (an id's heavy-hitter
+        counts added, lookups and bags too), so the hot/cold split and the planner see every lookup of the table.
+        Returned as it is when no table is shared."""
+        if len(self.tables) == len(self.sparse) or stats is None:
+            return stats
+        from rayemb.data.stats_types import TableStats
+
+        merged: Dict[str, Any] = {}
+        for table in self.table_names:
+            parts = [stats.tables[f] for f in self.table_features(table) if f in stats.tables]
+            if len(parts) <= 1:
+                if parts:
+                    merged[table] = parts[0]
+                continue
+            counts: Dict[int, int] = {}
+            for p in parts:
+                for i, c in p.heavy_hitters.tolist():
+                    counts[i] = counts.get(i, 0) + c
+            hh = sorted(counts.items(), key=lambda ic: (-ic[1], ic[0]))
+            lows = [p.min_id for p in parts if p.min_id is not None]
+            highs = [p.max_id for p in parts if p.max_id is not None]
+            merged[table] = TableStats(
+                num_embeddings=parts[0].num_embeddings, rows=max(p.rows for p in parts),
+                values=sum(p.values for p in parts), distinct=max(p.distinct for p in parts), distinct_exact=False,
+                invalid=sum(p.invalid for p in parts),
+                invalid_examples=tuple(x for p in parts for x in p.invalid_examples)[:10],
+                nulls=sum(p.nulls for p in parts), min_id=min(lows) if lows else None,
+                max_id=max(highs) if highs else None,
+                # lookups of the table per row: every feature's bags land in it
+                pooling_mean=sum(p.pooling_mean for p in parts), pooling_max=sum(p.pooling_max for p in parts),
+                heavy_hitters=hh, error_bound=sum(p.error_bound for p in parts), ids=parts[0].ids)
+        return dataclasses.replace(stats, tables=merged)
+
+    @property
     def sequence_names(self) -> List[str]:
         return [f.name for f in self.sequence]
 
@@ -388,7 +534,7 @@ class DatasetSchema:
                             f"`task_types: {{rating: regression}}`); it holds {type(types).__name__}.",
                             category="invalid_schema")
         try:
-            feats = [SparseFeature.from_dict(s) for s in d["sparse"]]
+            feats = [SparseFeature.from_dict(s) for s in _with_table_rows(d["sparse"])]
             labels = [str(x) for x in d["label"]] if isinstance(d["label"], list) else [str(d["label"])]
             if not labels:
                 raise ValueError("'label' is an empty list")
@@ -442,6 +588,25 @@ class DatasetSchema:
                             f"{type(d).__name__}. Fix it, or regenerate the dataset with `rayemb gen-data`.",
                             category="invalid_schema")
         return cls.from_dict(d, source=shown)
+
+
+def _with_table_rows(entries: List[Any]) -> List[Any]:
+    """schema.yaml's sparse entries, one reading another's table (``table:``) without num_embeddings given
+    that table's."""
+    named = {e.get("name"): e for e in entries if isinstance(e, Mapping)}
+
+    def rows(e: Mapping[str, Any], seen: Tuple[Any, ...]) -> Any:
+        if e.get("num_embeddings") is not None or e.get("table") is None or e.get("name") in seen:
+            return e.get("num_embeddings")
+        target = named.get(e["table"])
+        if target is None:
+            raise DataError(f"Sparse feature {e.get('name')!r} has table: {e['table']!r}, which is not a sparse "
+                            f"feature of this schema. Name one of {sorted(map(str, named))[:8]}, or drop `table:` "
+                            "and give it num_embeddings.", category="invalid_schema")
+        return rows(target, (*seen, e.get("name")))  # a chain is refused with its links named, once parsed
+
+    return [{**e, "num_embeddings": rows(e, ())} if isinstance(e, Mapping) and e.get("num_embeddings") is None
+            and e.get("table") is not None else e for e in entries]
 
 
 def split_dir(data_dir: str, split: str) -> str:

@@ -1,6 +1,7 @@
 """DCN-v2 (Wang et al., 2021, arXiv:2008.13535): a cross network over the embeddings, then a deep network.
 
-``x0 = [bottom MLP(dense), v_1, ..., v_F]`` concatenated; each cross layer
+``x0 = [bottom MLP(dense), v_1, ..., v_F]`` concatenated (the ``v_i`` of any widths: each its
+table's dim, :attr:`rayemb.Embeddings.dims`); each cross layer
 computes ``x_{l+1} = x0 * (W_l x_l + b_l) + x_l`` (TorchRec's ``CrossNet``; with
 ``low_rank`` set, ``W_l = U_l V_l``, its ``LowRankCrossNet``), so ``L`` layers
 hold feature crosses up to degree ``L + 1``; an MLP on the crossed vector gives
@@ -35,7 +36,7 @@ class DCNv2(nn.Module):
         self.embedding = embeddings.pooled
         self.features: List[str] = list(embeddings.features)
         self.bottom = MLP(num_dense, list(bottom_mlp), device=device)
-        width = bottom_mlp[-1] + embeddings.dim * len(self.features)
+        width = bottom_mlp[-1] + sum(embeddings.dim_of(f) for f in self.features)
         cross = CrossNet(width, cross_layers) if low_rank is None else LowRankCrossNet(width, cross_layers, low_rank)
         self.cross = cross.to(device)  # TorchRec's cross nets take no device argument
         self.deep = MLP(width, list(deep_mlp), device=device)

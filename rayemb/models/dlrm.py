@@ -143,7 +143,16 @@ def dlrm(embeddings: Embeddings, schema: DatasetSchema, bottom_mlp: Sequence[int
          top_mlp: Sequence[int] = (64, 32, 1), sequence_tower: str = "attention") -> DLRM:
     """The DLRM factory (``model.name: dlrm``; ``model.bottom_mlp`` / ``model.top_mlp`` / ``model.sequence_tower``
     are its arguments): bottom MLP over the dense features, the pooled (and history) vectors, dot interaction,
-    top MLP to one logit per label column (a multi-task schema shares everything below the last layer)."""
+    top MLP to one logit per label column (a multi-task schema shares everything below the last layer).
+
+    The dot interaction needs every pooled vector as wide as the bottom MLP's output: tables of other dims
+    (schema.yaml ``embedding_dim``) are refused, naming the features (the driver says so before any work,
+    :func:`rayemb.contract.factory.check_table_dims`)."""
+    off = {f: d for f, d in zip(embeddings.features, embeddings.dims) if d != bottom_mlp[-1]}
+    if off:
+        raise ValueError(f"dlrm: its dot interaction needs every pooled vector {bottom_mlp[-1]} wide (bottom_mlp's "
+                         f"last size), but features {off} are not; drop their embedding_dim in schema.yaml, or use "
+                         "model.name: dcn_v2 or two_tower, which concatenate vectors of any width")
     top = [*top_mlp[:-1], len(schema.labels)]
     return DLRM(embeddings.pooled, feature_names=embeddings.features, dense_in_features=len(schema.dense),
                 bottom_mlp=bottom_mlp, top_mlp=top, dense_device=embeddings.device,

@@ -61,8 +61,9 @@ class TwoTower(nn.Module):
         self.temperature = float(temperature)
         self.embedding = embeddings.pooled
         device = embeddings.device
-        self.user_tower = _tower(num_dense + embeddings.dim * len(users), tower_mlp, device)
-        self.item_tower = _tower(embeddings.dim, tower_mlp, device)
+        # each feature as wide as its table (its own embedding_dim, or the model's)
+        self.user_tower = _tower(num_dense + sum(embeddings.dim_of(f) for f in users), tower_mlp, device)
+        self.item_tower = _tower(embeddings.dim_of(item_feature), tower_mlp, device)
 
     def forward(self, dense: torch.Tensor, sparse) -> Tuple[torch.Tensor, torch.Tensor]:
         pooled = self.embedding(sparse).to_dict()

@@ -46,8 +46,11 @@ def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: int,
 
 def tables_from_schema(schema: Any, embedding_dim: int, *, stats: Any = None, split: Any = None,
                        bytes_per_element: int = 4) -> List[TableSpec]:
-    """TableSpecs of a dataset schema; with ``stats`` (a DatasetStats) pooling factors, and hot sets from
-    ``split`` (the :class:`rayemb.planner.split.FrequentSplit` of those statistics, required with them).
+    """TableSpecs of a dataset schema, one per pooled table (a table two features read is one spec, its dim the
+    table's own ``embedding_dim`` else ``embedding_dim``); with ``stats`` (a DatasetStats, per feature or per
+    table: :meth:`~rayemb.data.schema.DatasetSchema.table_stats`) pooling factors, a shared table's the sum of its
+    features' (each row looks it up once per feature), and hot sets from ``split`` (the
+    :class:`rayemb.planner.split.FrequentSplit` of those statistics, required with them).
 
     The split is the caller's: it depends on the world size, the global batch and (across nodes) the
     calibration the job plans with, which a schema and statistics do not know.
@@ -61,13 +64,17 @@ def tables_from_schema(schema: Any, embedding_dim: int, *, stats: Any = None, sp
                             "rayemb.train.world_plan.plan_world makes a job's)")
         for name, ts in split.tables.items():
             hot[name] = (ts.num_hot, float(ts.hot_share))
-        for name, st in stats.tables.items():
+        table_stats = schema.table_stats(stats) if hasattr(schema, "table_stats") else stats
+        for name, st in table_stats.tables.items():
             pooling[name] = float(st.pooling_mean)
+    tables = schema.tables if hasattr(schema, "tables") else schema.sparse
+    dims = schema.table_dims(embedding_dim) if hasattr(schema, "table_dims") else {}
     out = []
-    for f in schema.sparse:
+    for f in tables:
         h_rows, h_share = hot.get(f.name, (0, 0.0))
         out.append(TableSpec(
-            name=f.name, rows=int(f.num_embeddings), dim=embedding_dim, bytes_per_element=bytes_per_element,
+            name=f.name, rows=int(f.num_embeddings), dim=dims.get(f.name, embedding_dim),
+            bytes_per_element=bytes_per_element,
             pooling_factor=pooling.get(f.name, 1.0), hot_rows=min(int(h_rows), int(f.num_embeddings)),
             hot_share=h_share,
         ))

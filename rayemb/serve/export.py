@@ -115,15 +115,16 @@ def _check_tables(meta: Dict[str, Any], schema: DatasetSchema, cfg: JobConfig, c
     from rayemb.checkpoint.raw_files import check_id_kinds
 
     saved = meta.get("tables", {})
-    check_id_kinds({t: saved[t] for t in schema.sparse_names if t in saved}, schema.raw_names, redact_uri(checkpoint))
+    check_id_kinds({t: saved[t] for t in schema.table_names if t in saved}, schema.raw_names, redact_uri(checkpoint))
     compressed = meta.get("compression", {})
-    for f in [*schema.sparse, *sequence_features(cfg.model, schema)]:
+    dims = schema.table_dims(int(cfg.model.embedding_dim))  # a table's own embedding_dim, else the model's
+    for f in [*schema.tables, *sequence_features(cfg.model, schema)]:
+        dim = dims.get(f.name, int(cfg.model.embedding_dim))
         if f.name in compressed:
-            _check_compressed(f.name, int(f.num_embeddings), int(cfg.model.embedding_dim), compressed[f.name], saved,
-                              checkpoint)
+            _check_compressed(f.name, int(f.num_embeddings), dim, compressed[f.name], saved, checkpoint)
             continue
         got = saved.get(f.name)
-        want = {"num_embeddings": int(f.num_embeddings), "dim": int(cfg.model.embedding_dim)}
+        want = {"num_embeddings": int(f.num_embeddings), "dim": dim}
         if got is None or {k: int(got.get(k, -1)) for k in want} != want:
             raise DataError(f"Checkpoint {redact_uri(checkpoint)!r} holds table {f.name!r} as {got}; the config and "
                             f"schema make it {want}. Export with the config and dataset the checkpoint was trained "

@@ -124,7 +124,7 @@ def build_dlrm(schema: DatasetSchema, model_cfg: Mapping[str, Any], device: Any 
     ebc = pooled_module(schema, model_cfg, device)
     # one logit per label column, as the DLRM factory (rayemb.models.dlrm.dlrm) builds the training model
     top_mlp = [*model_cfg["top_mlp"][:-1], len(schema.labels)]
-    return DLRM(ebc, feature_names=schema.sparse_names, dense_in_features=len(schema.dense),
+    return DLRM(ebc, feature_names=schema.pooled_features, dense_in_features=len(schema.dense),
                 bottom_mlp=list(model_cfg["bottom_mlp"]), top_mlp=top_mlp, dense_device=device,
                 **_sequence_args(schema, model_cfg, device))
 

@@ -70,8 +70,9 @@ def check_exportable(factory: Optional[str]) -> None:
 
 
 def pooled_module(schema: Any, model_cfg: Mapping[str, Any], device: Any) -> Any:
-    """One plain table per sparse feature: an ``EmbeddingBagCollection``, or with ``model_cfg["compression"]``
-    (table -> storage, from the checkpoint's meta.json) a ``CompressedEmbeddingBagCollection`` stored alike."""
+    """One plain table per pooled table (a shared one read by all its features): an ``EmbeddingBagCollection``,
+    or with ``model_cfg["compression"]`` (table -> storage, from the checkpoint's meta.json) a
+    ``CompressedEmbeddingBagCollection`` stored alike."""
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from rayemb.contract.tables import table_configs
@@ -115,8 +116,9 @@ def build_factory_model(schema: Any, model_cfg: Mapping[str, Any], device: Any) 
     device = torch.device(device or "cpu")
     dim = int(model_cfg["embedding_dim"])
     sequence, features = sequence_parts(schema, model_cfg, device)
-    embeddings = Embeddings(pooled=pooled_module(schema, model_cfg, device), features=tuple(schema.sparse_names),
-                            dim=dim, sequence=sequence, sequence_features=tuple(features), device=device)
+    embeddings = Embeddings(pooled=pooled_module(schema, model_cfg, device), features=tuple(schema.pooled_features),
+                            dim=dim, sequence=sequence, sequence_features=tuple(features), device=device,
+                            dims=schema.feature_dims(dim))
     return model_spec_from_json(model_cfg).build(embeddings, schema)
 
 

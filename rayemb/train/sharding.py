@@ -66,7 +66,8 @@ def build_embeddings(cfg: JobConfig, schema: DatasetSchema, placements: Mapping[
     tables = table_configs(schema, cfg.model.embedding_dim, cfg.model.embedding_dtype)
     raw = [f for f in schema.sparse if f.name in schema.raw_names]
     pooled, _ = hybrid_from_placements(tables, placements, hot_ids, device=embedding_device, raw=raw)
-    return Embeddings(pooled=pooled, features=tuple(schema.sparse_names), dim=cfg.model.embedding_dim,
+    return Embeddings(pooled=pooled, features=tuple(schema.pooled_features), dim=cfg.model.embedding_dim,
+                      dims=schema.feature_dims(cfg.model.embedding_dim),
                       sequence=sequence_module(cfg.model, schema, device=embedding_device),
                       sequence_features=tuple(sequence_features(cfg.model, schema)), device=dense_device)
 
@@ -291,7 +292,7 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
     chooser = StepTimeCostModel(calibration, BytesCostModel(exchange=exchange), tie_margin=tie_margin) \
         if cfg.planner.objective == "step_time" else None
     # Training needs a TorchRec plan of the real module, so the torchrec engine; "fast" is for what-if plans.
-    result = plan(specs, topology, global_batch, pins=pins_of(cfg, schema.sparse_names, schema.raw_names, split),
+    result = plan(specs, topology, global_batch, pins=pins_of(cfg, schema.table_names, schema.raw_names, split),
                   engine="torchrec", chooser=chooser, exchange=exchange)
     hot_ids = {name: split.hot_ids(name) for name, tp in result.tables.items() if tp.placement.value == "hybrid"}
     sharding_plan = ShardingPlan(

@@ -60,18 +60,19 @@ def _dense_part(device: Any, local_batch: int, dim: int, spec: Any, schema: Any,
     from rayemb.train.worker.retrieval import item_feature_of
     from rayemb.train.worker.step import StepBatch, TrainStep
 
-    features = list(schema.sparse_names)
+    features = list(schema.pooled_features)  # the order the pooled module returns them
+    dims = list(schema.feature_dims(dim))  # a table's own embedding_dim, else the model's
 
     class _Vectors(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.values = torch.nn.Parameter(torch.randn(local_batch, len(features) * dim, device=device))
+            self.values = torch.nn.Parameter(torch.randn(local_batch, sum(dims), device=device))
 
         def forward(self, kjt: Any) -> Any:
-            return KeyedTensor(keys=features, length_per_key=[dim] * len(features), values=self.values)
+            return KeyedTensor(keys=features, length_per_key=dims, values=self.values)
 
     vectors = _Vectors()
-    model, _ = spec.build(Embeddings(vectors, tuple(features), dim, device=device), schema)
+    model, _ = spec.build(Embeddings(vectors, tuple(features), dim, device=device, dims=tuple(dims)), schema)
     model = model.to(device)
     params = [p for p in model.parameters() if p is not vectors.values]
     opt = dense_optimizer(params, 0.01)  # the job's own

@@ -35,7 +35,7 @@ from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, count_rows, load_checked, parquet_files
 from rayemb.errors import DataError, TrainingError, find_user_error
 from rayemb.logs import redact_uri
-from rayemb.contract.factory import model_spec, user_loss
+from rayemb.contract.factory import check_table_dims, model_spec, user_loss
 from rayemb.planner.report import prediction_text
 from rayemb.planner.step_time import prediction_kind
 from rayemb.planner.topology import resize_topology
@@ -130,7 +130,8 @@ def check_inputs(cfg: JobConfig, model: Any = None) -> JobInputs:
                         f"raw-id tables are fp32 only, and model.embedding_dtype is {cfg.model.embedding_dtype}. Set "
                         "model.embedding_dtype: fp32, or encode those ids (drop `ids: raw`).",
                         category="invalid_schema")
-    parse_pins(pins_of(cfg, schema.sparse_names, schema.raw_names), schema.sparse_names)
+    parse_pins(pins_of(cfg, schema.table_names, schema.raw_names), schema.table_names)
+    check_table_dims(cfg.model, schema)
     train_rows, valid_rows = count_rows(data_dir, TRAIN_SPLIT), count_rows(data_dir, VALID_SPLIT)  # footers only
     steps = split_steps(train_rows, valid_rows, cfg, data_dir)
     if cfg.train.max_steps_per_epoch is not None:
@@ -201,6 +202,7 @@ def compute_statistics(inputs: JobInputs) -> Any:
     stats = load_or_compute_stats(data_dir, stats_path, progress=True, fingerprint=fingerprint)
     check_values(stats.values, schema.labels, f"{data_dir}/{TRAIN_SPLIT}", schema.regression_labels)
     check_ids(stats, schema, cfg.data.id_policy)
+    stats = schema.table_stats(stats)  # one entry per table: a shared table's counts over all its features' ids
     for line in dense_transform_warnings(stats.values, schema):
         print(f"rayemb: warning: {line}", flush=True)
     valid_values = compute_stats(data_dir, split=VALID_SPLIT, tables=False).values

@@ -276,7 +276,7 @@ def check_resume_from(cfg: Any, schema: Any) -> Optional[Tuple[str, CheckpointMe
     from rayemb.checkpoint.raw_files import check_id_kinds
 
     saved = meta.get("tables", {})
-    check_id_kinds({t: saved[t] for t in schema.sparse_names if t in saved}, schema.raw_names,
+    check_id_kinds({t: saved[t] for t in schema.table_names if t in saved}, schema.raw_names,
                    f"{shown} (train.resume_from)")
     for t in table_configs(schema, cfg.model.embedding_dim):
         got = saved.get(t.name)
