@@ -55,4 +55,4 @@ def test_rating_label_trains_a_regression_model_that_beats_the_mean(ray_2_cpus, 
     rmse = result["metrics"]["valid_rmse"]
     mean_rmse = float(np.sqrt(np.mean((valid - train.mean()) ** 2)))
     assert "valid_auc" not in result["metrics"]
-    assert rmse < 0.95 * mean_rmse, (rmse, mean_rmse)
+    assert rmse < 0.97 * mean_rmse, (rmse, mean_rmse)
