@@ -60,12 +60,18 @@ def numeric_metrics(report: Dict[str, Any]) -> Dict[str, float]:
     return out
 
 
+#: what :meth:`QueueDrainer.stop` puts on the queue so that the thread's waiting ``get`` returns at once
+WAKE = "rayemb.drainer.wake"
+
+
 class QueueDrainer:
     """Driver-side thread: drains forwarded reports into a RunLogger and keeps the latest values."""
 
     def __init__(self, queue: Any, run_logger: Any, poll_s: float = 1.0, progress: Optional[Any] = None,
-                 after_step: Optional[int] = None) -> None:
+                 after_step: Optional[int] = None, on_report: Optional[Any] = None) -> None:
         self.queue = queue
+        #: called with every report after it is logged (a sweep's trial hands its validations to Ray Tune)
+        self.on_report = on_report
         #: reports at or before this step are kept but not logged (a continued run has them already)
         self.after_step = after_step
         self.run_logger = run_logger
@@ -90,13 +96,16 @@ class QueueDrainer:
                 self.progress.update(report)
             except Exception as e:  # a progress line never fails a job
                 logger.warning("rayemb: progress line failed (%s: %s)", type(e).__name__, e)
+        if self.on_report is not None:
+            self.on_report(report)
 
     def _drain_once(self, block: bool) -> bool:
         try:
             report = self.queue.get(block=block, timeout=self.poll_s if block else None)
         except Exception:
             return False
-        self._handle(report)
+        if not (isinstance(report, str) and report == WAKE):
+            self._handle(report)
         return True
 
     def _run(self) -> None:
@@ -106,6 +115,10 @@ class QueueDrainer:
     def stop(self) -> List[Dict[str, Any]]:
         """Stops the thread and drains what is left; returns every report seen."""
         self._stop.set()
+        try:  # else the thread's get waits out its poll_s: up to a second of every job's end
+            self.queue.put(WAKE, block=False)
+        except Exception:  # noqa: BLE001 - a queue that is gone: the thread's get times out as before
+            pass
         self._thread.join(timeout=10)
         while self._drain_once(block=False):
             pass

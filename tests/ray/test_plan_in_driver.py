@@ -41,3 +41,34 @@ def test_the_plan_stage_plans_in_the_driver_without_a_ray_task(ray_2_cpus, tiny_
 
     assert made == [2]
     assert planned.plans[2].job_plan.sharding_plan is not None
+
+
+@pytest.mark.timeout(300)
+def test_the_tracking_stage_leaves_the_charts_to_a_thread_beside_the_workers_start(ray_2_cpus, tiny_data, tmp_path,
+                                                                                 monkeypatch):
+    import threading
+
+    import rayemb.data.stats_report as stats_report
+    import rayemb.planner as planner
+    import rayemb.train.driver.trainer as trainer
+    from rayemb.train.driver.attempt import claim_attempt
+
+    drawn = {}
+    for module, name in ((stats_report, "plot_frequencies"), (planner, "plot_plan")):
+        def on_thread(*args, _real=getattr(module, name), _name=name, **kwargs):
+            drawn[_name] = threading.current_thread().name
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, on_thread)
+    cfg = load_config(CONFIG, [f"data.path={tiny_data}", f"tracking.output_dir={tmp_path / 'runs'}",
+                               "planner.calibrate=false"])
+    inputs = claim_attempt(trainer.check_inputs(cfg))
+    planned = trainer.plan_job(inputs, trainer.job_topology(cfg), trainer.compute_statistics(inputs))
+    tracking = trainer.start_tracking(inputs, planned)
+    try:
+        tracking.charts.join()
+        assert drawn == {"plot_frequencies": "rayemb-job-charts", "plot_plan": "rayemb-job-charts"}
+        assert {"frequencies.png", "plan.png", "plan.json", "stats.json"} <= set(
+            p.name for p in Path(tracking.job_dir).iterdir())
+    finally:
+        tracking.run_logger.finish("FINISHED")

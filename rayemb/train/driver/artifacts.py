@@ -8,15 +8,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from typing import Any, Dict, List
 
 logger = logging.getLogger(__name__)
 
 
-def log_stats_and_split(run_logger: Any, stats: Any, split: Any, job_dir: str) -> None:
-    """Writes stats.json, split.json and the frequency chart under ``job_dir`` and logs them to the run."""
+def log_stats_and_split(run_logger: Any, stats: Any, split: Any, job_dir: str, chart: bool = True) -> None:
+    """Writes stats.json, split.json and (``chart``) the frequency chart under ``job_dir`` and logs them to the
+    run."""
     from rayemb.data.stats_io import write_stats_json
-    from rayemb.data.stats_report import plot_frequencies
 
     run_logger.log_artifact(write_stats_json(stats, os.path.join(job_dir, "stats.json")))
     split_path = os.path.join(job_dir, "split.json")
@@ -26,25 +27,51 @@ def log_stats_and_split(run_logger: Any, stats: Any, split: Any, job_dir: str) -
     for name, t in split.tables.items():
         run_logger.log_metrics({f"split.hot_rows.{name}": float(t.num_hot), f"split.hot_share.{name}": t.hot_share},
                                step=0)
+    if chart:
+        log_frequencies_chart(run_logger, stats, job_dir)
+
+
+def log_frequencies_chart(run_logger: Any, stats: Any, job_dir: str) -> None:
+    from rayemb.data.stats_report import plot_frequencies
+
     try:
         run_logger.log_artifact(plot_frequencies(stats, os.path.join(job_dir, "frequencies.png")), "charts")
     except Exception as e:  # a chart never fails a job
         logger.warning("could not plot frequencies: %s", e)
 
 
-def log_plan(run_logger: Any, summary: Dict[str, Any], job_dir: str) -> None:
-    """plan.json, the plan's per-rank chart, and its headline numbers as metrics."""
-    from rayemb.planner import load_plan_json, plot_plan
-
+def log_plan(run_logger: Any, summary: Dict[str, Any], job_dir: str, chart: bool = True) -> None:
+    """plan.json, (``chart``) the plan's per-rank chart, and its headline numbers as metrics."""
     path = os.path.join(job_dir, "plan.json")
     with open(path, "w") as f:
         f.write(to_json(summary))
     run_logger.log_artifact(path)
     run_logger.log_metrics({"plan.predicted_bytes_per_step": float(summary["predicted_bytes_per_step"])}, step=0)
+    if chart:
+        log_plan_chart(run_logger, job_dir)
+
+
+def log_plan_chart(run_logger: Any, job_dir: str) -> None:
+    """The per-rank chart of the plan.json :func:`log_plan` wrote under ``job_dir``."""
+    from rayemb.planner import load_plan_json, plot_plan
+
     try:
+        path = os.path.join(job_dir, "plan.json")
         run_logger.log_artifact(plot_plan(load_plan_json(path), os.path.join(job_dir, "plan.png")), "charts")
     except Exception as e:  # a chart never fails a job
         logger.warning("could not draw the plan chart: %s", e)
+
+
+def start_job_charts(run_logger: Any, stats: Any, job_dir: str) -> threading.Thread:
+    """The plan's and the frequencies' charts drawn and logged in a thread, beside the workers' start (a second
+    or two of matplotlib that nothing before training needs); join it before the run ends."""
+    def draw() -> None:
+        log_plan_chart(run_logger, job_dir)
+        log_frequencies_chart(run_logger, stats, job_dir)
+
+    thread = threading.Thread(target=draw, name="rayemb-job-charts", daemon=True)
+    thread.start()
+    return thread
 
 
 def log_charts(run_logger: Any, reports: List[Dict[str, Any]], job_dir: str) -> None:

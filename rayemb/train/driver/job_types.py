@@ -80,6 +80,8 @@ class Tracking:
     job_dir: str
     #: where its files, checkpoints and local copies go (tracking.output_dir may be a URI)
     outputs: Any = None
+    #: the thread drawing the plan's and the statistics' charts beside the workers' start (joined before the end)
+    charts: Any = None
 
 
 @dataclass

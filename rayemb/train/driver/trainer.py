@@ -41,7 +41,7 @@ from rayemb.planner.step_time import prediction_kind
 from rayemb.planner.topology import resize_topology
 from rayemb.planner.pins import parse_pins
 from rayemb.publish import resolve_dataset
-from rayemb.train.driver.artifacts import log_charts, log_plan, log_stats_and_split, to_json
+from rayemb.train.driver.artifacts import log_charts, log_plan, log_stats_and_split, start_job_charts, to_json
 from rayemb.train.worker.data_loader import split_steps
 from rayemb.train.driver.results import best_and_last_checkpoint, step_time_check, step_time_line
 from rayemb.train.driver.outputs import JobOutputs, check_output_dir, read_splits, tracking_uri as job_tracking_uri
@@ -341,14 +341,15 @@ def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Option
         run_logger.log_text(cfg.to_yaml(), f"config.attempt-{attempt.attempt}.yaml")
     else:
         _log_run_params(run_logger, inputs, planned)
-    log_plan(run_logger, planned.summary, job_dir)
-    log_stats_and_split(run_logger, planned.stats, planned.split, job_dir)
+    log_plan(run_logger, planned.summary, job_dir, chart=False)
+    log_stats_and_split(run_logger, planned.stats, planned.split, job_dir, chart=False)
     if not inputs.cfg.data.stats_path:  # the next job on the same files skips the statistics pass
         from rayemb.data.stats_io import keep_stats
 
         keep_stats(planned.stats, inputs.out_dir, inputs.data_dir)
-    outputs.publish()  # plan.json, stats.json, split.json, charts next to the checkpoints (remote output_dir)
-    return Tracking(run_logger, tracking_uri, job_id, job_dir, outputs)
+    outputs.publish()  # plan.json, stats.json, split.json next to the checkpoints (remote output_dir); charts at the end
+    return Tracking(run_logger, tracking_uri, job_id, job_dir, outputs,
+                    charts=start_job_charts(run_logger, planned.stats, job_dir))
 
 
 def _log_run_params(run_logger: Any, inputs: JobInputs, planned: PlannedJob) -> None:
@@ -367,7 +368,8 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: An
           ray_options: Optional[Dict[str, Any]] = None) -> TrainResult:
     """Ray Train workers train the planned model; every report reaches MLflow; the run ends FINISHED or FAILED.
 
-    ``phases``: the job's :class:`~rayemb.train.driver.phases.JobPhases` (its line printed and logged at the end)."""
+    ``phases``: the job's :class:`~rayemb.train.driver.phases.JobPhases` (its line printed and logged at the end).
+    ``ray_options["on_report"]``: called in the driver with every report after MLflow has it (a sweep's trial)."""
     import ray
     from ray.util.queue import Queue
 
@@ -394,7 +396,9 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: An
     queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
     progress = ProgressPrinter(cfg.train.epochs, steps, planned.world_plan.batch.global_size)
     # a continued run: the points its dead attempt logged after the checkpoint are not logged twice
-    drainer = QueueDrainer(queue, run_logger, progress=progress, after_step=run_logger.resumed_at_step).start()
+    ray_options = dict(ray_options or {})
+    drainer = QueueDrainer(queue, run_logger, progress=progress, after_step=run_logger.resumed_at_step,
+                           on_report=ray_options.pop("on_report", None)).start()
     status, reason, best_checkpoint, last_checkpoint = "FAILED", None, None, None
     try:
         if phases is not None:
@@ -442,6 +446,8 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: An
             run_logger.set_tags({"rayemb.best_checkpoint": best_checkpoint})
         if last_checkpoint:
             run_logger.set_tags({"rayemb.last_checkpoint": last_checkpoint})
+        if tracking.charts is not None:  # pyplot is one figure state: one thread draws at a time
+            tracking.charts.join()
         log_charts(run_logger, reports, tracking.job_dir)
         tracking.outputs.publish(final=True)
         run_logger.finish(status=status, reason=reason)
