@@ -300,7 +300,8 @@ class HybridEmbeddingBagCollection(nn.Module):
                 continue
             cold_type = cold_sharding_type if isinstance(cold_sharding_type, str) else cold_sharding_type.get(
                 name, "row_wise")
-            if cold_type not in COLD_SHARDING_TYPES:
+            # every row hot: no cold half to shard (the planner reports the table data-parallel then)
+            if cold_type not in COLD_SHARDING_TYPES and (r.num_cold(name) or r.is_raw(name)):
                 raise ConfigError(
                     f"Sharding type {cold_type!r} is not supported for the cold half of hybrid table "
                     f"{name!r}; use one of {COLD_SHARDING_TYPES} (EmbeddingCollection shardings)."

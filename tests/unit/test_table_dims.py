@@ -189,6 +189,21 @@ def test_the_hybrid_module_pools_every_feature_of_a_shared_table_as_a_plain_ebc_
     torch.testing.assert_close(got["history"][0], full["item"][[4, 1, 7]].sum(0))
 
 
+def test_a_hybrid_table_hot_in_every_row_takes_no_cold_sharding_type():
+    """Over two features' ids a small shared table may be hot in every row; the planner then reports it
+    data-parallel, which is no cold half's sharding type, and no cold half is there to shard."""
+    from rayemb.contract.tables import table_configs
+    from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
+
+    cfgs = table_configs(_schema(), 4)
+    every = HybridEmbeddingBagCollection(cfgs, hot_ids={"item": np.arange(20)})
+    cons = every.parameter_constraints({"item": "data_parallel"})
+    assert cons["item__hot"].sharding_types == ["data_parallel"] and "item__cold" not in cons
+    some = HybridEmbeddingBagCollection(cfgs, hot_ids={"item": np.arange(5)})
+    with pytest.raises(ConfigError, match="cold half of hybrid table 'item'"):
+        some.parameter_constraints({"item": "data_parallel"})
+
+
 # ---- the contract and the shipped models ---- #
 
 
