@@ -181,7 +181,8 @@ class BatchConverter:
 
     @property
     def keys(self) -> List[str]:
-        return self.schema.sparse_names
+        """The KJT's keys: the pooled features table by table, the order the pooled modules take and return."""
+        return self.schema.pooled_features
 
     def __call__(self, batch: pa.Table, pad_to: Optional[int] = None) -> Batch:
         """``batch`` as tensors; with ``pad_to``, padding rows (module docstring) fill it up to ``pad_to`` rows."""
@@ -211,13 +212,13 @@ class BatchConverter:
         weights = None if self.schema.weight is None else self._weights(batch)
 
         sparse = []
-        for feat in self.schema.sparse:
+        for feat in map(self.schema.feature, self.keys):
             values, lengths = sparse_arrays(batch, feat.name, feat.multi_hot, raw=feat.ids == RAW)
             if feat.ids != RAW:  # any int64 is a raw id: the raw-id table finds its row or the zero default
                 values = apply_id_policy(values, feat.num_embeddings, self.id_policy, feat.name)
             sparse.append((values, lengths))
         sequence = self._sequence_arrays(batch) if self.sequence else None
-        ids = None if self.keep_ids is None else sparse[self.schema.sparse_names.index(self.keep_ids)][0]
+        ids = None if self.keep_ids is None else sparse[self.keys.index(self.keep_ids)][0]
         if ids is not None and len(ids) != n:
             raise DataError(f"Sparse column {self.keep_ids!r} holds {n - len(ids)} null id(s) in this batch; a "
                             "retrieval model's item column needs an item on every row: drop those rows.")

@@ -1,12 +1,13 @@
 """Tables of their own dims and a table two features read: planned, trained on 2 ranks, resharded to 3, exported.
 
-The dataset's schema.yaml gives C1 ``embedding_dim: 16`` (the others the model's 8) and C3 ``table: C2`` (C3's
-bags read C2's rows). rayemb's planner plans the job's DCN-v2 from the statistics pass (the shared table's
-counts over both columns' ids), with C1 and the shared C2 hybrid, for 2 ranks and for 3; on 2 gloo ranks the
-job's model code (``rayemb.train.worker.build.sharded_model``) trains a few steps and writes a logical
-checkpoint, each rank scoring its half of the validation rows. ``reshard_checkpoint`` makes the checkpoint a
-3-rank one, and the 3-rank model of the other plan that loads it must score every row as the 2-rank model did,
-to 1e-5. ``rayemb export`` must give a model whose logits, probabilities and MLflow pyfunc predictions equal the
+The dataset's schema.yaml gives C1 ``embedding_dim: 16`` (the others the model's 8) and C5 ``table: C2``
+(C5's bags read C2's rows; the batches' keys go table by table, C2 then C5, not in the schema's order).
+rayemb's planner plans the job's DCN-v2 from the statistics pass (the shared table's counts over both
+columns' ids), with C1 and the shared C2 hybrid, for 2 ranks and for 3; on 2 gloo ranks the job's model code
+(``rayemb.train.worker.build.sharded_model``) trains a few steps and writes a logical checkpoint, each rank
+scoring its half of the validation rows. ``reshard_checkpoint`` makes the checkpoint a 3-rank one, and the
+3-rank model of the other plan that loads it must score every row as the 2-rank model did, to 1e-5.
+``rayemb export`` must give a model whose logits, probabilities and MLflow pyfunc predictions equal the
 sharded model's on the same rows to 1e-5.
 """
 
@@ -28,7 +29,7 @@ STEPS = 6
 BATCH = 32
 DIM = 8
 PINS = {"C1": {"sharding": "hybrid"}, "C2": {"sharding": "hybrid"}, "C4": {"sharding": "column_wise"},
-        "C5": {"sharding": "row_wise"}}
+        "C3": {"sharding": "row_wise"}}
 
 
 def _job_plan(cfg: Any, schema: Any, stats: Any, world_size: int) -> Any:
@@ -87,7 +88,7 @@ def job(tmp_path_factory):
     for entry in doc["sparse"]:
         if entry["name"] == "C1":
             entry["embedding_dim"] = 16
-        if entry["name"] == "C3":  # C3's ids (< 40) are rows of C2's table (50)
+        if entry["name"] == "C5":  # C5's ids (< 30) are rows of C2's table (50)
             del entry["num_embeddings"]
             entry["table"] = "C2"
     (root / "data" / "schema.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -120,7 +121,8 @@ def test_the_plan_holds_each_table_with_its_dim_and_the_shared_one_once(job):
     from rayemb.checkpoint.export import unsharded_state
 
     schema, plans = job["schema"], job["plans"]
-    assert sorted(job["stats"].tables) == sorted(schema.table_names) and "C3" not in schema.table_names
+    assert sorted(job["stats"].tables) == sorted(schema.table_names) and "C5" not in schema.table_names
+    assert schema.pooled_features == ["C1", "C2", "C5", "C3", "C4", "C6"]
     for world, plan in plans.items():
         assert sorted(plan.placements) == sorted(schema.table_names), world
         assert {"C1", "C2"} <= set(plan.hot_ids), world  # both hybrid: hot rows of dim 16 and 8
@@ -162,7 +164,7 @@ def test_the_export_predicts_what_the_sharded_model_predicts(job, tmp_path, monk
     assert main(["export", "--checkpoint", job["checkpoint"], "--config", job["config"], "--out", str(out),
                  "--tracking-uri", uri, "--experiment", "table-dims"]) == 0
     loaded = InferenceModel.load(str(out))
-    assert loaded.schema.table_features("C2") == ["C2", "C3"]
+    assert loaded.schema.table_features("C2") == ["C2", "C5"]
     np.testing.assert_allclose(loaded.logits(valid), sharded, rtol=0, atol=1e-5)
     np.testing.assert_allclose(loaded.predict(valid), sigmoid(sharded), rtol=0, atol=1e-5)
     client = MlflowClient(uri)

@@ -134,6 +134,21 @@ def test_a_shared_tables_statistics_count_the_union_of_its_features_ids(tmp_path
     assert 7 not in set(HugeCTRSplitRule(2, 20, threshold=3.0).split(per_feature).hot_ids("item").tolist())
 
 
+def test_batches_key_the_features_table_by_table_as_the_pooled_modules_take_them(tmp_path):
+    from rayemb.contract.tables import table_configs
+    from rayemb.data.batching import BatchConverter
+    from rayemb.embedding.compressed import CompressedEmbeddingBagCollection
+    from rayemb.embedding.compression_math import CompressionSpec
+
+    schema = DatasetSchema.load(_dataset(tmp_path, [1, 2, 3], [[4, 5], [], [6]]))
+    batch = BatchConverter(schema, "error")(pq.read_table(tmp_path / "train"))
+    assert batch.sparse.keys() == ["item", "history", "user"]
+    assert batch.sparse["history"].lengths().tolist() == [2, 0, 1]
+    # a compressed module takes its tables' features in table order only
+    module = CompressedEmbeddingBagCollection(table_configs(schema, 4), {"item": CompressionSpec("qr", buckets=4)})
+    assert module(batch.sparse).length_per_key() == [8, 8, 4]
+
+
 # ---- tables, planner, hybrid module ---- #
 
 
