@@ -96,8 +96,9 @@ def _batches(schema: Any, samples: Dict[str, TableSample], local_batch: int, see
     gen = np.random.default_rng(seed)
     out = []
     for _ in range(PROBE_BATCHES):
-        lengths, values = zip(*(samples[name].draw(local_batch, gen) for name in schema.sparse_names))
-        kjt = KeyedJaggedTensor.from_lengths_sync(keys=list(schema.sparse_names),
+        # keyed table by table, as the job's batches are (rayemb.data.batching)
+        lengths, values = zip(*(samples[name].draw(local_batch, gen) for name in schema.pooled_features))
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=list(schema.pooled_features),
                                                   values=torch.from_numpy(np.concatenate(values)),
                                                   lengths=torch.from_numpy(np.concatenate(lengths)))
         dense = torch.from_numpy(np.log1p(gen.exponential(3.0, (local_batch, len(schema.dense)))).astype(np.float32))
