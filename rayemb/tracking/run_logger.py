@@ -148,6 +148,7 @@ class RunLogger:
         self._done = threading.Event()
         self._delivered = False
         self._finish_result: Optional[bool] = None
+        self._run_exists = threading.Event()
         self._sampler: Optional[HostSampler] = None
         self._next_sample = 0.0
         self._sample_step = 0
@@ -155,11 +156,13 @@ class RunLogger:
 
     # ---- caller side: cheap, never raises ---- #
 
-    def start(self) -> "RunLogger":
+    def start(self, connect: bool = True) -> "RunLogger":
         """Creates the experiment (if needed) and the run, then starts the writer thread.
 
         One attempt is made synchronously so that :attr:`run_id` is usually known
-        on return; if the store is unreachable the writer keeps trying.
+        on return; if the store is unreachable the writer keeps trying. ``connect=False``: the writer makes that
+        first attempt too (MLflow's imports and the run's creation, a second or two of a fresh process, off the
+        caller's thread); :meth:`wait_for_run` waits for it.
         """
         if self._started:
             return self
@@ -170,13 +173,19 @@ class RunLogger:
             if self.system_metrics_interval_s:
                 self._sampler = HostSampler()
                 self._next_sample = time.monotonic() + self.system_metrics_interval_s
-            self._try_connect()
+            if connect:
+                self._try_connect()
         except Exception as e:
             logger.warning("rayemb tracking: could not start MLflow run (%s: %s); will retry", type(e).__name__, _short(e))
         self._thread = threading.Thread(target=self._writer, name="rayemb-mlflow-writer", daemon=True)
         self._thread.start()
         atexit.register(_finish_at_exit, weakref.ref(self))
         return self
+
+    def wait_for_run(self, timeout_s: Optional[float] = None) -> Optional[str]:
+        """Waits until the run exists in the store (at most ``timeout_s``); returns :attr:`run_id` (None: not yet)."""
+        self._run_exists.wait(timeout_s)
+        return self.run_id
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Logs a (nested) config as flattened params; numbers also as metrics ``param.<key>``.
@@ -345,6 +354,7 @@ class RunLogger:
             logger.info("rayemb tracking: MLflow at %s reachable again; replaying buffered records", self.shown_uri)
         self._connected, self._outage_logged = True, False
         self._backoff.reset()
+        self._run_exists.set()
         return True
 
     def _log_outage(self, e: BaseException, more: str = "") -> None:

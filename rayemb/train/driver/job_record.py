@@ -234,6 +234,8 @@ class Heartbeat:
         self.out_dir, self.attempt, self.interval_s = out_dir, attempt, interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rayemb-job-heartbeat", daemon=True)
+        #: the heartbeat and the run id (set from the thread that sees the MLflow run created) rewrite one record
+        self._lock = threading.Lock()
 
     def start(self) -> "Heartbeat":
         """Writes the attempt's record (the job is now this driver's), then keeps its heartbeat fresh."""
@@ -244,11 +246,12 @@ class Heartbeat:
         return self
 
     def _update(self, change: Callable[[JobRecord], None]) -> None:
-        rec = read_record(self.out_dir, self.attempt.name)
-        if rec is None or rec.job_id != self.attempt.job_id or rec.attempt != self.attempt.attempt:
-            return  # another run of the name took the record (--new-run): this one no longer owns it
-        change(rec)
-        write_record(self.out_dir, rec)
+        with self._lock:
+            rec = read_record(self.out_dir, self.attempt.name)
+            if rec is None or rec.job_id != self.attempt.job_id or rec.attempt != self.attempt.attempt:
+                return  # another run of the name took the record (--new-run): this one no longer owns it
+            change(rec)
+            write_record(self.out_dir, rec)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -272,6 +275,7 @@ class Heartbeat:
                 r.attempts[-1]["ended"] = status
             if result is not None:
                 r.result = dict(result)
+                r.run_id = result.get("run_id") or r.run_id
 
         try:
             self._update(end)

@@ -26,8 +26,9 @@ import dataclasses
 import functools
 import hashlib
 import os
+import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from rayemb._ray import init_ray
 from rayemb.config import JobConfig, resolve_path
@@ -83,8 +84,7 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any
     # the first output: from here a rerun of the job continues this run (nothing is written before)
     heartbeat, status, result = Heartbeat(inputs.out_dir, inputs.attempt).start(), "FAILED", None
     try:
-        tracking = start_tracking(inputs, planned, parent_run_id)
-        heartbeat.set_run_id(tracking.run_logger.run_id)
+        tracking = start_tracking(inputs, planned, parent_run_id, on_run=heartbeat.set_run_id)
         phases.mark("tracking")
         result = train(inputs, planned, tracking, phases, ray_options)
         result.wall_time_s = time.monotonic() - t0
@@ -304,9 +304,15 @@ def _make_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, to
 # ---- STAGE 4: TRACKING ---- #
 
 
-def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Optional[str] = None) -> Tracking:
-    """Creates the job's output folder and MLflow run, and logs params, config, plan, stats and split."""
+def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Optional[str] = None,
+                   on_run: Optional[Callable[[Optional[str]], None]] = None) -> Tracking:
+    """Creates the job's output folder and MLflow run, and logs params, config, plan, stats and split.
+
+    A new run in a store that exists is created by the RunLogger's writer thread, beside the workers' start (MLflow's
+    imports are a second or two of a fresh driver): what is logged meanwhile waits in its buffer. ``on_run`` gets
+    the run id once the run exists (from that thread, then)."""
     from rayemb.tracking import RunLogger, ensure_store, standard_tags
+    from rayemb.tracking.store import sqlite_path
 
     cfg, topology = inputs.cfg, planned.topology
     attempt = inputs.attempt
@@ -315,7 +321,11 @@ def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Option
     job_id, job_dir = outputs.job_id, outputs.job_dir
     os.makedirs(job_dir, exist_ok=True)
     tracking_uri = job_tracking_uri(cfg.tracking.tracking_uri, inputs.out_dir)
-    ensure_store(tracking_uri)
+    db = sqlite_path(tracking_uri)
+    # a store to create, or a run to continue (its params decide what is logged): here, before the workers start
+    here = (db is not None and not os.path.exists(db)) or (attempt is not None and attempt.run_id is not None)
+    if here:
+        ensure_store(tracking_uri)
     device = "cuda" if cfg.scaling.use_gpu else "cpu"
     tags = {
         **standard_tags(),
@@ -327,11 +337,21 @@ def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Option
         tracking_uri, cfg.tracking.experiment, run_name=cfg.tracking.run_name or cfg.name,
         tags=tags, parent_run_id=parent_run_id, spill_dir=outputs.spill_dir,
         resume_run_id=attempt.run_id if attempt is not None else None,
-    ).start()
+    ).start(connect=here)
     continued = run_logger.resumed_at_step is not None
-    print(f"rayemb: MLflow run {run_logger.run_id or '(pending)'} in experiment {cfg.tracking.experiment!r} at "
-          f"{redact_uri(tracking_uri)}" + (f" (continued after step {run_logger.resumed_at_step})" if continued else ""),
-          flush=True)
+
+    def announce() -> None:
+        run_id = run_logger.run_id if here else run_logger.wait_for_run()
+        print(f"rayemb: MLflow run {run_id or '(pending)'} in experiment {cfg.tracking.experiment!r} at "
+              f"{redact_uri(tracking_uri)}" + (f" (continued after step {run_logger.resumed_at_step})" if continued
+                                               else ""), flush=True)
+        if on_run is not None:
+            on_run(run_id)
+
+    if here:
+        announce()
+    else:
+        threading.Thread(target=announce, name="rayemb-mlflow-run", daemon=True).start()
     if attempt is not None:
         run_logger.set_tags({"rayemb.attempt": attempt.attempt})
         # at the step it trains from: its checkpoint's
