@@ -1,20 +1,33 @@
-"""The hand-written peer: DLRM training with plain TorchRec + torchrun, as a user would write it without rayemb.
+"""The hand-written peer: DLRM training with plain TorchRec + torchrun, as TorchRec's docs and examples teach it.
 
-Same model, data and optimizers as rayemb's default job (jobs/configs/synth_small.yaml):
-TorchRec's ``DLRM`` (bottom MLP [64, 16], embedding dim 16, pairwise dot
-interaction, top MLP [64, 32, 1]; one table per sparse feature, sizes from the
-dataset's ``schema.yaml``), ``DistributedModelParallel`` on gloo with TorchRec's
-default planner (``EmbeddingShardingPlanner`` over a CPU ``Topology``) and
-default sharders, fused row-wise Adagrad for the embeddings
-(``apply_optimizer_in_backward``), dense Adagrad, ``BCEWithLogitsLoss``.
+Same model, data and optimizers as a rayemb job (``--embedding-dim``, ``--bottom-mlp``, ``--top-mlp``,
+``--lr``; defaults: jobs/configs/synth_small.yaml): TorchRec's ``DLRM`` (pairwise dot interaction; one
+table per sparse feature, sizes from the dataset's ``schema.yaml``) wrapped in ``DLRMTrain``, its
+embeddings on the meta device until ``DistributedModelParallel`` places them on gloo; the stock
+``EmbeddingShardingPlanner`` over a ``Topology`` of the cluster (world size, ranks per host from
+torchrun's ``LOCAL_WORLD_SIZE``, and ``--inter-host-mbit``: the link speed as a user knows it, given to
+the planner as ``inter_host_bw`` in its bytes/ms); fused row-wise Adagrad for the sharded embeddings
+(``apply_optimizer_in_backward``), dense Adagrad, ``TrainPipelineSparseDist`` driving the steps (the
+next batches' input all-to-all overlapped with this step, as in TorchRec's DLRM example).
 
-Each rank reads its equal share of the train split's rows (contiguous ranges over
-the parquet files) into numpy arrays before any timing (dense: ``log1p(max(x, 0))``,
-nulls as 0; one id per bag), then builds every batch by slicing those arrays —
-the usual hand-written loop. Embedding tables TorchRec places data-parallel are
-plain DDP parameters (the in-backward optimizer does not apply to them), so,
-as in TorchRec's own examples, the dense Adagrad trains them.
-It times ``--warmup`` steps, then ``--steps`` steps between two barriers.
+``--qcomm bf16`` (or ``fp16``) hands the ``EmbeddingBagCollectionSharder`` TorchRec's quantized-comm
+codecs: ``get_qcomm_codecs_registry(QCommsConfig(forward_precision=..., backward_precision=...),
+device=...)``, which encodes the pooled all-to-all, the row-wise reduce-scatter and the sequence
+all-to-all. What they do on CPU/gloo (torchrec 1.8, ``fbgemm_qcomm_codec.py``): the registry replaces a
+bf16 precision by fp16 on a ``cpu`` device ("BF16 ... is not supported on GLOO - falling back to
+FP16"), so ``--qcomm bf16`` sends fp16 on the wire here, still 2 bytes per element; the encoder itself
+is FBGEMM's clamp-and-cast. The gradients of the data-parallel tables and the dense layers go through
+DDP's all-reduce, which the codecs do not touch: they stay fp32. The result records the precision asked
+(``qcomm``) and the one each collective's codec uses (``qcomm_effective``).
+
+Each rank reads its equal share of the train split's rows (contiguous ranges over the parquet files)
+into numpy arrays before any timing (dense: ``log1p(max(x, 0))``, nulls as 0; one id per bag) and
+builds every batch by slicing them. Embedding tables TorchRec places data-parallel are plain DDP
+parameters (the in-backward optimizer does not apply to them), so, as in TorchRec's own examples, the
+dense Adagrad trains them. It runs ``--warmup`` steps, then times ``--steps`` steps between two
+barriers; then (``--valid``, default on) scores the whole valid split, each rank its share in batches
+of ``--batch-size`` (the last one padded, the padding left out), and rank 0 computes the AUC over all
+of it: ``valid_auc`` after ``warmup + steps`` steps, what a rayemb job of as many steps reports.
 
 This file imports nothing from rayemb (it reads ``schema.yaml`` with PyYAML).
 
@@ -23,14 +36,13 @@ Usage::
     torchrun --standalone --nproc-per-node 2 jobs/bench/peer_torchrec.py \\
         --data data/synth_small --batch-size 512 --steps 200 --warmup 20 --out /tmp/peer.json
 
-Across nodes (``multinode.py``'s ``torchrec`` row), one ``torchrun --nnodes N --node-rank K
---nproc-per-node 1 --master-addr HEAD --master-port P`` per node.
+Across nodes (``multinode.py``'s ``torchrec@fp32`` and ``torchrec@bf16`` rows), one ``torchrun --nnodes
+N --node-rank K --nproc-per-node 1 --master-addr HEAD --master-port P`` per node.
 
-Writes (rank 0) ``{"schema_version": 1, "samples_per_s": ..., "step_ms": {...}, "sharding": {...}, ...}``
-and prints one summary line. Notes on the sharding TorchRec picks on CPU: its
-default ``EmbeddingBagCollectionSharder`` offers row-wise (and table-row-wise)
-only on CUDA, so on CPU the planner chooses among data-parallel, table-wise,
-column-wise and table-column-wise.
+Writes (rank 0) ``{"schema_version": 2, "samples_per_s": ..., "step_ms": {...}, "sharding": {...},
+"valid_auc": ..., ...}`` and prints one summary line. Notes on the sharding TorchRec picks on CPU: its
+default ``EmbeddingBagCollectionSharder`` offers row-wise (and table-row-wise) only on CUDA, so on CPU
+the planner chooses among data-parallel, table-wise, column-wise and table-column-wise.
 """
 
 from __future__ import annotations
@@ -45,7 +57,9 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: ``--qcomm`` values: TorchRec's ``CommType`` names
+QCOMM_PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -63,6 +77,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--top-mlp", default="64,32,1")
     ap.add_argument("--lr", type=float, default=0.05, help="dense and embedding learning rate")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--qcomm", choices=QCOMM_PRECISIONS, default="fp32",
+                    help="wire precision of the sharded tables' collectives, both directions (TorchRec's QCommsConfig)")
+    ap.add_argument("--inter-host-mbit", type=float, default=None,
+                    help="the links between hosts in mbit/s, for the planner's Topology (default: TorchRec's own)")
+    ap.add_argument("--no-valid", dest="valid", action="store_false",
+                    help="skip scoring the valid split after the timed steps")
     ap.add_argument("--out", default=None, help="result JSON (written by rank 0)")
     ap.add_argument("--torch-profile", action="store_true",
                     help="run the timed window under the torch profiler and print rank 0's top operators")
@@ -87,14 +107,18 @@ def read_schema(data_dir: str) -> Dict[str, Any]:
     return schema
 
 
-def rank_slices(file_rows: Sequence[int], rank: int, world: int) -> List[Tuple[int, int, int]]:
+def rank_slices(file_rows: Sequence[int], rank: int, world: int,
+                every_row: bool = False) -> List[Tuple[int, int, int]]:
     """This rank's equal share of the split: ``[(file index, first row, end row), ...]``.
 
     The files' rows, in file order, are cut into ``world`` contiguous ranges of
-    ``total // world`` rows (the remainder is dropped so every rank holds as many).
+    ``total // world`` rows (the remainder is dropped so every rank holds as many;
+    ``every_row``: the last rank takes it, as scoring a whole split wants).
     """
     per_rank = sum(file_rows) // world
     lo, hi = rank * per_rank, (rank + 1) * per_rank
+    if every_row and rank == world - 1:
+        hi = sum(file_rows)
     out, offset = [], 0
     for i, n in enumerate(file_rows):
         a, b = max(lo, offset), min(hi, offset + n)
@@ -104,9 +128,10 @@ def rank_slices(file_rows: Sequence[int], rank: int, world: int) -> List[Tuple[i
     return out
 
 
-def load_arrays(files: Sequence[str], schema: Dict[str, Any], rank: int,
-                world: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dense (N, 13) float32, ids (F, N) int64 feature-major, labels (N,) float32) of this rank's share."""
+def load_arrays(files: Sequence[str], schema: Dict[str, Any], rank: int, world: int,
+                every_row: bool = False) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dense (N, 13) float32, ids (F, N) int64 feature-major, labels (N,) float32) of this rank's share
+    (:func:`rank_slices`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -114,7 +139,7 @@ def load_arrays(files: Sequence[str], schema: Dict[str, Any], rank: int,
     dense_cols, sparse = schema["dense"], [f["name"] for f in schema["sparse"]]
     columns = [schema["label"], *dense_cols, *sparse]
     files = sorted(files)
-    slices = rank_slices([pq.ParquetFile(f).metadata.num_rows for f in files], rank, world)
+    slices = rank_slices([pq.ParquetFile(f).metadata.num_rows for f in files], rank, world, every_row)
     table = pa.concat_tables([pq.read_table(files[i], columns=columns).slice(a, b - a) for i, a, b in slices])
     n = table.num_rows
     dense = np.empty((n, len(dense_cols)), dtype=np.float32)
@@ -150,21 +175,47 @@ def sharding_of(plan: Any) -> Dict[str, Dict[str, Any]]:
     return out
 
 
+def qcomm_registry(precision: str, device: Any) -> Tuple[Any, Dict[str, Dict[str, str]]]:
+    """``(qcomm_codecs_registry, {collective: {forward, backward}})``: TorchRec's codecs for ``precision`` on
+    ``device`` as its docs build them (None for fp32), and the wire precision each codec really uses."""
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+
+    if precision not in QCOMM_PRECISIONS:
+        raise SystemExit(f"peer_torchrec: --qcomm {precision!r} is unknown; use one of {QCOMM_PRECISIONS}")
+    kind = CommType[precision.upper()]
+    registry = get_qcomm_codecs_registry(QCommsConfig(forward_precision=kind, backward_precision=kind),
+                                         device=device)
+    effective = {op: {"forward": str(codecs.forward.quantized_dtype).replace("torch.", ""),
+                      "backward": str(codecs.backward.quantized_dtype).replace("torch.", "")}
+                 for op, codecs in (registry or {}).items()}
+    return registry, effective
+
+
+def inter_host_bw(mbit: float | None) -> Dict[str, float]:
+    """The planner's ``Topology`` keyword for a link of ``mbit`` mbit/s (TorchRec counts bandwidths in
+    bytes per ms); none when not given, so TorchRec's default stands."""
+    return {} if mbit is None else {"inter_host_bw": mbit * 1e6 / 8 / 1e3}
+
+
 def build_model(tables: Sequence[Tuple[str, int]], dense_in_features: int, *, embedding_dim: int,
                 bottom_mlp: Sequence[int], top_mlp: Sequence[int], batch_size: int, world_size: int,
                 device: Any, embedding_lr: float, dense_lr: float, local_world_size: int | None = None,
-                train_wrapper: bool = False) -> Tuple[Any, Any, Any]:
+                train_wrapper: bool = False, qcomm_codecs_registry: Dict[str, Any] | None = None,
+                topology: Dict[str, float] | None = None) -> Tuple[Any, Any, Any]:
     """The peer's model and optimizer: ``(DistributedModelParallel, CombinedOptimizer, ShardingPlan)``.
 
     TorchRec's ``DLRM`` with one table per sparse feature (``tables``: ``[(name, rows), ...]``), its
     embeddings on the meta device until DMP places them, fused row-wise Adagrad for the sharded embeddings,
-    dense Adagrad for everything else, planned by TorchRec's default planner and sharders over a
-    ``Topology`` of ``device``'s type. The process group must be initialised. ``train_wrapper`` wraps the
+    dense Adagrad for everything else, planned by TorchRec's planner over a ``Topology`` of ``device``'s type
+    (``topology``: more of its keywords, e.g. :func:`inter_host_bw`). Without ``qcomm_codecs_registry`` the
+    sharders are TorchRec's defaults; with it, an ``EmbeddingBagCollectionSharder`` carrying the codecs, as
+    TorchRec's DLRM example builds it. The process group must be initialised. ``train_wrapper`` wraps the
     model in ``DLRMTrain`` (its forward takes a TorchRec ``Batch`` and returns ``(loss, (loss, logits,
     labels))``), which ``TrainPipelineSparseDist`` needs; without it the forward is ``model(dense, kjt)``.
     """
     import torch
     import torch.distributed as dist
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
     from torchrec.models.dlrm import DLRM, DLRMTrain
@@ -186,9 +237,11 @@ def build_model(tables: Sequence[Tuple[str, int]], dense_in_features: int, *, em
     )
     apply_optimizer_in_backward(RowWiseAdagrad, dlrm.sparse_arch.parameters(), {"lr": embedding_lr})
     module = DLRMTrain(dlrm) if train_wrapper else dlrm
-    sharders = get_default_sharders()
+    sharders = ([EmbeddingBagCollectionSharder(qcomm_codecs_registry=qcomm_codecs_registry)]
+                if qcomm_codecs_registry else get_default_sharders())
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=world_size, local_world_size=local_world_size,
-                                                         compute_device=device.type), batch_size=batch_size)
+                                                         compute_device=device.type, **(topology or {})),
+                                       batch_size=batch_size)
     plan = planner.collective_plan(module, sharders, dist.GroupMember.WORLD)
     model = DistributedModelParallel(module=module, device=device, plan=plan, sharders=sharders)
     dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
@@ -196,11 +249,61 @@ def build_model(tables: Sequence[Tuple[str, int]], dense_in_features: int, *, em
     return model, CombinedOptimizer([model.fused_optimizer, dense_opt]), plan
 
 
+def padded_batches(rows: int, batch_size: int) -> int:
+    """Batches of ``batch_size`` that hold ``rows`` rows, the last one padded (at least one)."""
+    return max(1, -(-rows // batch_size))
+
+
+def valid_auc(model: Any, arrays: Tuple[np.ndarray, np.ndarray, np.ndarray], keys: Sequence[str],
+              batch_size: int) -> Tuple[float | None, int]:
+    """``(AUC over every rank's valid rows, rows scored)`` on rank 0 (``(None, rows)`` elsewhere): each rank
+    scores its share in as many batches as the largest share needs (every rank runs the sharded collectives
+    alike), the padding masked out, and rank 0 gathers the scores."""
+    import torch
+    import torch.distributed as dist
+    from sklearn.metrics import roc_auc_score
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    dense_np, ids_np, labels_np = arrays
+    n = dense_np.shape[0]
+    need = torch.tensor([padded_batches(n, batch_size)])
+    dist.all_reduce(need, op=dist.ReduceOp.MAX)
+    total = int(need.item()) * batch_size
+    pad = total - n
+    dense = torch.from_numpy(np.concatenate([dense_np, np.zeros((pad, dense_np.shape[1]), np.float32)]))
+    ids = torch.from_numpy(np.concatenate([ids_np, np.zeros((ids_np.shape[0], pad), np.int64)], axis=1))
+    labels = torch.from_numpy(np.concatenate([labels_np, np.zeros(pad, np.float32)]))
+    lengths = torch.ones(len(keys) * batch_size, dtype=torch.int32)
+    scores = []
+    model.eval()
+    with torch.no_grad():
+        for s in range(0, total, batch_size):
+            kjt = KeyedJaggedTensor.from_lengths_sync(
+                keys=list(keys), values=ids[:, s:s + batch_size].contiguous().reshape(-1), lengths=lengths)
+            _, (_, logits, _) = model(Batch(dense_features=dense[s:s + batch_size], sparse_features=kjt,
+                                            labels=labels[s:s + batch_size]))
+            scores.append(logits.reshape(-1).float())
+    model.train()
+    mine = torch.stack([torch.cat(scores), labels, (torch.arange(total) < n).float()])
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, mine)
+    every = torch.cat(parts, dim=1)
+    keep = every[2] > 0
+    rows = int(keep.sum().item())
+    if dist.get_rank() != 0:
+        return None, rows
+    y, p = every[1][keep].numpy(), every[0][keep].numpy()
+    return (float(roc_auc_score(y, p)) if 0 < y.sum() < len(y) else None), rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
 
     import torch
     import torch.distributed as dist
+    from torchrec.datasets.utils import Batch
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     dist.init_process_group(backend="gloo")
@@ -215,8 +318,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = glob.glob(os.path.join(args.data, "train", "*.parquet"))
     if not files:
         raise SystemExit(f"peer_torchrec: no parquet files under {args.data}/train")
+    valid_files = glob.glob(os.path.join(args.data, "valid", "*.parquet"))
+    if args.valid and not valid_files:
+        raise SystemExit(f"peer_torchrec: no parquet files under {args.data}/valid (or pass --no-valid)")
     t_load = time.perf_counter()
     dense_np, ids_np, labels_np = load_arrays(files, schema, rank, world)
+    valid_arrays = load_arrays(valid_files, schema, rank, world, every_row=True) if args.valid else None
     load_s = time.perf_counter() - t_load
     keys = [f["name"] for f in schema["sparse"]]
     bs = args.batch_size
@@ -227,32 +334,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"peer_torchrec: a rank has fewer than {bs} rows")
     lengths = torch.ones(len(keys) * bs, dtype=torch.int32)
 
-    def batch(i: int):
+    def batch(i: int) -> Any:
         s = (i % n_batches) * bs
-        dense = torch.from_numpy(dense_np[s:s + bs])
         values = torch.from_numpy(np.ascontiguousarray(ids_np[:, s:s + bs]).reshape(-1))  # key-major
-        kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
-        return dense, kjt, torch.from_numpy(labels_np[s:s + bs])
+        return Batch(dense_features=torch.from_numpy(dense_np[s:s + bs]),
+                     sparse_features=KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths),
+                     labels=torch.from_numpy(labels_np[s:s + bs]))
 
     # ---- model, plan, optimizers ---- #
     # ranks per host from torchrun: across nodes the planner then knows which ranks share a host (left out,
     # it takes every rank for one host)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    registry, qcomm_effective = qcomm_registry(args.qcomm, device)
     model, optimizer, plan = build_model(
         [(f["name"], int(f["num_embeddings"])) for f in schema["sparse"]], len(schema["dense"]),
         embedding_dim=args.embedding_dim, bottom_mlp=[int(x) for x in args.bottom_mlp.split(",")],
         top_mlp=[int(x) for x in args.top_mlp.split(",")], batch_size=bs, world_size=world,
-        local_world_size=local_world, device=device, embedding_lr=args.lr, dense_lr=args.lr)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
+        local_world_size=local_world, device=device, embedding_lr=args.lr, dense_lr=args.lr, train_wrapper=True,
+        qcomm_codecs_registry=registry, topology=inter_host_bw(args.inter_host_mbit))
+    pipeline = TrainPipelineSparseDist(model, optimizer, device)
+    # exactly the steps run: the pipeline reads ahead, and stops with the source
+    source = (batch(i) for i in range(args.warmup + args.steps))
 
     def step(i: int) -> float:
-        dense, kjt, labels = batch(i)
-        logits = model(dense, kjt).squeeze(-1)
-        loss = loss_fn(logits, labels)
-        optimizer.zero_grad()
-        loss.backward()  # also applies the fused embedding optimizer
-        optimizer.step()
-        return float(loss.detach())
+        # forward, backward (the fused embedding update), dense step; DLRMTrain's (loss, logits, labels), detached
+        return float(pipeline.progress(source)[0])
 
     # ---- warm-up, then the timed window ---- #
     losses = [step(i) for i in range(args.warmup)]
@@ -278,6 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     dist.all_reduce(el, op=dist.ReduceOp.MAX)
     elapsed = float(el.item())
     global_batch = bs * world
+    auc, valid_rows = None, 0
+    if valid_arrays is not None:  # untimed, after warmup + steps steps: the step count a rayemb job reports at
+        auc, valid_rows = valid_auc(pipeline.detach(), valid_arrays, keys, bs)
     if rank == 0:
         ms = np.asarray(step_s) * 1e3
         windows = window_rates(step_s, args.window, global_batch)
@@ -306,6 +415,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "sharding": sharding,
             "sharding_counts": {t: types.count(t) for t in sorted(set(types))},
             "torch_version": torch.__version__,
+            "qcomm": args.qcomm,
+            "qcomm_effective": qcomm_effective,
+            "inter_host_mbit": args.inter_host_mbit,
+            "train_loop": "TrainPipelineSparseDist",
+            "valid_auc": auc,
+            "valid_rows": valid_rows,
+            "valid_after_steps": args.warmup + args.steps,
         }
         if args.out:
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -315,7 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"peer_torchrec: {result['samples_per_s']:,.0f} samples/s (window median "
               f"{result['samples_per_s_window_median'] or float('nan'):,.0f}), step {ms.mean():.1f} ms mean / "
               f"{np.median(ms):.1f} ms p50, world {world} x batch {bs}, {threads} thread(s)/rank; sharding: {counts}; "
-              f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+              f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; qcomm {args.qcomm}"
+              + (f"; valid_auc {auc:.4f} over {valid_rows:,} rows" if auc is not None else ""), flush=True)
     dist.destroy_process_group()
     return 0
 
