@@ -156,7 +156,8 @@ def measure_collectives(device: Any, world: int, links: Optional[Dict[str, LinkC
 
 def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: int, dim: int,
                     bottom_mlp: Sequence[int], top_mlp: Sequence[int], model: Any = None,
-                    schema: Any = None, precision: str = "fp32") -> Dict[str, float]:
+                    schema: Any = None, precision: str = "fp32", dense_optimizer: str = "adagrad",
+                    weight_decay: float = 0.0) -> Dict[str, float]:
     """Per-id, per-element and fixed compute costs on this rank's CPU share (or GPU).
 
     On a CPU the probes have fixed sizes (the defaults and recorded figures come from them); on CUDA they
@@ -247,7 +248,8 @@ def measure_compute(device: Any, local_batch: int, num_dense: int, num_sparse: i
     from rayemb.train.calibration.dense import dense_model_step
 
     model_step, dense_param_bytes = dense_model_step(device, local_batch, num_dense, num_sparse, dim, bottom_mlp,
-                                                     top_mlp, model, schema, precision)
+                                                     top_mlp, model, schema, precision, dense_optimizer,
+                                                     weight_decay)
     dense_step_s = _timed(model_step, sync)
     return {"lookup_s": lookup_s, "dense_lookup_s": dense_lookup_s, "replicated_elem_s": replicated_elem_s,
             "pool_s": pool_s, "group_overhead_s": group_overhead_s, "dense_step_s": dense_step_s,
@@ -485,7 +487,10 @@ def job_shape(cfg: Any, schema: Any, model: Any = None) -> Dict[str, Any]:
                 num_sparse=len(schema.sparse), bottom_mlp=list(cfg.model.bottom_mlp), top_mlp=list(cfg.model.top_mlp),
                 prefetch_input_dist=cfg.train.prefetch_input_dist, precision=cfg.train.precision,
                 model=model if own else None,
-                schema=schema if own else None)
+                schema=schema if own else None,
+                # the defaults left out: calibrations kept before the job's optimizer was measured still match
+                **({"dense_optimizer": cfg.train.dense_optimizer} if cfg.train.dense_optimizer != "adagrad" else {}),
+                **({"weight_decay": cfg.train.weight_decay} if cfg.train.weight_decay else {}))
 
 
 def run_on_ranks(fn: Callable[..., Any], args: Sequence[Any], world: int, cpus_per_worker: float, use_gpu: bool,
