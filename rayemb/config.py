@@ -30,7 +30,7 @@ from rayemb.units import flatten
 
 ID_POLICIES = ("error", "hash", "clip")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_SPREAD")
-EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd")
+EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam", "rowwise_adam")
 #: model.embedding_dtype -> bytes per stored table element (what the planner's memory estimates count)
 EMBEDDING_DTYPE_BYTES = {"fp32": 4, "fp16": 2}
 #: train.compile: none, or torch.compile of the model's dense part (rayemb.train.worker.compile)
@@ -205,7 +205,8 @@ class TrainConfig:
     grad_clip_norm: Optional[float] = None
     #: learning rate of the fused embedding optimizer
     embedding_lr: float = 0.05
-    #: the embedding tables' optimizer (on sharded tables FBGEMM's, fused into the backward)
+    #: the embedding tables' optimizer (on sharded tables FBGEMM's, fused into the backward; adam and
+    #: rowwise_adam have FBGEMM kernels on GPUs only: on CPU ranks only data-parallel tables take them)
     embedding_optimizer: str = "rowwise_adagrad"
     #: seeds the model's initial weights and the order of the train rows
     seed: int = 0

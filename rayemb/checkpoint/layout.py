@@ -17,10 +17,10 @@ logical row ids it holds, its first column and width. Everything downstream
 (:mod:`rayemb.checkpoint.exchange`) works on slots only, so a new placement
 is a new slot source, not a new checkpoint format.
 
-Logical state names: ``weight`` (``[V, D]``) and ``momentum1`` (the
-accumulator of Adagrad-type optimizers: ``[V]`` for row-wise, ``[V, D]`` for
-element-wise). Row-wise state of column-wise shards is combined as the
-width-weighted mean over the shards (exactly the row's value when the shards
+Logical state names: ``weight`` (``[V, D]``), ``momentum1`` (the
+accumulator of Adagrad-type optimizers, Adam's first moment: ``[V]`` for row-wise, ``[V, D]`` for
+element-wise) and ``momentum2`` (Adam's second moment, ``[V]`` or ``[V, D]``). Row-wise state of
+column-wise shards is combined as the width-weighted mean over the shards (exactly the row's value when the shards
 agree, so a save → load → save round trip is bit-exact).
 """
 
@@ -39,14 +39,19 @@ from rayemb.embedding.remap import COLD_SUFFIX, HOT_SUFFIX
 #: logical state names a checkpoint may hold per table
 WEIGHT = "weight"
 MOMENTUM = "momentum1"
+#: Adam's second moment (FBGEMM ``momentum2``, torch ``exp_avg_sq``): ``[V]`` row-wise or ``[V, D]``
+MOMENTUM2 = "momentum2"
 
 _PLAIN_OR_HOT = re.compile(r"(?:^|\.)(plain|hot)(?:\.bags)?\.embedding_bags\.([^.]+)\.weight$")
 _COLD = re.compile(r"(?:^|\.)cold\.d\d+\.embeddings\.([^.]+)\.weight$")
 #: whole tables looked up per id: compressed QR-mult rows (sharded ``rows.d<n>``, data-parallel
 #: ``replicated``) and the DLRM's sequence-feature EmbeddingCollection (``sequence``)
 _ROWS = re.compile(r"(?:^|\.)(?:plain\.rows\.d\d+|plain\.replicated|sequence)\.embeddings\.([^.]+)\.weight$")
-#: optimizer state names that mean the Adagrad accumulator (FBGEMM fused / torch and TorchRec optimizers)
-_MOMENTUM_NAMES = ("momentum1", "sum")
+#: optimizer state names that mean the Adagrad accumulator or Adam's first moment (FBGEMM fused / torch and
+#: TorchRec optimizers)
+_MOMENTUM_NAMES = ("momentum1", "sum", "exp_avg")
+#: optimizer state names that mean Adam's second moment
+_MOMENTUM2_NAMES = ("momentum2", "exp_avg_sq")
 #: the state of raw-id tables: TorchRec's managed-collision EBC holds its tables and id->slot modules under
 #: these children; checkpoints keep it in the world-size-free form of rayemb.checkpoint.raw_state instead
 _RAW = re.compile(r"(?:^|\.)(?:_embedding_module|_managed_collision_collection)\.")
@@ -56,6 +61,13 @@ def is_momentum_state(name: str) -> bool:
     """Whether an optimizer state name (``momentum1``, ``sum``, or a key ending in one) is the Adagrad
     accumulator a checkpoint stores as ``momentum1``; other states (``step``) are not table rows."""
     return name.rsplit(".", 1)[-1] in _MOMENTUM_NAMES
+
+
+def logical_state(name: str) -> Optional[str]:
+    """The logical state (:data:`MOMENTUM`, :data:`MOMENTUM2`) an optimizer state name is checkpointed as;
+    None for states that are not table rows (``step``)."""
+    last = name.rsplit(".", 1)[-1]
+    return MOMENTUM if last in _MOMENTUM_NAMES else MOMENTUM2 if last in _MOMENTUM2_NAMES else None
 
 
 def raw_table_key(key: str) -> bool:
@@ -68,7 +80,7 @@ class Slot:
     """Rows of one logical table's state held by this rank, in one local tensor."""
 
     table: str
-    state: str  # WEIGHT or MOMENTUM
+    state: str  # WEIGHT, MOMENTUM or MOMENTUM2
     tensor: torch.Tensor  # [n, width] (weight, element-wise state) or [n] / [n, 1] (row-wise state)
     rows: Union[torch.Tensor, RowRange]  # int64 [n]: logical row id of each local row
     col0: int
@@ -200,7 +212,8 @@ def model_slots(model_state: Mapping[str, Any], optimizer_state: Mapping[str, Ma
         for tensor, (r0, c0), (nr, nc) in pieces:
             slots.append(Slot(table, WEIGHT, tensor, _rows(mapping, r0, nr), int(c0), int(nc), replicated))
         for name, state in optimizer_state.get(key, {}).items():
-            if not is_momentum_state(name):
+            logical = logical_state(name)
+            if logical is None:
                 continue  # "step" counters: restored from the checkpoint's step
             state_pieces, state_replicated = _local_pieces(state)
             if len(state_pieces) != len(pieces):
@@ -210,7 +223,7 @@ def model_slots(model_state: Mapping[str, Any], optimizer_state: Mapping[str, Ma
                 if tensor.shape[0] != nr:
                     raise ValueError(f"{key}: optimizer state {name!r} shard of {tensor.shape[0]} rows pairs "
                                      f"with a weight shard of {nr} rows")
-                slots.append(Slot(table, MOMENTUM, tensor, _rows(mapping, r0, nr), int(c0), int(nc),
+                slots.append(Slot(table, logical, tensor, _rows(mapping, r0, nr), int(c0), int(nc),
                                   state_replicated))
     return slots
 
@@ -245,5 +258,5 @@ def set_step_counters(optimizer_state: Mapping[str, Mapping[str, Any]], step: in
                 value.fill_(float(step))
 
 
-__all__ = ["DTYPE_NAMES", "MOMENTUM", "Slot", "WEIGHT", "dense_entries", "embedding_key", "is_momentum_state",
-           "model_slots", "raw_table_key", "set_step_counters", "stored_tables", "table_dtypes"]
+__all__ = ["DTYPE_NAMES", "MOMENTUM", "MOMENTUM2", "Slot", "WEIGHT", "dense_entries", "embedding_key",
+           "is_momentum_state", "logical_state", "model_slots", "raw_table_key", "set_step_counters", "stored_tables", "table_dtypes"]

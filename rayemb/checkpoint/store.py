@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from rayemb.checkpoint.exchange import Allocator, gather_canonical, row_range, scatter_canonical
-from rayemb.checkpoint.layout import (DTYPE_NAMES, MOMENTUM, WEIGHT, Slot, dense_entries, model_slots,
+from rayemb.checkpoint.layout import (DTYPE_NAMES, MOMENTUM, MOMENTUM2, WEIGHT, Slot, dense_entries, model_slots,
                                       set_step_counters, stored_tables, table_dtypes)
 from rayemb.checkpoint.mapped import mapped_rows
 from rayemb.checkpoint.meta import CheckpointMeta
@@ -139,7 +139,7 @@ def save_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     given, tables = tables, stored_tables(_encoded(tables, model), model_state)
     dtypes = table_dtypes(model_state)
     slots = model_slots(model_state, optim_state, remapper)
-    states = [WEIGHT] + ([MOMENTUM] if _has_state(slots, MOMENTUM) else [])
+    states = [WEIGHT] + [s for s in (MOMENTUM, MOMENTUM2) if _has_state(slots, s)]
     dense = {key: value.detach().cpu() for key, value in dense_entries(model_state, optim_state).items()}
     with Staging(directory, rank) as staging:
         _write_tensors(directory, _canonical_state(slots, tables, states, dtypes, _chunk_bytes(chunk_mib),
@@ -260,18 +260,18 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
                     saved_tables[cast[0]].get("dtype", "fp32"), DTYPE_NAMES[live_dtypes[cast[0]]])
     optim_state = optimizer.state_dict()
     slots = model_slots(model_state, optim_state["state"], remapper)
-    states = [s for s in meta.get("states", [WEIGHT]) if s in (WEIGHT, MOMENTUM)]
+    states = [s for s in meta.get("states", [WEIGHT]) if s in (WEIGHT, MOMENTUM, MOMENTUM2)]
     if MOMENTUM not in states and _has_state(slots, MOMENTUM):
         logger.warning("checkpoint %s holds no optimizer state for the tables; they start with fresh state",
                        directory)
-    rowwise = {s.table: s.rowwise for s in slots if s.state == MOMENTUM}
+    rowwise = {(s.state, s.table): s.rowwise for s in slots if s.state != WEIGHT}
     for name in states:  # one table's state at a time; every rank in the same order
         for table, (rows, _dim) in sorted(tables.items()):
             lo, hi = row_range(rows, rank, world)
             # read in the stored dtype; the slots cast (exchange.scatter_canonical); row-wise saved state
             # gives element-wise live slots every column its row's value there too
             canonical = mapped_rows(directory, metadata, table_key(table, name), lo, hi)
-            if name == MOMENTUM and canonical.dim() == 2 and rowwise.get(table):
+            if name != WEIGHT and canonical.dim() == 2 and rowwise.get((name, table)):
                 canonical = canonical.reduced(_row_mean)  # element-wise saved, row-wise live
             scatter_canonical(slots, {table: canonical}, tables, name, _chunk_bytes(chunk_mib))
     request = {k: v.detach().cpu().clone() for k, v in dense_entries(model_state, optim_state["state"]).items()}

@@ -46,9 +46,10 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     from rayemb.embedding.qcomm import CommPrecision, qcomm_codecs_registry
     from rayemb.embedding.raw_tables import RawIdEmbeddingBagCollectionSharder
     from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.train.worker.optim import dense_optimizer, embedding_optimizer
+    from rayemb.train.worker.optim import check_embedding_optimizer, dense_optimizer, embedding_optimizer
     from rayemb.train.sharding import build_model, plan_for_model
 
+    check_embedding_optimizer(cfg.train.embedding_optimizer, job_plan.sharding_plan, device)
     model, embeddings, paths = build_model(cfg, schema, job_plan.placements, job_plan.hot_ids,
                                            embedding_device=torch.device("meta"), dense_device=device,
                                            model=model_spec)

@@ -12,6 +12,14 @@ fp16 rows (``model.embedding_dtype: fp16``) keep fp32 optimizer state and take t
 the nearest fp16 on write, as FBGEMM's CPU kernels update fp16 tables: in fp16, Adagrad's ``eps`` (1e-10)
 rounds to 0 and a row without gradient becomes 0/0 = NaN, and small gradients' squares underflow.
 
+Adam (``adam``, ``rowwise_adam``) is FBGEMM's ``ADAM`` / ``PARTIAL_ROWWISE_ADAM`` on sharded tables, which
+FBGEMM 1.8.0 runs on CUDA only (:func:`check_embedding_optimizer` refuses the CPU placement before the model is
+built). Replicated rows take the same math here: ``torch.optim.Adam`` (bias-corrected, ``eps`` outside the
+square root, FBGEMM's defaults) and :class:`RowWiseAdam` (FBGEMM's partial row-wise Adam: first moment per
+element, second moment per row, the row's mean square gradient). One difference is the kernels' and stays: a
+fused kernel updates only the rows of the batch, while a replicated table's optimizer steps every row, so a row
+without gradient keeps moving by its decaying first moment.
+
 Example::
 
     >>> import torch
@@ -105,6 +113,60 @@ class MultiTensorRowWiseAdagrad(RowWiseAdagrad):
             self.param_groups = saved
 
 
+class RowWiseAdam(torch.optim.Optimizer):
+    """FBGEMM's ``PARTIAL_ROWWISE_ADAM`` for dense 2-D rows: ``exp_avg`` ``[rows, D]``, ``exp_avg_sq`` ``[rows, 1]``
+    (the row's mean square gradient), bias-corrected as ``torch.optim.Adam``; fp32 state for fp16 rows."""
+
+    def __init__(self, params: Any, lr: float = 1e-3, betas: Any = (0.9, 0.999), eps: float = 1e-8) -> None:
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps})
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p].update(step=torch.zeros((), dtype=torch.float32),
+                                     exp_avg=torch.zeros(p.shape, dtype=torch.float32, device=p.device),
+                                     exp_avg_sq=torch.zeros((p.shape[0], 1), dtype=torch.float32, device=p.device))
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad.float()
+                state = self.state[p]
+                state["step"] += 1
+                t = float(state["step"])
+                state["exp_avg"].mul_(beta1).add_(g, alpha=1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).add_(g.pow(2).mean(dim=1, keepdim=True), alpha=1 - beta2)
+                denom = (state["exp_avg_sq"] / (1 - beta2 ** t)).sqrt_().add_(group["eps"])
+                w = p.float()
+                w.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1 - beta1 ** t))
+                if w is not p:
+                    p.copy_(w)
+        return loss
+
+
+class Fp32StateAdam(torch.optim.Adam):
+    """``torch.optim.Adam`` with its state made at construction, fp32 for fp16 rows (as :class:`Fp32StateAdagrad`):
+    torch makes it at the first step, and a checkpoint loaded before that step finds no state to load into."""
+
+    def __init__(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(params, *args, **kwargs)
+        for group in self.param_groups:
+            for p in group["params"]:
+                # torch's own first-step state for a CPU, non-capturable, non-fused group, in fp32
+                self.state[p].update(step=torch.zeros((), dtype=torch.float32),
+                                     exp_avg=torch.zeros(p.shape, dtype=torch.float32, device=p.device),
+                                     exp_avg_sq=torch.zeros(p.shape, dtype=torch.float32, device=p.device))
+        if any(p.dtype != torch.float32 for g in self.param_groups for p in g["params"]):
+            for g in self.param_groups:
+                g["foreach"] = False
+
+
 class Fp32StateAdagrad(torch.optim.Adagrad):
     """``torch.optim.Adagrad`` whose state is fp32 for fp16 rows; its per-tensor step promotes each update to
     fp32 and rounds it into the fp16 row (module docstring)."""
@@ -117,12 +179,50 @@ class Fp32StateAdagrad(torch.optim.Adagrad):
                 g["foreach"] = False
 
 
+#: ``train.embedding_optimizer`` values whose FBGEMM kernel has no CPU version (FBGEMM 1.8.0)
+CUDA_ONLY_EMBEDDING_OPTIMIZERS = ("adam", "rowwise_adam")
+
+
 def embedding_optimizer(name: str, replicated: bool = False) -> Any:
     """The optimizer class of ``train.embedding_optimizer``: for sharded tables (TorchRec maps the class onto
     FBGEMM's fused optimizer) or, ``replicated``, for replicated embedding rows."""
+    from torchrec.optim import Adam, PartialRowWiseAdam
+
     if name == "rowwise_adagrad":
         return MultiTensorRowWiseAdagrad if replicated else RowWiseAdagrad
+    if name == "adam":
+        return Fp32StateAdam if replicated else Adam
+    if name == "rowwise_adam":
+        return RowWiseAdam if replicated else PartialRowWiseAdam
     return {"adagrad": Fp32StateAdagrad if replicated else torch.optim.Adagrad, "sgd": torch.optim.SGD}[name]
+
+
+def fused_tables(sharding_plan: Any) -> Dict[str, str]:
+    """Table -> sharding type of every table of a TorchRec sharding plan that a fused FBGEMM kernel updates
+    (every placement but data-parallel: sharded tables and hybrid tables' cold halves)."""
+    out: Dict[str, str] = {}
+    for module_plan in getattr(sharding_plan, "plan", {}).values():
+        for table, ps in module_plan.items():
+            if str(ps.compute_kernel).startswith("fused") or ps.compute_kernel == "key_value":
+                out[table] = str(ps.sharding_type)
+    return out
+
+
+def check_embedding_optimizer(name: str, sharding_plan: Any, device: Any) -> None:
+    """Raises :class:`~rayemb.errors.ConfigError` when ``train.embedding_optimizer`` has no FBGEMM kernel for a
+    table the plan gives a fused kernel on ``device`` (Adam on CPU), naming the table, its placement and the fixes."""
+    from rayemb.errors import ConfigError
+
+    if name not in CUDA_ONLY_EMBEDDING_OPTIMIZERS or getattr(device, "type", str(device)) == "cuda":
+        return
+    fused = fused_tables(sharding_plan)
+    if fused:
+        table, placement = sorted(fused.items())[0]
+        raise ConfigError(
+            f"train.embedding_optimizer: {name!r} has no CPU kernel in FBGEMM; table {table!r} is placed "
+            f"{placement} (a fused FBGEMM kernel), as are {len(fused) - 1} more. Train on GPUs "
+            "(scaling.use_gpu: true), pin every table data-parallel (planner.tables: {T: {sharding: data_parallel}}: "
+            "replicated rows take Adam's math in torch), or use rowwise_adagrad, adagrad or sgd.")
 
 
 def dense_optimizer(params: Any, lr: float, name: str = "adagrad", weight_decay: float = 0.0) -> torch.optim.Optimizer:
@@ -140,4 +240,6 @@ def dense_optimizer(params: Any, lr: float, name: str = "adagrad", weight_decay:
     raise ValueError(f"unknown dense optimizer {name!r}")
 
 
-__all__ = ["Fp32StateAdagrad", "MultiTensorRowWiseAdagrad", "dense_optimizer", "embedding_optimizer", "fp32_state"]
+__all__ = ["CUDA_ONLY_EMBEDDING_OPTIMIZERS", "Fp32StateAdagrad", "Fp32StateAdam", "MultiTensorRowWiseAdagrad",
+           "RowWiseAdam", "check_embedding_optimizer", "dense_optimizer", "embedding_optimizer", "fp32_state",
+           "fused_tables"]
