@@ -73,7 +73,7 @@ def plan_main(args: argparse.Namespace) -> int:
 
         pins = {**(pins or {}), **{t: raw_pin(t, (pins or {}).get(t), cfg.planner.hybrid) for t in schema.raw_names}}
     # uncalibrated (HugeCTR's rule): across nodes a calibrated job's hot set comes from its measured break-even
-    world = plan_world(cfg, topo, stats)
+    world = plan_world(cfg, topo, stats, table_dims=schema.table_dims(cfg.model.embedding_dim))
     tables = tables_from_schema(schema, cfg.model.embedding_dim, stats=stats, split=world.split,
                                 bytes_per_element=cfg.model.embedding_bytes_per_element)
     result = plan(tables, topo, world.batch.global_size, pins=pins, engine=args.engine)

@@ -164,7 +164,8 @@ class HugeCTRSplitRule(SplitRule):
     - W = 1: nothing is communicated, so nothing is hot (T = inf);
     - ``threshold`` given (W > 1): T is that, e.g. the break-even of the
       calibrated step-time model (:func:`rayemb.planner.step_time.hot_threshold`,
-      which :func:`rayemb.planner.tables.split_rule` uses across nodes).
+      which :func:`rayemb.planner.tables.split_rule` uses across nodes); a
+      mapping gives each table its own T (the break-even depends on its dim).
 
     HugeCTR states T per ``num_iterations`` batches and compares raw counts;
     dividing by the number of batches ``rows / B`` gives the per-batch form above.
@@ -175,7 +176,9 @@ class HugeCTRSplitRule(SplitRule):
     subtracts W when the rounded count exceeds the categories). Hot rows are
     replicated, so with ``memory_budget_bytes`` the most frequent rows across
     all tables (by e(c)) are kept while ``sum |F_t| * (D * s + opt)`` fits, and
-    each table is rounded down to a multiple of W.
+    each table is rounded down to a multiple of W. ``embedding_dim`` and
+    ``optimizer_bytes_per_row`` may be mappings table -> value, one entry for
+    every table of the statistics (tables of unequal widths).
 
     Counts come from heavy-hitter summaries whose counts are lower bounds
     (true count in ``[count, count + error_bound]``); an id is hot on its
@@ -195,8 +198,8 @@ class HugeCTRSplitRule(SplitRule):
         memory_budget_bytes: Optional[int] = None,
         embedding_dim: Union[int, Mapping[str, int]] = 16,
         bytes_per_element: int = DEFAULT_BYTES_PER_ELEMENT,
-        optimizer_bytes_per_row: int = 0,
-        threshold: Optional[float] = None,
+        optimizer_bytes_per_row: Union[int, Mapping[str, int]] = 0,
+        threshold: Union[None, float, Mapping[str, float]] = None,
     ) -> None:
         num_nodes = world_size if num_nodes is None else num_nodes
         checks = [
@@ -207,7 +210,7 @@ class HugeCTRSplitRule(SplitRule):
             (efficiency > 0, f"efficiency={efficiency} must be positive"),
             (0 < p_dup_max < 1, f"p_dup_max={p_dup_max} must lie in (0, 1)"),
             (memory_budget_bytes is None or memory_budget_bytes >= 0, "memory_budget_bytes must be >= 0"),
-            (threshold is None or threshold > 0, f"threshold={threshold} must be positive"),
+            (threshold is None or all(t > 0 for t in _values(threshold)), f"threshold={threshold} must be positive"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -226,13 +229,14 @@ class HugeCTRSplitRule(SplitRule):
         #: T given outright (e.g. the calibrated break-even, rayemb.planner.step_time.hot_threshold), else HugeCTR's
         self.given_threshold = threshold
 
-    def threshold(self) -> float:
-        """T: expected occurrences per global batch from which a category is hot."""
+    def threshold(self, table: Optional[str] = None) -> float:
+        """T: expected occurrences per global batch from which a category of ``table`` is hot (a per-table
+        ``threshold`` mapping needs the table named)."""
         n, w, b = self.num_nodes, self.world_size, self.global_batch_size
         if w == 1:
             return math.inf
         if self.given_threshold is not None:
-            return self.given_threshold
+            return float(_of(self.given_threshold, table, "threshold"))
         if n > 1:
             return n * (self.bw_all_to_all / self.bw_all_reduce) * self.efficiency * n / (n - 1)
         m = b / w
@@ -241,11 +245,11 @@ class HugeCTRSplitRule(SplitRule):
         return b * math.sqrt(2.0 * self.p_dup_max / (m * (m - 1)))
 
     def _row_bytes(self, name: str) -> int:
-        dim = self.embedding_dim[name] if isinstance(self.embedding_dim, Mapping) else self.embedding_dim
-        return int(dim) * self.bytes_per_element + self.optimizer_bytes_per_row
+        return (int(_of(self.embedding_dim, name, "embedding_dim")) * self.bytes_per_element
+                + int(_of(self.optimizer_bytes_per_row, name, "optimizer_bytes_per_row")))
 
     def split(self, stats: "DatasetStats") -> FrequentSplit:
-        thr = self.threshold()
+        self._check_tables(stats)
         w, b = self.world_size, self.global_batch_size
         rows = int(stats.rows)
         cand: Dict[str, np.ndarray] = {}
@@ -253,6 +257,7 @@ class HugeCTRSplitRule(SplitRule):
         n_hot: Dict[str, int] = {}
         limited: Dict[str, str] = {}
         for name, t in stats.tables.items():
+            thr = self.threshold(name)
             hh = t.heavy_hitters
             order = np.lexsort((hh[:, 0], -hh[:, 1]))  # count desc, id asc: stats.json order, made certain
             cand[name], counts[name] = hh[order, 0], hh[order, 1]
@@ -273,7 +278,7 @@ class HugeCTRSplitRule(SplitRule):
             self._apply_budget(cand, counts, n_hot, limited)
         tables: Dict[str, TableSplit] = {}
         for name, t in stats.tables.items():
-            n = n_hot[name]
+            thr, n = self.threshold(name), n_hot[name]
             values = int(t.values)
             thr_count = thr * rows / b if math.isfinite(thr) else math.inf
             tables[name] = TableSplit(
@@ -323,10 +328,40 @@ class HugeCTRSplitRule(SplitRule):
             if capped < n_hot[n]:
                 n_hot[n], limited[n] = capped, "memory"
 
+    def _check_tables(self, stats: "DatasetStats") -> None:
+        """A per-table input names every table of ``stats`` (PlanError naming the missing ones)."""
+        inputs = {"embedding_dim": self.embedding_dim, "optimizer_bytes_per_row": self.optimizer_bytes_per_row,
+                  "threshold": self.given_threshold}
+        for what, value in inputs.items():
+            missing = [n for n in stats.tables if isinstance(value, Mapping) and n not in value]
+            if missing:
+                raise PlanError(f"Invalid frequent-category split input: {what} is given per table but names no "
+                                f"value for table(s) {missing} of the statistics. Give every table one (its own "
+                                "embedding_dim, else model.embedding_dim), or one value for all.",
+                                category="invalid_input")
+
     def _params(self) -> Dict[str, Any]:
-        """The rule's inputs beyond W and B, and its threshold (FrequentSplit.params)."""
+        """The rule's inputs beyond W and B, and its threshold (FrequentSplit.params): one number, or table ->
+        number when the tables' thresholds differ."""
         names = ("num_nodes", "bw_all_to_all", "bw_all_reduce", "efficiency", "p_dup_max", "memory_budget_bytes")
-        return {**{n: getattr(self, n) for n in names}, "threshold_per_batch": self.threshold()}
+        thr: Any = self.threshold() if not isinstance(self.given_threshold, Mapping) or self.world_size == 1 else {
+            n: self.threshold(n) for n in self.given_threshold}
+        if isinstance(thr, dict) and len(set(thr.values())) == 1:
+            thr = next(iter(thr.values()))
+        return {**{n: getattr(self, n) for n in names}, "threshold_per_batch": thr}
+
+
+def _values(value: Union[float, Mapping[str, float]]) -> Any:
+    return value.values() if isinstance(value, Mapping) else (value,)
+
+
+def _of(value: Any, table: Optional[str], what: str) -> Any:
+    """``value``'s entry for ``table`` when it is given per table, else ``value``."""
+    if not isinstance(value, Mapping):
+        return value
+    if table is None:
+        raise PlanError(f"{what} is given per table: name the table whose value is wanted.", category="invalid_input")
+    return value[table]
 
 
 __all__ = ["SplitRule", "HugeCTRSplitRule", "TableSplit", "FrequentSplit"]

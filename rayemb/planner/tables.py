@@ -8,7 +8,7 @@ topology; :func:`criteo_1tb_tables` gives benchmark tables. Pure: no torch.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Mapping, Tuple, Union
 
 from rayemb.constants import CRITEO_1TB_CARDINALITIES
 from rayemb.planner.cost import DEFAULT_REPLICATED_FRACTION, OPTIMIZER_STATE_BYTES
@@ -17,8 +17,8 @@ from rayemb.planner.step_time import hot_threshold
 from rayemb.planner.types import ClusterTopology, TableSpec
 
 
-def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: int, bytes_per_element: int = 4,
-               calibration: Any = None):
+def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: Union[int, Mapping[str, int]],
+               bytes_per_element: int = 4, calibration: Any = None):
     """The frequent-category rule for ``topology``: HugeCTR's, with its bandwidths and a replicated-row budget.
 
     Across nodes with a measured ``calibration`` (:class:`rayemb.planner.step_time.Calibration`), an id is hot
@@ -29,6 +29,9 @@ def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: int,
     link, which halves the break-even again (docs/planner.md). On one node HugeCTR's duplication rule stays:
     there the exchange is nearly free and the model's compute terms decide. ``bytes_per_element``: the tables'
     stored element size (``model.embedding_dtype``), which sizes the hot rows against the replicated-row budget.
+    ``embedding_dim``: one for all tables, or table -> its dim (every table of the statistics split), which then
+    prices each table's hot rows, optimizer state and break-even with its own width: a wide table's row costs
+    more to replicate against the same per-occurrence id bytes and lookup, so its ids need more occurrences.
     """
     bw = topology.inter_node_bw if topology.num_nodes > 1 else topology.intra_node_bw
     calibrated = (calibration is not None and getattr(calibration, "source", None) == "measured"
@@ -38,10 +41,15 @@ def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: int,
         bw_all_to_all=bw, bw_all_reduce=bw,
         memory_budget_bytes=int(DEFAULT_REPLICATED_FRACTION * topology.capacity_bytes),
         embedding_dim=embedding_dim, bytes_per_element=bytes_per_element,
-        optimizer_bytes_per_row=embedding_dim * OPTIMIZER_STATE_BYTES,
+        optimizer_bytes_per_row=_per_table(embedding_dim, lambda d: d * OPTIMIZER_STATE_BYTES),
         # the break-even prices bytes on the wire, fp32 lookup outputs whatever the tables' dtype
-        threshold=hot_threshold(calibration, topology.world_size, embedding_dim) if calibrated else None,
+        threshold=_per_table(embedding_dim, lambda d: hot_threshold(calibration, topology.world_size, d))
+        if calibrated else None,
     )
+
+
+def _per_table(dims: Union[int, Mapping[str, int]], fn: Any) -> Any:
+    return {t: fn(int(d)) for t, d in dims.items()} if isinstance(dims, Mapping) else fn(int(dims))
 
 
 def tables_from_schema(schema: Any, embedding_dim: int, *, stats: Any = None, split: Any = None,

@@ -39,7 +39,7 @@ class WorkerJob:
     #: split name -> a split the driver holds or each rank reads itself (rayemb.train.held_splits); the others
     #: are Ray Datasets given to Ray Train
     held_splits: Mapping[str, Any] = field(default_factory=dict)
-    #: table name -> its statistics (a retrieval model's logQ correction reads its item table's counts)
+    #: feature name -> its statistics (a retrieval model's logQ correction reads its item column's own counts)
     table_stats: Mapping[str, Any] = field(default_factory=dict)
     #: the driver's metrics queue (``ray.util.queue.Queue``): rank 0 puts its step metrics there; None reports them
     metrics_queue: Any = None

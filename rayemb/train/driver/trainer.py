@@ -176,7 +176,8 @@ def job_topology(cfg: JobConfig) -> Any:
 
 
 def compute_statistics(inputs: JobInputs) -> Any:
-    """One statistics pass (or a matching stats.json) and the value checks; returns the DatasetStats.
+    """One statistics pass (or a matching stats.json) and the value checks; returns the DatasetStats, one entry per
+    feature as ``rayemb stats`` writes them (a shared table's union is the split's: :func:`plan_job`).
 
     Bad labels, NaN dense values and (under ``data.id_policy: error``) out-of-range
     ids fail here, before any worker starts. The frequent-category split depends on the world size (and, across
@@ -202,7 +203,6 @@ def compute_statistics(inputs: JobInputs) -> Any:
     stats = load_or_compute_stats(data_dir, stats_path, progress=True, fingerprint=fingerprint)
     check_values(stats.values, schema.labels, f"{data_dir}/{TRAIN_SPLIT}", schema.regression_labels)
     check_ids(stats, schema, cfg.data.id_policy)
-    stats = schema.table_stats(stats)  # one entry per table: a shared table's counts over all its features' ids
     for line in dense_transform_warnings(stats.values, schema):
         print(f"rayemb: warning: {line}", flush=True)
     valid_values = compute_stats(data_dir, split=VALID_SPLIT, tables=False).values
@@ -238,7 +238,10 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
               f"B={split.global_batch_size}):\n{split.summary_table()}", flush=True)
         return make_plan(config, split, topo)
 
-    job = plan_world(cfg, topology, stats, calibration, plan_fn=make_shown_plan)
+    # the split sees every lookup of a shared table (its features' ids together), each table at its own width; the
+    # job keeps the per-feature counts: a retrieval loss's logQ is its item column's, not the table's union
+    tables, dims = inputs.schema.table_stats(stats), inputs.schema.table_dims(cfg.model.embedding_dim)
+    job = plan_world(cfg, topology, tables, calibration, plan_fn=make_shown_plan, table_dims=dims)
     why = skipped_because(cfg, inputs.schema, inputs.world_size)
     # measured at job start: the plan too, unless the pins leave nothing to choose (then only the link was measured)
     if calibration is not None and inputs.world_size > 1 and why is None:
@@ -266,7 +269,8 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
              if learned.get("applied") else ""), flush=True)
     plans = {inputs.world_size: job}
     for world in elastic_worlds(cfg):  # an elastic job restarts on fewer ranks: a plan (and hot set) for each
-        plans[world] = plan_world(cfg, resize_topology(topology, world), stats, calibration, plan_fn=make_plan)
+        plans[world] = plan_world(cfg, resize_topology(topology, world), tables, calibration, plan_fn=make_plan,
+                                  table_dims=dims)
         plans[world].job_plan.summary["prediction"] = summary["prediction"]
         print(f"rayemb: elastic plan for {world} ranks: " + ", ".join(
             f"{p} x{n}" for p, n in _placement_counts(plans[world].job_plan.summary).items()), flush=True)

@@ -124,8 +124,9 @@ def job_loss(schema: Any, weights: Optional[Mapping[str, float]] = None,
     """The job's loss: :class:`TaskLoss` for a ranking model (each label's task type from the schema,
     ``regression_loss``: ``train.regression_loss``); for a retrieval model (one naming an ``item_feature``) the
     user's loss, called with the rows' item ids, or the logQ-corrected in-batch softmax
-    (:class:`rayemb.train.worker.retrieval.InBatchSoftmax`; ``table_stats``: the statistics pass's tables; ``gather``:
-    negatives from every rank)."""
+    (:class:`rayemb.train.worker.retrieval.InBatchSoftmax`; ``table_stats``: the statistics pass's entries, one per
+    feature: the item column's own counts, which a history column reading the item table does not swell;
+    ``gather``: negatives from every rank)."""
     if item_feature is None:
         kinds = getattr(schema, "task_kinds", None)
         return TaskLoss(schema.labels, weights, user_loss, task_types=kinds, regression_loss=regression_loss)

@@ -50,7 +50,8 @@ def item_feature_of(model: Any) -> Optional[str]:
 def item_log_q(table: Any, num_embeddings: int) -> np.ndarray:
     """``log q(id)`` for every id of a table: its share of the table's values in the train split.
 
-    ``table``: the table's :class:`~rayemb.data.stats_types.TableStats`. Ids among its heavy hitters get their
+    ``table``: the item column's :class:`~rayemb.data.stats_types.TableStats`, its own counts even where a history
+    column reads the same table (the sampling is of the item column's ids). Ids among its heavy hitters get their
     counted share (exact when the table has no more distinct ids than the statistics kept counters, as with
     MovieLens); the ids not listed share the rest of the values equally (which of them were seen is not
     known); when the listed ids hold every value, the others get half the smallest share (they never are
