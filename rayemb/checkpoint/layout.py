@@ -258,5 +258,25 @@ def set_step_counters(optimizer_state: Mapping[str, Mapping[str, Any]], step: in
                 value.fill_(float(step))
 
 
+def set_kernel_iterations(optimizer: Any, step: int) -> None:
+    """Sets the iteration counter of every FBGEMM Adam kernel under ``optimizer`` (TorchRec's fused optimizers,
+    nested in a ``CombinedOptimizer``) to the checkpoint's step: Adam's bias correction reads it, and TorchRec's
+    fused state (the two moments) does not hold it."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    stack, seen = [optimizer], set()
+    while stack:
+        o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        stack.extend(inner for _, inner in getattr(o, "optimizers", []))
+        tbe = getattr(o, "_emb_module", None)
+        if getattr(tbe, "optimizer", None) in (EmbOptimType.ADAM, EmbOptimType.PARTIAL_ROWWISE_ADAM):
+            tbe.iter.fill_(int(step))
+            tbe.iter_cpu.fill_(int(step))
+
+
 __all__ = ["DTYPE_NAMES", "MOMENTUM", "MOMENTUM2", "Slot", "WEIGHT", "dense_entries", "embedding_key",
-           "is_momentum_state", "logical_state", "model_slots", "raw_table_key", "set_step_counters", "stored_tables", "table_dtypes"]
+           "is_momentum_state", "logical_state", "model_slots", "raw_table_key", "set_kernel_iterations",
+           "set_step_counters", "stored_tables", "table_dtypes"]

@@ -51,7 +51,7 @@ import torch.distributed as dist
 
 from rayemb.checkpoint.exchange import Allocator, gather_canonical, row_range, scatter_canonical
 from rayemb.checkpoint.layout import (DTYPE_NAMES, MOMENTUM, MOMENTUM2, WEIGHT, Slot, dense_entries, model_slots,
-                                      set_step_counters, stored_tables, table_dtypes)
+                                      set_kernel_iterations, set_step_counters, stored_tables, table_dtypes)
 from rayemb.checkpoint.mapped import mapped_rows
 from rayemb.checkpoint.meta import CheckpointMeta
 from rayemb.checkpoint.reader import FORMAT, META_FILE, verify
@@ -283,6 +283,7 @@ def load_logical(directory: str, model: Any, optimizer: Any, remapper: Any,
     # a hybrid raw-id table's hot rows are replicated state: written with the state dicts
     raw_parts = rank_parts(directory, meta, model, model_state, optim_state["state"]) if raw else []
     set_step_counters(optim_state["state"], CheckpointMeta.from_dict(meta, shown=directory).step)
+    set_kernel_iterations(optimizer, CheckpointMeta.from_dict(meta, shown=directory).step)
     model.load_state_dict(model_state)
     optimizer.load_state_dict(optim_state)
     if raw:  # after the state dicts: the raw tables' slots and rows are written in place
