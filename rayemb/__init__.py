@@ -33,6 +33,8 @@ _MODEL_API = {
     "UserHistoryTower": "rayemb.embedding.sequence",
     "pad_sequences": "rayemb.embedding.sequence",
     "InferenceModel": "rayemb.serve.model",
+    "run_sweep": "rayemb.sweep.engine",
+    "sweep_trainable": "rayemb.sweep.trial",
 }
 
 

@@ -4,6 +4,7 @@ Each command is a thin layer over library functions, in a module of its own:
 ``gen-data`` and ``train`` (:mod:`rayemb.cli.train`, also ``jobs/train.py``),
 ``stats`` (:mod:`rayemb.cli.stats`), ``schema infer`` (:mod:`rayemb.cli.schema`),
 ``plan`` (:mod:`rayemb.cli.plan`) and ``compare`` (:mod:`rayemb.cli.compare`), ``convert`` (:mod:`rayemb.cli.convert`),
+``sweep`` (:mod:`rayemb.cli.sweep`),
 ``export`` (:mod:`rayemb.cli.export`), ``predict`` (:mod:`rayemb.cli.predict`) and ``checkpoint``
 (:mod:`rayemb.cli.checkpoint`). Every command has ``--help`` with an example. User errors exit with code 2 and
 one paragraph naming the input and the fix (no traceback; ``RAYEMB_DEBUG=1`` shows it), credentials in URIs redacted.
@@ -39,6 +40,9 @@ COMMANDS = {
     "train": ("rayemb.cli.train", "add_train_arguments", "train_main",
               "Train a job config on the Ray cluster (same as jobs/train.py).",
               "rayemb train --config jobs/configs/synth_small.yaml --set train.epochs=2"),
+    "sweep": ("rayemb.cli.sweep", "add_sweep_arguments", "sweep_main",
+              "Search a job config over a space of config values with Ray Tune (trials as MLflow child runs).",
+              "rayemb sweep --config jobs/configs/synth_small.yaml --space space.yaml --num-samples 4"),
     "checkpoint": ("rayemb.cli.checkpoint", "add_checkpoint_arguments", "checkpoint_main",
                    "Export a checkpoint to one unsharded file, reshard it for another world size, or show it.",
                    "rayemb checkpoint export --checkpoint runs/.../checkpoint_2026-... --out model.pt"),

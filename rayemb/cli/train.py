@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from typing import List
 
-from rayemb.errors import RayembError
-from rayemb.logs import redact_text, redact_uri
+from rayemb.logs import redact_uri
 
 
 def add_gen_data_arguments(g: argparse.ArgumentParser) -> None:
@@ -88,24 +85,17 @@ def train_main(args: argparse.Namespace) -> int:
             write_result_json(result, args.result_json)
         return 0
 
-    from rayemb.config import resolve_path
-    from rayemb.tracking import ensure_store
-    from rayemb.tracking.sweep import run_sweep
-    from rayemb.train.driver.outputs import tracking_uri
+    import time
 
-    def run_one(overrides: List[str], parent_run_id: str) -> int:
-        try:
-            # every point is its own run of the job's name: a sweep is rerun whole
-            result = EmbeddingTrainer.from_config(load_config(args.config, overrides)).fit(parent_run_id, new_run=True)
-        except RayembError as e:  # keep the sweep going; the parent run ends FAILED
-            print(f"rayemb: error: {redact_text(str(e))}", file=sys.stderr)
-            return e.exit_code
-        print_result(result)
-        return 0 if result.status == "FINISHED" else 1
+    from rayemb.cli.sweep import print_sweep
+    from rayemb.sweep.engine import run_sweep
+    from rayemb.tracking.sweep import grid_space
 
-    uri = tracking_uri(cfg.tracking.tracking_uri, resolve_path(cfg.tracking.output_dir))  # local for a remote one
-    ensure_store(uri)
-    return run_sweep(args.set or [], args.sweep, run_one, uri, cfg.tracking.experiment)
+    # each `train --sweep` is a new sweep: the same command again runs the grid again, as a plain job does not
+    result = run_sweep(args.config, grid_space(args.sweep), overrides=overrides, scheduler="fifo",
+                       metric=cfg.train.early_stopping_metric or "valid_auc", name=f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    print_sweep(result)
+    return 0 if result.trials and all(t["status"] == "FINISHED" for t in result.trials) else 1
 
 
 def write_result_json(result, path: str) -> None:
@@ -152,7 +142,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML job config, e.g. jobs/configs/synth_small.yaml")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config value (repeatable)")
     p.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...",
-                   help="run one job per value as child runs of one parent MLflow run")
+                   help="run one job per value (per point of the grid of several --sweep) as child runs of one "
+                        "parent MLflow run: `rayemb sweep` with a grid space and the fifo scheduler")
     p.add_argument("--resume-from", metavar="CHECKPOINT",
                    help="continue from a checkpoint of an earlier job: a path or a URI such as s3://bucket/... "
                         "(any world size; same as train.resume_from)")

@@ -1,4 +1,5 @@
-"""`rayemb train --sweep key=v1,v2` runs one real job per value as child runs of one parent run."""
+"""`rayemb train --sweep key=v1,v2` runs one real job per value (`rayemb sweep`'s engine, FIFO) as child runs of
+one parent run."""
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -14,10 +15,9 @@ def test_sweep_makes_child_runs_under_one_parent(ray_2_cpus, tiny_data, tmp_path
                "--set", "tracking.experiment=sweep", "--set", "train.max_steps_per_epoch=8",
                "--set", "train.log_every_n_steps=4", "--set", "train.epochs=1", "--set", "planner.calibrate=false",
                "--sweep", "train.dense_lr=0.02,0.1"])
-    assert rc == 0, capsys.readouterr().err
     out = capsys.readouterr().out
-    # each child job prints its split once, after planning (one node: HugeCTR's threshold)
-    assert out.count("rayemb: frequent-category split (hugectr threshold, W=2, B=") == 2, out[-3000:]
+    assert rc == 0, out[-3000:]
+    assert out.count(" FINISHED valid_auc=") == 2, out[-3000:]  # one line per trial
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     exp = client.get_experiment_by_name("sweep")
     runs = client.search_runs([exp.experiment_id])
@@ -27,4 +27,6 @@ def test_sweep_makes_child_runs_under_one_parent(ray_2_cpus, tiny_data, tmp_path
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     assert sorted(c.data.params["train.dense_lr"] for c in children) == ["0.02", "0.1"]
     assert all(c.info.status == "FINISHED" for c in children) and parents[0].info.status == "FINISHED"
+    assert parents[0].data.params["sweep.scheduler"] == "fifo"
+    assert parents[0].data.params["sweep.keys"] == "train.dense_lr"
     assert all("valid_auc" in c.data.metrics for c in children)

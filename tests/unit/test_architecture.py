@@ -42,6 +42,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("checkpoint", "convert", "models"),
     ("train",),
     ("api", "serve"),
+    ("sweep",),  # many jobs under Ray Tune: each trial runs the train driver; the best one exported by serve
     ("cli",),
     ("rayemb", "__main__"),  # the facade (rayemb/__init__.py) and `python -m rayemb`
 ]

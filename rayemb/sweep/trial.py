@@ -1,0 +1,163 @@
+"""A sweep's trial: one whole rayemb job, run by Ray Tune as a function trainable.
+
+The trial is the job's driver: it builds the job config with the trial's values, runs it through the driver
+``rayemb train`` runs (its own statistics, its own plan for its own shape, its own Ray Train workers, its own
+MLflow child run of the sweep's parent), and hands every validation the driver receives (each epoch's, and each
+``train.eval_every_n_steps`` one) to Ray Tune, whose scheduler may stop it there. A job that cannot start (a plan
+that does not fit, bad data) fails the trial with rayemb's error; the sweep goes on.
+
+The trial's Tune process holds no CPU: its job's Ray Train workers and Ray Data reads ask for their own, and the
+sweep limits how many trials run at once by what their jobs need (:func:`rayemb.sweep.engine.default_concurrency`).
+
+Example, with a Tuner of one's own::
+
+    >>> from ray import tune
+    >>> trainable = sweep_trainable("jobs/configs/synth_small.yaml", metric="valid_auc")
+    >>> tune.Tuner(trainable, param_space={"train.dense_lr": tune.grid_search([0.1, 0.01])},
+    ...            tune_config=tune.TuneConfig(metric="valid_auc", mode="max", max_concurrent_trials=1)).fit()
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable, Dict, Mapping, Optional, Union
+
+from rayemb.config import JobConfig, apply_overrides, config_from_dict, load_config, resolve_path
+from rayemb.constants import WORKSPACE_ENV_VAR
+from rayemb.errors import ConfigError
+
+def trial_job_name(base_name: str, trial_id: str) -> str:
+    """The job name (and MLflow tag ``rayemb.job_name``) of a trial: the sweep driver finds its run by it."""
+    return f"{base_name}-{trial_id}"
+
+
+def _numeric(report: Mapping[str, Any]) -> Dict[str, float]:
+    return {k: float(v) for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(float(v))}
+
+
+def _controller_handle_callback(mailbox: Any) -> Any:
+    """A Ray Train controller callback that hands the controller's own actor handle to the trial (``mailbox``:
+    a ``ray.util.queue.Queue``), so that the trial can abort its run when Tune stops it."""
+    from ray.train.v2._internal.execution.callback import ControllerCallback
+
+    class ControllerHandle(ControllerCallback):
+        def after_controller_start(self, train_run_context: Any) -> None:
+            import ray
+
+            mailbox.put_nowait(ray.get_runtime_context().current_actor)
+
+    return ControllerHandle()
+
+
+class TuneReporter:
+    """Called by the job's driver with every report it receives; hands the validations to Ray Tune.
+
+    A report without ``metric`` (a step's loss and timings) stays in MLflow only. When Tune's scheduler stops
+    the trial, ``ray.tune.report`` raises ``SystemExit`` here: the job's Ray Train run is aborted (its workers
+    and their CPUs released now, not when the trial's process is gone; its checkpoints stay in its folder), and
+    the sweep's driver marks its MLflow run KILLED with the scheduler's reason."""
+
+    def __init__(self, metric: str) -> None:
+        from ray.util.queue import Queue
+
+        self.metric = metric
+        self.validations = 0
+        self.mailbox = Queue(maxsize=1, actor_options={"num_cpus": 0})
+
+    def ray_options(self) -> Dict[str, Any]:
+        """What ``run_training`` takes to call this reporter and to hand it the run's controller."""
+        return {"on_report": self, "callbacks": [_controller_handle_callback(self.mailbox)]}
+
+    def __call__(self, report: Mapping[str, Any]) -> None:
+        if self.metric not in report:
+            return
+        from ray import tune
+
+        self.validations += 1
+        try:
+            tune.report({**_numeric(report), "validation": self.validations})
+        except SystemExit:
+            self.abort_run()
+            raise
+
+    def abort_run(self) -> None:
+        import ray
+
+        try:
+            controller = self.mailbox.get(block=True, timeout=30)
+            ray.get(controller.abort.remote(), timeout=60)
+        except Exception:  # noqa: BLE001 - a run already ending: Tune ends the process in any case
+            pass
+
+
+def _base_mapping(config: Union[str, JobConfig, Mapping[str, Any]]) -> Dict[str, Any]:
+    if isinstance(config, JobConfig):
+        return config.to_dict()
+    if isinstance(config, str):
+        return load_config(config).to_dict()
+    if isinstance(config, Mapping):
+        return dict(config)
+    raise ConfigError(f"sweep_trainable(config={config!r}): give a JobConfig, a YAML config path or a config mapping.")
+
+
+def trial_config(base: Mapping[str, Any], trial_values: Mapping[str, Any], trial_id: str, trial_dir: str,
+                 tracking_uri: Optional[str]) -> JobConfig:
+    """The job config of one trial: ``base`` with the trial's values, named by the trial, its outputs in
+    ``trial_dir``, its MLflow runs in the sweep's store (``tracking_uri``, not a store per trial folder)."""
+    from rayemb.sweep.space import override
+
+    overrides = [override(k, v) for k, v in trial_values.items()]
+    d = apply_overrides(dict(base), overrides)
+    d["name"] = trial_job_name(str(d.get("name") or "rayemb"), trial_id)
+    tracking = d.setdefault("tracking", {})
+    tracking["output_dir"] = trial_dir
+    if tracking_uri:
+        tracking["tracking_uri"] = tracking_uri
+    return config_from_dict(d)
+
+
+def sweep_trainable(config: Union[str, JobConfig, Mapping[str, Any]], metric: str = "valid_auc",
+                    parent_run_id: Optional[str] = None, tracking_uri: Optional[str] = None,
+                    workspace: Optional[str] = None) -> Callable[[Dict[str, Any]], None]:
+    """Ray Tune's function trainable of a rayemb job: each trial's config (``{"train.dense_lr": 0.01, ...}``, keys
+    of the job config) overrides ``config`` (a JobConfig, a YAML path, or a config mapping).
+
+    ``metric``: the validation metric reported to Tune at every validation (also reported: ``validation``, the
+    count so far, and every other numeric value of the report). ``parent_run_id``: the MLflow run the trials'
+    runs nest under. ``tracking_uri``: the trials' MLflow store (default: the store of ``config`` itself, so that
+    every trial's run lands in one). ``workspace``: where the config's relative paths resolve (default: here).
+    A trial's job writes its outputs to ``<tracking.output_dir>/sweeps/<Tune experiment name>/<trial id>``."""
+    from rayemb.train.driver.outputs import tracking_uri as job_tracking_uri
+
+    base = _base_mapping(config)
+    probe = config_from_dict(base)
+    uri = tracking_uri or job_tracking_uri(probe.tracking.tracking_uri, resolve_path(probe.tracking.output_dir))
+    root = os.path.abspath(workspace or os.environ.get(WORKSPACE_ENV_VAR) or os.getcwd())
+    outputs = resolve_path(probe.tracking.output_dir)
+
+    def rayemb_trial(trial_values: Dict[str, Any]) -> None:
+        import ray
+        from ray import tune
+
+        from rayemb.train.driver.trainer import run_training
+
+        # Tune runs the trial in its own folder: the config's relative paths keep meaning what they meant
+        os.environ[WORKSPACE_ENV_VAR] = root
+        os.chdir(root)
+        context = tune.get_context()
+        # the job's outputs in the sweep's folder (Tune's own trial folder is a staging copy on the trial's node)
+        trial_dir = os.path.join(outputs, "sweeps", context.get_experiment_name(), context.get_trial_id())
+        cfg = trial_config(base, trial_values, context.get_trial_id(), trial_dir, uri)
+        # an unfinished run of the trial's job (a sweep resumed after its driver died) continues from its checkpoint
+        reporter = TuneReporter(metric)
+        try:
+            run_training(cfg, parent_run_id, ray_options=reporter.ray_options())
+        finally:
+            ray.kill(reporter.mailbox.actor)
+
+    return rayemb_trial
+
+
+__all__ = ["sweep_trainable", "trial_config", "trial_job_name", "TuneReporter"]
