@@ -26,7 +26,7 @@ to about four billion rows.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -229,4 +229,57 @@ def distributed_validation_metrics(labels: np.ndarray, logits: np.ndarray, tasks
     return out
 
 
-__all__ = ["distributed_auc", "distributed_weighted_auc", "distributed_gauc", "distributed_validation_metrics"]
+#: the training window's metrics (:func:`window_metrics`): validation's names with ``valid_`` made ``train_window_``
+WINDOW_METRICS = ("auc", "ne", "rmse")
+
+
+def window_metrics(labels: np.ndarray, logits: np.ndarray, tasks: Optional[Sequence[str]] = None,
+                   primary: Optional[str] = None, task_types: Optional[Sequence[str]] = None,
+                   weights: Optional[np.ndarray] = None) -> Dict[str, float]:
+    """``train_window_auc``, ``train_window_ne`` (binary tasks) and ``train_window_rmse`` (regression tasks) of
+    every rank's rows of the window, each task suffixed as validation's metrics are (``train_window_auc.<task>``,
+    the primary task's also bare): :func:`distributed_validation_metrics`, exact, every rank calling it."""
+    out = distributed_validation_metrics(labels, logits, tasks, primary, task_types=task_types, weights=weights)
+    return {"train_window_" + k[len("valid_"):]: v for k, v in out.items()
+            if k.split(".")[0][len("valid_"):] in WINDOW_METRICS}
+
+
+class TrainWindow:
+    """The model's outputs and targets of the training steps since the last log point, kept on the device
+    (detached; read only at the log point): :meth:`wrap` the step's loss with it, :meth:`metrics` at the log point.
+
+    A target is the labels, or the labels with the row weights as a last column (``losses.TaskLoss``'s rule).
+    """
+
+    def __init__(self, tasks: Sequence[str], task_types: Optional[Sequence[str]] = None,
+                 primary: Optional[str] = None) -> None:
+        self.tasks, self.task_types, self.primary = list(tasks), task_types, primary
+        self.outputs: list = []
+        self.targets: list = []
+
+    def wrap(self, loss_fn: Any) -> Any:
+        """``loss_fn`` that also keeps each step's output and target."""
+        def recorded(output: Any, target: Any) -> Any:
+            self.outputs.append(output.detach().float())
+            self.targets.append(target.detach())
+            return loss_fn(output, target)
+        return recorded
+
+    def metrics(self) -> Dict[str, float]:
+        """:func:`window_metrics` of the kept steps (a collective: every rank calls it alike); starts a new window."""
+        import torch
+
+        columns = max(1, len(self.tasks))
+        z = torch.cat(self.outputs).cpu().numpy() if self.outputs else np.zeros(0)
+        t = torch.cat(self.targets).float().cpu().numpy() if self.targets else np.zeros((0, columns))
+        self.outputs, self.targets = [], []
+        rows = t.shape[0]
+        if z.size != rows * columns:
+            return {}  # a user's loss over outputs that are not one logit per row and task (every rank alike)
+        z, t = z.reshape(rows, columns), t.reshape(rows, -1)
+        weights = t[:, columns] if t.shape[1] == columns + 1 else None
+        return window_metrics(t[:, :columns], z, self.tasks, self.primary, self.task_types, weights)
+
+
+__all__ = ["TrainWindow", "WINDOW_METRICS", "distributed_auc", "distributed_weighted_auc", "distributed_gauc",
+           "distributed_validation_metrics", "window_metrics"]

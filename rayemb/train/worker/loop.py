@@ -133,6 +133,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
     from rayemb.train.worker.build import build_step
     from rayemb.train.worker.data_loader import RankBatches
     from rayemb.train.worker.device_feed import DeviceFeed, pinned
+    from rayemb.train.worker.dist_metrics import TrainWindow
     from rayemb.train.worker.resume import CheckpointSchedule, restore, save_and_report
     from rayemb.train.worker.step import LossWindow, StepTimer, check_finite_loss
     from rayemb.train.worker.validation import evaluate
@@ -231,6 +232,11 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
         timer = StepTimer()
         counter = CommCounter()
         train_step = built.train_step(counter=counter, timer=timer)
+        # the log window's outputs and labels, for its exact NE / AUC / RMSE (a retrieval model's loss takes ids)
+        train_window = None if item is not None else TrainWindow(schema.labels, schema.task_kinds,
+                                                                 cfg.train.early_stopping_task)
+        if train_window is not None:
+            train_step.loss_fn = train_window.wrap(train_step.loss_fn)
         epoch_t0 = time.time()  # wall clock: the driver splits the job's time into phases with it
         remaining = max(0, (steps_per_epoch if agreed is None else agreed) - skip)
 
@@ -308,6 +314,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
                 mem = torch.tensor([peak_memory_bytes(device)], dtype=torch.float64, device=device)
                 mems = [torch.zeros_like(mem) for _ in range(world)]
                 dist.all_gather(mems, mem)
+                window_quality = train_window.metrics() if train_window is not None else {}
                 metrics = {
                     "step": step,
                     "epoch": epoch,
@@ -321,6 +328,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
                     **{f"peak_memory_bytes.rank{r}": float(m.item()) for r, m in enumerate(mems)},
                     **comm_metrics,
                     **evicted,
+                    **window_quality,
                 }
                 if metrics_queue is None:
                     ray.train.report(metrics)
