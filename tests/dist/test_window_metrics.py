@@ -68,7 +68,8 @@ def _weighted_reference(y: np.ndarray, z: np.ndarray, w: np.ndarray):
     rate = np.sum(w * y) / w.sum()
     pos, neg = y == 1, y == 0
     pairs = (w[pos][:, None] * w[neg][None, :])
-    wins = np.sum(pairs * (z[pos][:, None] > z[neg][None, :])) + 0.5 * np.sum(pairs * (z[pos][:, None] == z[neg][None, :]))
+    above, tied = z[pos][:, None] > z[neg][None, :], z[pos][:, None] == z[neg][None, :]
+    wins = np.sum(pairs * above) + 0.5 * np.sum(pairs * tied)
     return {"train_window_ne": loss / -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate)),
             "train_window_auc": wins / pairs.sum()}
 
