@@ -105,8 +105,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     tmp = tempfile.mkdtemp(prefix="rayemb-fixed-cost-")
     # a private cluster on 127.0.0.1 that the runs' own processes join without a token
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-             logging_level="WARNING")
+    try:
+        ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 logging_level="WARNING")
+    except BaseException:  # interrupted while it started: what it started goes with it
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     address = ray.get_runtime_context().gcs_address
     ray_info = {"cpus": ray.cluster_resources().get("CPU"), "version": ray.__version__}
     cpus = resolve_cpus_per_worker(cfg, float(ray_info["cpus"] or 1))

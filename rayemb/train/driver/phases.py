@@ -8,6 +8,10 @@ those the job's time splits into phases::
     rayemb: phases: checks 0.1 s | ray 2.9 s | statistics 0.3 s | plan 4.2 s | tracking 0.8 s | workers 5.1 s |
             model 4.0 s | data 1.2 s | steps 12.4 s | validation and checkpoints 1.9 s | end 3.0 s (wall 36.0 s, ...)
 
+``statistics``: the kept statistics read (the train split's fingerprint taken once), or the pass; ``plan``: the
+split, calibration and plan probe (or the kept ones) and the TorchRec plan, made in the driver; ``tracking``: the
+job's files and what the MLflow run gets, handed to the RunLogger (a new run in a store that exists is created by
+its writer thread, and the plan's and statistics' charts drawn by another, both beside the workers' start);
 ``workers``: from the Ray Train launch to the training function running on rank 0 (Ray Train's controller, the
 worker processes); ``model``: from there to the model sharded and restored (imports, the process group's
 first collectives, the model and its sharding); ``data``: reading this rank's shard before the first step (in
