@@ -28,7 +28,7 @@ def test_round_trip_through_dict():
         ("train.epochs=two", "train.epochs"),
         ("model.bottom_mlp=[64,8]", "model.bottom_mlp"),
         ("model.top_mlp=[64,2]", "model.top_mlp"),
-        ("train.embedding_optimizer=adam", "train.embedding_optimizer"),
+        ("train.embedding_optimizer=lamb", "train.embedding_optimizer"),
         ("model.embedding_dtype=bf16", "model.embedding_dtype"),
         ("train.compile=all", "train.compile"),
         ("train.compile_mode=fast", "train.compile_mode"),
