@@ -93,7 +93,8 @@ def train_main(args: argparse.Namespace) -> int:
 
     # each `train --sweep` is a new sweep: the same command again runs the grid again, as a plain job does not
     result = run_sweep(args.config, grid_space(args.sweep), overrides=overrides, scheduler="fifo",
-                       metric=cfg.train.early_stopping_metric or "valid_auc", name=f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+                       metric=cfg.train.early_stopping_metric or "valid_auc",
+                       name=f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     print_sweep(result)
     return 0 if result.trials and all(t["status"] == "FINISHED" for t in result.trials) else 1
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import logging
@@ -110,7 +111,8 @@ def _settings_checked(settings: SweepSettings, space: Mapping[str, Dimension]) -
     if mode not in MODES:
         raise ConfigError(f"--mode {mode!r}: use max or min.", category="invalid_sweep")
     if settings.scheduler not in SCHEDULERS:
-        raise ConfigError(f"--scheduler {settings.scheduler!r}: use one of {list(SCHEDULERS)}.", category="invalid_sweep")
+        raise ConfigError(f"--scheduler {settings.scheduler!r}: use one of {list(SCHEDULERS)}.",
+                          category="invalid_sweep")
     if settings.search not in SEARCHES:
         raise ConfigError(f"--search {settings.search!r}: use one of {list(SEARCHES)}.", category="invalid_sweep")
     if settings.search == "optuna":
@@ -191,7 +193,7 @@ def _scheduler(settings: SweepSettings, probe: JobConfig, folder: str) -> Any:
         return FIFOScheduler()
     validations = probe.train.epochs if not probe.train.eval_every_n_steps else ASHA_RUNGS_MID_EPOCH
     # metric and mode come from the TuneConfig
-    return _RecordingASHA(os.path.join(folder, STOPPED_FILE),
+    return _RecordingASHA(os.path.join(folder, STOPPED_FILE), registry_name(folder),
                           # no rung at the last validation: a trial stopped there would lose its finished run
                           max_t=max(1, validations - 1), grace_period=1, reduction_factor=ASHA_REDUCTION,
                           stop_last_trials=False)
@@ -203,9 +205,9 @@ def _make_asha_class() -> Any:
     class RecordingASHA(AsyncHyperBandScheduler):
         """ASHA that writes why it stopped each trial to ``stopped.json`` (the driver marks the runs from it)."""
 
-        def __init__(self, stopped_path: str, **kwargs: Any) -> None:
+        def __init__(self, stopped_path: str, registry: str, **kwargs: Any) -> None:
             super().__init__(**kwargs)
-            self.stopped_path = stopped_path
+            self.stopped_path, self.registry = stopped_path, registry
 
         def on_trial_result(self, tune_controller: Any, trial: Any, result: Dict) -> str:
             decision = super().on_trial_result(tune_controller, trial, result)
@@ -215,13 +217,27 @@ def _make_asha_class() -> Any:
                 record_stop(self.stopped_path, trial.trial_id,
                             f"asha: {self._metric}={value:.4f} below the median of the trials at validation "
                             f"{at}{epoch}")
+                # before Tune ends the trial's process: its run's workers and their CPUs are released now
+                _quietly(abort_trial_run, self.registry, trial.trial_id)
             return decision
 
     return RecordingASHA
 
 
-def _RecordingASHA(stopped_path: str, **kwargs: Any) -> Any:
-    return _make_asha_class()(stopped_path, **kwargs)
+def _RecordingASHA(stopped_path: str, registry: str, **kwargs: Any) -> Any:
+    return _make_asha_class()(stopped_path, registry, **kwargs)
+
+
+def registry_name(folder: str) -> str:
+    """The name of the sweep's :class:`~rayemb.sweep.trial.ControllerRegistry` actor (the same for a resumed
+    sweep, whose restored scheduler looks it up by name)."""
+    return "rayemb-sweep-" + hashlib.sha1(os.path.abspath(folder).encode()).hexdigest()[:16]
+
+
+def abort_trial_run(registry: str, trial_id: str) -> bool:
+    import ray
+
+    return bool(ray.get(ray.get_actor(registry).abort.remote(trial_id), timeout=120))
 
 
 def record_stop(path: str, trial_id: str, reason: str) -> None:
@@ -275,15 +291,32 @@ class TrialRuns:
             self._found[trial_id] = run.info.run_id
         return run
 
-    def settle(self, trial_id: str) -> Optional[Any]:
-        """Tags the trial's run; a trial the scheduler stopped ends KILLED with the reason. Returns the run."""
+    def settle(self, trial_id: str, reported: Sequence[Mapping[str, Any]] = ()) -> Optional[Any]:
+        """Tags the trial's run; a trial the scheduler stopped ends KILLED with the reason, with every validation
+        it reported to Tune (``reported``) in its metrics: its process may end before its run's writer sent the
+        last one. Returns the run."""
         run = self.run_of(trial_id)
         reason = read_stops(self.stopped_path).get(trial_id)
         if run is not None and reason is not None:
-            self.client.set_tag(run.info.run_id, TAG_STOPPED_REASON, reason)
-            self.client.set_terminated(run.info.run_id, "KILLED")
-            run = self.client.get_run(run.info.run_id)
+            run_id = run.info.run_id
+            self._log_missing(run_id, reported)
+            self.client.set_tag(run_id, TAG_STOPPED_REASON, reason)
+            self.client.set_terminated(run_id, "KILLED")
+            run = self.client.get_run(run_id)
         return run
+
+    def _log_missing(self, run_id: str, reported: Sequence[Mapping[str, Any]]) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now, missing = int(time.time() * 1000), []
+        for key in sorted({k for r in reported for k in r if k.startswith("valid_")}):
+            logged = {m.step for m in self.client.get_metric_history(run_id, key)}
+            missing += [Metric(key, float(r[key]), now, int(r["step"])) for r in reported
+                        if key in r and "step" in r and _finite(r[key]) and int(r["step"]) not in logged]
+        if missing:
+            self.client.log_batch(run_id, metrics=missing)
 
 
 def _make_callback(runs: TrialRuns) -> Any:
@@ -385,8 +418,8 @@ def _run(base: Dict[str, Any], probe: JobConfig, dims: Mapping[str, Dimension], 
                        resume_run_id=state["parent_run_id"] if state else None).start()
     if parent.run_id is None:
         raise ConfigError(f"The MLflow store {parent.shown_uri} did not answer; a sweep nests its trials under a "
-                          "parent run made before they start. Start the tracking server, or unset tracking.tracking_uri "
-                          "for the local store.", category="tracking_unreachable")
+                          "parent run made before they start. Start the tracking server, or unset "
+                          "tracking.tracking_uri for the local store.", category="tracking_unreachable")
     if state is None:
         space_path = os.path.join(folder, SPACE_FILE)
         with open(space_path, "w") as f:
@@ -404,8 +437,12 @@ def _run(base: Dict[str, Any], probe: JobConfig, dims: Mapping[str, Dimension], 
           f"{parent.run_id}; folder {folder}", flush=True)
     runs = TrialRuns(uri, parent.run_id, probe.name, os.path.join(folder, STOPPED_FILE))
     # the trial's process is its job's driver and waits on it; the job's workers and reads ask for their own CPUs
-    trainable = tune.with_resources(sweep_trainable(base, settings.metric, parent.run_id, uri),
-                                    {"CPU": TRIAL_DRIVER_CPUS})
+    from rayemb.sweep.trial import ControllerRegistry
+
+    registry = ray.remote(num_cpus=0)(ControllerRegistry).options(name=registry_name(folder),
+                                                                  get_if_exists=True).remote()
+    trainable = tune.with_resources(sweep_trainable(base, settings.metric, parent.run_id, uri,
+                                                    registry=registry_name(folder)), {"CPU": TRIAL_DRIVER_CPUS})
     status, reason = "FAILED", None
     try:
         grid = _tune(trainable, dims, settings, probe, folder, name, concurrency, runs, resumed=state is not None)
@@ -417,13 +454,15 @@ def _run(base: Dict[str, Any], probe: JobConfig, dims: Mapping[str, Dimension], 
             status = "FINISHED"
         else:
             reason = f"no trial reported {settings.metric}: " + "; ".join(
-                f"{t['trial_id']} {t['status']}" + (f" ({t['error']})" if t.get("error") else "") for t in result.trials)
+                f"{t['trial_id']} {t['status']}" + (f" ({t['error']})" if t.get("error") else "")
+                for t in result.trials)
         return result
     except KeyboardInterrupt:
         status, reason = "KILLED", "interrupted"
         raise
     finally:
         parent.finish(status, reason=reason)
+        ray.kill(registry)
 
 
 #: seconds Tune waits for a stopped trial's process to exit before it kills it. A trial stopped while its job
@@ -478,10 +517,10 @@ def _settle(grid: Any, runs: TrialRuns, settings: SweepSettings) -> SweepResult:
     trials = []
     for r in grid:
         trial_id = (r.metrics or {}).get("trial_id") or os.path.basename(r.path)
-        run = _quietly(runs.settle, trial_id)
-        values = []
-        if r.metrics_dataframe is not None and settings.metric in r.metrics_dataframe:
-            values = [float(v) for v in r.metrics_dataframe[settings.metric] if v is not None and math.isfinite(v)]
+        frame = r.metrics_dataframe
+        reported = frame.to_dict("records") if frame is not None else []
+        run = _quietly(runs.settle, trial_id, reported)
+        values = [float(x[settings.metric]) for x in reported if _finite(x.get(settings.metric))]
         error = None if r.error is None else _error_line(r.error)
         trials.append({"trial_id": trial_id, "run_id": run.info.run_id if run is not None else None,
                        "status": run.info.status if run is not None else "FAILED",
@@ -489,9 +528,13 @@ def _settle(grid: Any, runs: TrialRuns, settings: SweepSettings) -> SweepResult:
                        "error": error})
     scored = [t for t in trials if t["value"] is not None and t["run_id"] is not None and t["status"] != "FAILED"]
     best = (max if settings.mode == "max" else min)(scored, key=lambda t: t["value"]) if scored else None
-    return SweepResult(parent_run_id=runs.parent_run_id, tracking_uri=runs.tracking_uri, folder="", metric=settings.metric,
-                       mode=settings.mode, best_run_id=best["run_id"] if best else None,
+    return SweepResult(parent_run_id=runs.parent_run_id, tracking_uri=runs.tracking_uri, folder="",
+                       metric=settings.metric, mode=settings.mode, best_run_id=best["run_id"] if best else None,
                        best_value=best["value"] if best else None, trials=trials)
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
 def _error_line(error: BaseException) -> str:

@@ -37,38 +37,58 @@ def _numeric(report: Mapping[str, Any]) -> Dict[str, float]:
             and math.isfinite(float(v))}
 
 
-def _controller_handle_callback(mailbox: Any) -> Any:
-    """A Ray Train controller callback that hands the controller's own actor handle to the trial (``mailbox``:
-    a ``ray.util.queue.Queue``), so that the trial can abort its run when Tune stops it."""
+class ControllerRegistry:
+    """The Ray Train controllers of a sweep's running trials, by trial id: a named actor of the sweep's driver.
+
+    When the scheduler stops a trial, the driver aborts its job's Ray Train run through it (the workers' placement
+    group removed at once). Without that, the run would hold its workers' CPUs after Tune ended the trial's
+    process, and the next trial could not start."""
+
+    def __init__(self) -> None:
+        self.controllers: Dict[str, Any] = {}
+
+    def put(self, trial_id: str, controller: Any) -> None:
+        self.controllers[trial_id] = controller
+
+    def abort(self, trial_id: str, timeout_s: float = 60.0) -> bool:
+        import ray
+
+        controller = self.controllers.pop(trial_id, None)
+        if controller is None:
+            return False
+        try:
+            ray.get(controller.abort.remote(), timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - a run that ended meanwhile
+            return False
+        return True
+
+
+def _controller_callback(registry_name: str, trial_id: str) -> Any:
+    """A Ray Train controller callback that registers the controller under ``trial_id`` in the sweep's
+    :class:`ControllerRegistry` (``registry_name``)."""
     from ray.train.v2._internal.execution.callback import ControllerCallback
 
-    class ControllerHandle(ControllerCallback):
+    class RegisterController(ControllerCallback):
         def after_controller_start(self, train_run_context: Any) -> None:
             import ray
 
-            mailbox.put_nowait(ray.get_runtime_context().current_actor)
+            try:
+                registry = ray.get_actor(registry_name)
+                registry.put.remote(trial_id, ray.get_runtime_context().current_actor)
+            except Exception:  # noqa: BLE001 - no registry (a Tuner of one's own): Tune ends the trial alone
+                pass
 
-    return ControllerHandle()
+    return RegisterController()
 
 
 class TuneReporter:
     """Called by the job's driver with every report it receives; hands the validations to Ray Tune.
 
-    A report without ``metric`` (a step's loss and timings) stays in MLflow only. When Tune's scheduler stops
-    the trial, ``ray.tune.report`` raises ``SystemExit`` here: the job's Ray Train run is aborted (its workers
-    and their CPUs released now, not when the trial's process is gone; its checkpoints stay in its folder), and
-    the sweep's driver marks its MLflow run KILLED with the scheduler's reason."""
+    A report without ``metric`` (a step's loss and timings) stays in MLflow only."""
 
     def __init__(self, metric: str) -> None:
-        from ray.util.queue import Queue
-
         self.metric = metric
         self.validations = 0
-        self.mailbox = Queue(maxsize=1, actor_options={"num_cpus": 0})
-
-    def ray_options(self) -> Dict[str, Any]:
-        """What ``run_training`` takes to call this reporter and to hand it the run's controller."""
-        return {"on_report": self, "callbacks": [_controller_handle_callback(self.mailbox)]}
 
     def __call__(self, report: Mapping[str, Any]) -> None:
         if self.metric not in report:
@@ -76,20 +96,7 @@ class TuneReporter:
         from ray import tune
 
         self.validations += 1
-        try:
-            tune.report({**_numeric(report), "validation": self.validations})
-        except SystemExit:
-            self.abort_run()
-            raise
-
-    def abort_run(self) -> None:
-        import ray
-
-        try:
-            controller = self.mailbox.get(block=True, timeout=30)
-            ray.get(controller.abort.remote(), timeout=60)
-        except Exception:  # noqa: BLE001 - a run already ending: Tune ends the process in any case
-            pass
+        tune.report({**_numeric(report), "validation": self.validations})
 
 
 def _base_mapping(config: Union[str, JobConfig, Mapping[str, Any]]) -> Dict[str, Any]:
@@ -120,7 +127,8 @@ def trial_config(base: Mapping[str, Any], trial_values: Mapping[str, Any], trial
 
 def sweep_trainable(config: Union[str, JobConfig, Mapping[str, Any]], metric: str = "valid_auc",
                     parent_run_id: Optional[str] = None, tracking_uri: Optional[str] = None,
-                    workspace: Optional[str] = None) -> Callable[[Dict[str, Any]], None]:
+                    workspace: Optional[str] = None,
+                    registry: Optional[str] = None) -> Callable[[Dict[str, Any]], None]:
     """Ray Tune's function trainable of a rayemb job: each trial's config (``{"train.dense_lr": 0.01, ...}``, keys
     of the job config) overrides ``config`` (a JobConfig, a YAML path, or a config mapping).
 
@@ -128,7 +136,9 @@ def sweep_trainable(config: Union[str, JobConfig, Mapping[str, Any]], metric: st
     count so far, and every other numeric value of the report). ``parent_run_id``: the MLflow run the trials'
     runs nest under. ``tracking_uri``: the trials' MLflow store (default: the store of ``config`` itself, so that
     every trial's run lands in one). ``workspace``: where the config's relative paths resolve (default: here).
-    A trial's job writes its outputs to ``<tracking.output_dir>/sweeps/<Tune experiment name>/<trial id>``."""
+    ``registry``: the name of the sweep's :class:`ControllerRegistry` actor (its scheduler's stops abort the
+    trials' runs). A trial's job writes its outputs to
+    ``<tracking.output_dir>/sweeps/<Tune experiment name>/<trial id>``."""
     from rayemb.train.driver.outputs import tracking_uri as job_tracking_uri
 
     base = _base_mapping(config)
@@ -138,7 +148,6 @@ def sweep_trainable(config: Union[str, JobConfig, Mapping[str, Any]], metric: st
     outputs = resolve_path(probe.tracking.output_dir)
 
     def rayemb_trial(trial_values: Dict[str, Any]) -> None:
-        import ray
         from ray import tune
 
         from rayemb.train.driver.trainer import run_training
@@ -151,13 +160,12 @@ def sweep_trainable(config: Union[str, JobConfig, Mapping[str, Any]], metric: st
         trial_dir = os.path.join(outputs, "sweeps", context.get_experiment_name(), context.get_trial_id())
         cfg = trial_config(base, trial_values, context.get_trial_id(), trial_dir, uri)
         # an unfinished run of the trial's job (a sweep resumed after its driver died) continues from its checkpoint
-        reporter = TuneReporter(metric)
-        try:
-            run_training(cfg, parent_run_id, ray_options=reporter.ray_options())
-        finally:
-            ray.kill(reporter.mailbox.actor)
+        options: Dict[str, Any] = {"on_report": TuneReporter(metric)}
+        if registry is not None:
+            options["callbacks"] = [_controller_callback(registry, context.get_trial_id())]
+        run_training(cfg, parent_run_id, ray_options=options)
 
     return rayemb_trial
 
 
-__all__ = ["sweep_trainable", "trial_config", "trial_job_name", "TuneReporter"]
+__all__ = ["sweep_trainable", "trial_config", "trial_job_name", "TuneReporter", "ControllerRegistry"]
