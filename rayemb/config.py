@@ -237,7 +237,7 @@ class TrainConfig:
     #: MiB of table rows a rank sends in one round of a checkpoint's save or load exchange (its host memory
     #: for moving rows is a few times this; the files do not depend on it). rayemb.checkpoint.store.DEFAULT_CHUNK_MIB
     checkpoint_chunk_mib: int = 64
-    #: start the next batch's sparse input exchange (split sizes) before this batch's backward
+    #: start the next batch's sparse input exchange (split sizes, lengths, values) before this batch's backward
     #: (rayemb.embedding.prefetch; the same numbers, a shorter step); false: the plain TorchRec forward
     prefetch_input_dist: bool = True
     #: multi-task (schema.yaml ``label: [a, b]``): weight of each task's loss (1 for a task not named)

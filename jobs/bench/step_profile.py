@@ -8,7 +8,8 @@ per phase (forward, backward, optimizer), with the collective byte counter
 on and off, and the torch profiler's top operators on request. Use it to find
 what to cut; throughput claims come from ``throughput.py``.
 
-``--ab`` compares two sides (the counter, the prefetch, one DDP against TorchRec's DDPs); with
+``--ab`` compares two sides (the counter, the prefetch, the whole exchange prefetched against its split sizes
+only, one DDP against TorchRec's DDPs); with
 ``--interleave`` both sides live in the same ranks and take turns step by step, the fair comparison on a
 host whose speed drifts.
 
@@ -56,7 +57,8 @@ class _Variant:
     """One model of a rank, built and stepped as the job does (its :class:`~rayemb.train.worker.step.TrainStep`), with
     its own timers (and counter, prefetch)."""
 
-    def __init__(self, cfg: Any, schema: Any, job_plan: Any, counter: bool, prefetch: bool, one_ddp: bool) -> None:
+    def __init__(self, cfg: Any, schema: Any, job_plan: Any, counter: bool, prefetch: bool, one_ddp: bool,
+                 exchange: Optional[str] = None) -> None:
         import torch
 
         import dataclasses
@@ -71,6 +73,8 @@ class _Variant:
         self.model, self.optimizer, self.remapper = built.model, built.optimizer, built.remapper
         self.cc = CommCounter() if counter else None
         self.pre = built.prefetch
+        if self.pre is not None and exchange is not None:
+            self.pre.exchange = exchange
         self.phases: Dict[str, List[float]] = {"forward": [], "backward": [], "optimizer": [], "step": []}
         self.timer = StepTimer()
         self.train_step = built.train_step(counter=self.cc, timer=self.timer)
@@ -175,11 +179,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--torch-profile", action="store_true", help="print rank 0's top operators")
     ap.add_argument("--rounds", type=int, default=1,
                     help="alternating rounds of --ab on/off (the table adds each row's median over rounds)")
-    ap.add_argument("--ab", choices=("counter", "prefetch", "one_ddp"), default="counter",
+    ap.add_argument("--ab", choices=("counter", "prefetch", "prefetch_full", "one_ddp"), default="counter",
                     help="what each round runs with and without: the collective byte counter (default), the "
                          "next batch's input exchange started before this backward (rayemb.embedding.prefetch; "
-                         "counter off), or one DDP for every replicated parameter against TorchRec's DDP per "
-                         "data-parallel lookup (rayemb.embedding.data_parallel; counter off)")
+                         "counter off), the whole next exchange (split sizes, lengths, values) started there "
+                         "against its split sizes only (prefetch_full; counter off), or one DDP for every "
+                         "replicated parameter against TorchRec's DDP per data-parallel lookup "
+                         "(rayemb.embedding.data_parallel; counter off)")
     ap.add_argument("--interleave", action="store_true",
                     help="run both sides of --ab in the same ranks, alternating step by step on the same batches "
                          "(each --rounds one spawn): this host's speed drifts by up to 2x within minutes, which "
@@ -209,12 +215,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     job_plan = make_job_plan(cfg, schema, stats, world.split, topology)
     rows = []
     def flags(on: bool) -> Dict[str, bool]:
-        return {"counter": on and args.ab == "counter", "prefetch": on and args.ab == "prefetch",
-                "one_ddp": on or args.ab != "one_ddp"}
+        full = args.ab == "prefetch_full"
+        return {"counter": on and args.ab == "counter", "prefetch": full or on and args.ab == "prefetch",
+                "one_ddp": on or args.ab != "one_ddp", "exchange": ("full" if on else "splits") if full else None}
 
     def add_row(on: bool, rnd: Any, res: List[Dict[str, Any]]) -> None:
         ms = {k: statistics.fmean(r["ms"][k] for r in res) for k in res[0]["ms"]}
-        if on and args.ab == "prefetch" and not res[0]["prefetch_hits"]:
+        if on and args.ab in ("prefetch", "prefetch_full") and not res[0]["prefetch_hits"]:
             print("warning: no forward used a prefetched input exchange (nothing sharded to prefetch?)")
         rows.append({args.ab: on, "round": rnd, **{f"{k}_ms": v for k, v in ms.items()},
                      "samples_per_s": global_batch / (ms["step"] / 1e3)})

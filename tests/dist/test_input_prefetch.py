@@ -4,7 +4,8 @@ Two gloo ranks train a model with every placement rayemb uses (test_logical_chec
 plan A: hybrid tables with row-, column- and table-wise cold halves, plain table-, column-,
 row-wise and data-parallel tables) for STEPS steps twice from the same initial weights: once
 with the plain forward, once with :class:`~rayemb.embedding.prefetch.StepPrefetch` as the
-training loop runs it (the next batch's exchange started between forward and backward). Logits every step
+training loop runs it (the next batch's exchange started between forward and backward: all of it, or its split
+sizes only). Logits every step
 and the trained model's logits on a held-out batch must be equal bit for bit, and the
 prefetched run must really have used the prefetched exchanges. A forward on another KJT between
 start and use (an evaluation) drops the prefetch on every rank alike and changes nothing either.
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 import numpy as np
+import pytest
 import torch
 from _sparse import checkpoint_batch
 from test_logical_checkpoint import PLAN_A, TABLES, _build
@@ -27,11 +29,11 @@ STEPS = 5
 EVAL_AT = 2
 
 
-def _train(rank: int, world_size: int, prefetch: bool, evaluate: bool) -> Dict[str, object]:
+def _train(rank: int, world_size: int, prefetch: bool, evaluate: bool, exchange: str = "full") -> Dict[str, object]:
     from rayemb.embedding.prefetch import StepPrefetch
 
     dmp, opt, remapper = _build(world_size, PLAN_A, seed=0)
-    pre = StepPrefetch(dmp) if prefetch else None
+    pre = StepPrefetch(dmp, exchange=exchange) if prefetch else None
     batches = [checkpoint_batch(remapper, TABLES, LOCAL_BATCH, s, rank, world_size) for s in range(STEPS)]
     held_out, _ = checkpoint_batch(remapper, TABLES, LOCAL_BATCH, 99, rank, world_size)
     with torch.no_grad():
@@ -55,10 +57,11 @@ def _train(rank: int, world_size: int, prefetch: bool, evaluate: bool) -> Dict[s
             "enabled": pre.enabled if pre else None}
 
 
-def test_prefetched_input_exchange_changes_nothing():
+@pytest.mark.parametrize("exchange", ["full", "splits"])
+def test_prefetched_input_exchange_changes_nothing(exchange):
     plain = run_multiprocess(_train, 2, prefetch=False, evaluate=True)
-    fetched = run_multiprocess(_train, 2, prefetch=True, evaluate=False)
-    fetched_eval = run_multiprocess(_train, 2, prefetch=True, evaluate=True)
+    fetched = run_multiprocess(_train, 2, prefetch=True, evaluate=False, exchange=exchange)
+    fetched_eval = run_multiprocess(_train, 2, prefetch=True, evaluate=True, exchange=exchange)
     for rank in range(2):
         p, f, fe = plain[rank], fetched[rank], fetched_eval[rank]
         assert f["enabled"] is True
