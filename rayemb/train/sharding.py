@@ -28,6 +28,7 @@ import numpy as np
 from rayemb.batch_shape import BatchShape
 from rayemb.config import JobConfig
 from rayemb.data.schema import DatasetSchema
+from rayemb.embedding.kernels import check_embedding_optimizer
 from rayemb.errors import PlanError
 from rayemb.planner.pins import TablePin, parse_pins
 from rayemb.planner.types import INVALID_PIN
@@ -312,4 +313,6 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
     summary["predicted_step_time_s"] = predicted.total_s
     summary["predicted_step_time_components_s"] = predicted.components
     summary["calibration"] = calibration.to_dict()
+    # before any worker starts: an optimizer without a kernel for a planned placement fails here, not in every rank
+    check_embedding_optimizer(cfg.train.embedding_optimizer, sharding_plan, "cuda" if cfg.scaling.use_gpu else "cpu")
     return JobPlan(sharding_plan=sharding_plan, placements=dict(result.tables), hot_ids=hot_ids, summary=summary)

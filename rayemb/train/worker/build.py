@@ -46,7 +46,8 @@ def sharded_model(cfg: "JobConfig", schema: "DatasetSchema", job_plan: Any, devi
     from rayemb.embedding.qcomm import CommPrecision, qcomm_codecs_registry
     from rayemb.embedding.raw_tables import RawIdEmbeddingBagCollectionSharder
     from rayemb.embedding.sharders import cpu_capable_sharders
-    from rayemb.train.worker.optim import check_embedding_optimizer, dense_optimizer, embedding_optimizer
+    from rayemb.embedding.kernels import check_embedding_optimizer
+    from rayemb.train.worker.optim import dense_optimizer, embedding_optimizer
     from rayemb.train.sharding import build_model, plan_for_model
 
     check_embedding_optimizer(cfg.train.embedding_optimizer, job_plan.sharding_plan, device)

@@ -13,7 +13,7 @@ the nearest fp16 on write, as FBGEMM's CPU kernels update fp16 tables: in fp16, 
 rounds to 0 and a row without gradient becomes 0/0 = NaN, and small gradients' squares underflow.
 
 Adam (``adam``, ``rowwise_adam``) is FBGEMM's ``ADAM`` / ``PARTIAL_ROWWISE_ADAM`` on sharded tables, which
-FBGEMM 1.8.0 runs on CUDA only (:func:`check_embedding_optimizer` refuses the CPU placement before the model is
+FBGEMM 1.8.0 runs on CUDA only (:mod:`rayemb.embedding.kernels` refuses the CPU placement before the model is
 built). Replicated rows take the same math here: ``torch.optim.Adam`` (bias-corrected, ``eps`` outside the
 square root, FBGEMM's defaults) and :class:`RowWiseAdam` (FBGEMM's partial row-wise Adam: first moment per
 element, second moment per row, the row's mean square gradient). One difference is the kernels' and stays: a
@@ -179,10 +179,6 @@ class Fp32StateAdagrad(torch.optim.Adagrad):
                 g["foreach"] = False
 
 
-#: ``train.embedding_optimizer`` values whose FBGEMM kernel has no CPU version (FBGEMM 1.8.0)
-CUDA_ONLY_EMBEDDING_OPTIMIZERS = ("adam", "rowwise_adam")
-
-
 def embedding_optimizer(name: str, replicated: bool = False) -> Any:
     """The optimizer class of ``train.embedding_optimizer``: for sharded tables (TorchRec maps the class onto
     FBGEMM's fused optimizer) or, ``replicated``, for replicated embedding rows."""
@@ -195,34 +191,6 @@ def embedding_optimizer(name: str, replicated: bool = False) -> Any:
     if name == "rowwise_adam":
         return RowWiseAdam if replicated else PartialRowWiseAdam
     return {"adagrad": Fp32StateAdagrad if replicated else torch.optim.Adagrad, "sgd": torch.optim.SGD}[name]
-
-
-def fused_tables(sharding_plan: Any) -> Dict[str, str]:
-    """Table -> sharding type of every table of a TorchRec sharding plan that a fused FBGEMM kernel updates
-    (every placement but data-parallel: sharded tables and hybrid tables' cold halves)."""
-    out: Dict[str, str] = {}
-    for module_plan in getattr(sharding_plan, "plan", {}).values():
-        for table, ps in module_plan.items():
-            if str(ps.compute_kernel).startswith("fused") or ps.compute_kernel == "key_value":
-                out[table] = str(ps.sharding_type)
-    return out
-
-
-def check_embedding_optimizer(name: str, sharding_plan: Any, device: Any) -> None:
-    """Raises :class:`~rayemb.errors.ConfigError` when ``train.embedding_optimizer`` has no FBGEMM kernel for a
-    table the plan gives a fused kernel on ``device`` (Adam on CPU), naming the table, its placement and the fixes."""
-    from rayemb.errors import ConfigError
-
-    if name not in CUDA_ONLY_EMBEDDING_OPTIMIZERS or getattr(device, "type", str(device)) == "cuda":
-        return
-    fused = fused_tables(sharding_plan)
-    if fused:
-        table, placement = sorted(fused.items())[0]
-        raise ConfigError(
-            f"train.embedding_optimizer: {name!r} has no CPU kernel in FBGEMM; table {table!r} is placed "
-            f"{placement} (a fused FBGEMM kernel), as are {len(fused) - 1} more. Train on GPUs "
-            "(scaling.use_gpu: true), pin every table data-parallel (planner.tables: {T: {sharding: data_parallel}}: "
-            "replicated rows take Adam's math in torch), or use rowwise_adagrad, adagrad or sgd.")
 
 
 def dense_optimizer(params: Any, lr: float, name: str = "adagrad", weight_decay: float = 0.0) -> torch.optim.Optimizer:
@@ -240,6 +208,5 @@ def dense_optimizer(params: Any, lr: float, name: str = "adagrad", weight_decay:
     raise ValueError(f"unknown dense optimizer {name!r}")
 
 
-__all__ = ["CUDA_ONLY_EMBEDDING_OPTIMIZERS", "Fp32StateAdagrad", "Fp32StateAdam", "MultiTensorRowWiseAdagrad",
-           "RowWiseAdam", "check_embedding_optimizer", "dense_optimizer", "embedding_optimizer", "fp32_state",
-           "fused_tables"]
+__all__ = ["Fp32StateAdagrad", "Fp32StateAdam", "MultiTensorRowWiseAdagrad", "RowWiseAdam", "dense_optimizer",
+           "embedding_optimizer", "fp32_state"]
