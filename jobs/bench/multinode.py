@@ -450,6 +450,14 @@ def split_tables(run: Mapping[str, Any]) -> Optional[List[str]]:
         return infrequent_tables_of(json.load(f))
 
 
+def drop_checkpoints(run: Mapping[str, Any]) -> None:
+    """Deletes a finished rayemb run's checkpoints (a job's tables each time: 2.7 GiB on criteo-1tb-scaled, so
+    a full benchmark's runs would fill the disk); its job folder (plan, split, stats) stays for later rows."""
+    if run.get("job_dir"):
+        shutil.rmtree(os.path.join(os.path.dirname(os.path.dirname(run["job_dir"])), "ray_results"),
+                      ignore_errors=True)
+
+
 def cpu_shares(host_cpu: Optional[Mapping[str, float]]) -> Dict[str, Optional[float]]:
     """% of one core during a run's timed windows: its ranks, every other process, idle; and the host's
     speed then (``canary_ms``: lower is faster; host_cpu.canary). None where unsampled."""
@@ -782,6 +790,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 infrequent_by_bw[f"{bw:g}"] = infrequent
                         if variant == "no_hybrid" and precision not in pooled_plan and run.get("plan"):
                             pooled_plan[precision] = run["plan"]  # the hybrid twin of it, every round
+                        if not args.keep:
+                            drop_checkpoints(run)
                         runs.append(run)
                         row = row_of(run, bw)
                         row["mb_per_step"] = row["bytes_per_step"] / 1e6 if row.get("bytes_per_step") else None

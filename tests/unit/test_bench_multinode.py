@@ -285,3 +285,15 @@ def test_a_link_measured_run_s_prediction_is_judged_and_listed():
     # its ratio is among those judged (5 % off: within the target)
     assert e["worst_prediction_error"] >= abs(0.150 / 0.1585 - 1) - 1e-12 and e["prediction_pass"] is True
     assert "link measured and the compute built in (judged): table_wise@fp32" in mn.footer(mn.acceptance(rows), {})
+
+
+def test_a_finished_run_s_checkpoints_are_dropped_and_its_job_folder_kept(tmp_path):
+    job = tmp_path / "auto-0-fp32-100mbit" / "jobs" / "j1"
+    job.mkdir(parents=True)
+    (job / "split.json").write_text("{}")
+    ckpt = tmp_path / "auto-0-fp32-100mbit" / "ray_results" / "j1" / "checkpoint_0"
+    ckpt.mkdir(parents=True)
+    (ckpt / "tables.bin").write_bytes(b"x" * 16)
+    mn.drop_checkpoints({"job_dir": str(job)})
+    assert not (tmp_path / "auto-0-fp32-100mbit" / "ray_results").exists() and (job / "split.json").exists()
+    mn.drop_checkpoints({})  # a run that failed before its job folder: nothing to do
