@@ -27,10 +27,15 @@ prices a plan as (per rank, seconds per step)::
   latency of one call;
 * ``overlap`` (<= 0): DDP's gradient all-reduce (dense arch, replicated
   tables, hybrid hot rows) runs on its own thread while the sharded modules'
-  all-to-alls run, so the two families' wire times overlap: together they
-  take the longest of each alone and all their bytes at the faster family's
-  β (the link's best measured rate), not the sum, which over-predicts mixed
-  plans on slow links;
+  all-to-alls run, so the two families' wire times overlap. The calibration
+  runs both families alone and together on the live backend
+  (:func:`rayemb.train.calibration.calibrate.add_overlap`) and keeps the
+  share of the shorter one's time that running them together hid
+  (``overlap_fraction``); the term is that share of the shorter family's
+  predicted time. Without a measurement (the built-in constants, older
+  calibrations) it is assumed: together they take the longest of each alone
+  and of all their bytes at the faster family's β, and the prediction lists
+  ``overlap`` in :attr:`StepTimePrediction.assumed`;
 * ``storage`` for compressed and cached tables
   (:func:`rayemb.planner.compression.storage_step_seconds`): two lookups per id
   for QR, the block projection's matmul and replicated elements, cache misses
@@ -138,6 +143,10 @@ class Calibration:
     ddp_step_s: float = 0.0
     #: seconds between its measurement and this job, when kept from an earlier job (``source`` "cached"; else 0)
     age_s: float = 0.0
+    #: share (0..1) of the shorter collective family's time hidden when the all-reduce and the all-to-all run
+    #: together, measured on the live backend (:func:`rayemb.train.calibration.calibrate.add_overlap`); None: not
+    #: measured (built-in constants, calibrations kept from before it was measured): assumed, see :func:`_overlap`
+    overlap_fraction: Optional[float] = None
     #: measured over predicted step of earlier jobs on the same key (:func:`rayemb.train.calibration.store.
     #: with_learned_ratio`); every component of a prediction is scaled by it. One ratio for the whole step, not one
     #: per component: the loop times its phases (data wait, forward, backward, optimizer), and every component
@@ -194,14 +203,17 @@ def prediction_kind(calibration: Optional[Calibration]) -> str:
 
 @dataclass
 class StepTimePrediction:
-    """Predicted seconds per step, in total and by component."""
+    """Predicted seconds per step, in total and by component; ``assumed``: the components priced by an assumption
+    where the calibration holds no measurement of them (``overlap``: no ``overlap_fraction``)."""
 
     total_s: float
     components: Dict[str, float] = field(default_factory=dict)
     per_table_s: Dict[str, float] = field(default_factory=dict)
+    assumed: List[str] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, object]:
-        return {"total_s": self.total_s, "components": dict(self.components), "per_table_s": dict(self.per_table_s)}
+        return {"total_s": self.total_s, "components": dict(self.components), "per_table_s": dict(self.per_table_s),
+                "assumed": list(self.assumed)}
 
 
 def probe_kind(placement: Placement, groups: Optional[Mapping[str, object]] = None) -> str:
@@ -361,10 +373,11 @@ def predict_step_time(
             for collective, calls in GROUP_CALLS[g].items():
                 comp["latency"] += cal.link(collective).time(0.0, calls=calls)
     comp["overlap"] = _overlap(sent, cal) if w > 1 else 0.0
+    assumed = ["overlap"] if w > 1 and cal.overlap_fraction is None else []
     if cal.step_ratio != 1.0:
         comp = {k: v * cal.step_ratio for k, v in comp.items()}
         per_table = {k: v * cal.step_ratio for k, v in per_table.items()}
-    return StepTimePrediction(sum(comp.values()), comp, per_table)
+    return StepTimePrediction(sum(comp.values()), comp, per_table, assumed)
 
 
 def hot_threshold(cal: Calibration, world_size: int, dim: int, elem_bytes: int = 4, id_bytes: int = 8) -> float:
@@ -387,9 +400,13 @@ def hot_threshold(cal: Calibration, world_size: int, dim: int, elem_bytes: int =
 
 
 def _overlap(sent: Mapping[str, float], cal: Calibration) -> float:
-    """Seconds saved (<= 0) because the all-reduce and all-to-all families share the wire (module docstring)."""
+    """Seconds saved (<= 0) because the all-reduce and all-to-all families share the wire (module docstring):
+    the measured ``overlap_fraction`` of the shorter family's time, or, not measured, what the link's best β
+    leaves of it."""
     t_ar = cal.all_reduce.time(sent["all_reduce"], calls=0)
     t_a2a = cal.all_to_all.time(sent["all_to_all"], calls=0)
+    if cal.overlap_fraction is not None:
+        return -min(max(float(cal.overlap_fraction), 0.0), 1.0) * min(t_ar, t_a2a)
     betas = [b for b in (cal.all_reduce.seconds_per_byte, cal.all_to_all.seconds_per_byte) if b > 0]
     floor = (sent["all_reduce"] + sent["all_to_all"]) * min(betas) if betas else 0.0
     return min(0.0, max(t_ar, t_a2a, floor) - (t_ar + t_a2a))

@@ -42,6 +42,7 @@ def test_calibration_on_two_gloo_ranks_prices_plans():
     assert set(cal.groups) == set(PROBE_KINDS)
     assert all(fixed >= 0 and per >= 0 for fixed, per in cal.groups.values())
     assert any(fixed > 0 for fixed, _ in cal.groups.values())
+    assert cal.overlap_fraction is not None and 0.0 <= cal.overlap_fraction <= 1.0  # measured across the ranks
     assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
 
     tables = [TableSpec(f"t{i}", rows=20_000, dim=16, hot_rows=300, hot_share=0.8) for i in range(4)]

@@ -8,6 +8,9 @@ cores):
 * each collective family's latency α and seconds per byte β: all-reduce and
   all-to-all of a small and a large message across the job's ranks (on a
   multi-node cluster that is the inter-node path);
+* how far the two families overlap when they run at once, as DDP's gradient
+  all-reduce and the sharded modules' all-to-alls do in a backward: each
+  alone and both together, at the job's sizes (:func:`add_overlap`);
 * compute: FBGEMM's fused table-batched embedding (row-wise Adagrad) and its
   dense variant (the kernels TorchRec runs) per id and per replicated element,
   local pooling of cold rows per id, a sharded module's fixed cost, and the
@@ -109,6 +112,46 @@ def add_collectives(iv: Interleaved, device: Any, world: int, growth: int = 1) -
             t0 = iv.median(f"{name}/small")
             out[name] = _line(x0, t0, x1, t0 + iv.difference(f"{name}/large", f"{name}/small"))
         return out
+
+    return read
+
+
+def overlap_sizes(local_batch: int, num_sparse: int, dim: int, dense_param_bytes: float) -> Tuple[int, int]:
+    """Bytes one rank puts into the overlap probe's (all-reduce, all-to-all): the dense arch's gradients (DDP's
+    all-reduce), and the local batch's pooled embeddings (one sharded exchange); at least SMALL_MESSAGE_BYTES."""
+    return (max(int(dense_param_bytes), SMALL_MESSAGE_BYTES),
+            max(4 * local_batch * max(num_sparse, 1) * dim, SMALL_MESSAGE_BYTES))
+
+
+def add_overlap(iv: Interleaved, device: Any, world: int, all_reduce_bytes: int,
+                all_to_all_bytes: int) -> Callable[[], float]:
+    """Adds an all-reduce of ``all_reduce_bytes`` and an all-to-all of ``all_to_all_bytes``, each alone and both
+    at once (both started, then both waited for, as DDP's reducer and the sharded modules issue theirs in a
+    backward), to ``iv``; returns what reads the overlap fraction once it has run: per round,
+    ``(alone_all_reduce + alone_all_to_all - together) / min(alone_all_reduce, alone_all_to_all)``, the share of
+    the shorter one hidden by running them together, its median over rounds clamped to [0, 1]."""
+    import torch
+    import torch.distributed as dist
+
+    def tensors(nbytes: int) -> Tuple[Any, Any]:
+        x = torch.ones(max(nbytes // 4 // world, 1) * world, dtype=torch.float32, device=device)
+        return x, torch.empty_like(x)
+
+    (g, _), (x, y) = tensors(all_reduce_bytes), tensors(all_to_all_bytes)
+
+    def together() -> None:
+        works = [dist.all_reduce(g, async_op=True), dist.all_to_all_single(y, x, async_op=True)]
+        for w in works:
+            w.wait()
+
+    iv.add("overlap/all_reduce", lambda: dist.all_reduce(g))
+    iv.add("overlap/all_to_all", lambda: dist.all_to_all_single(y, x))
+    iv.add("overlap/together", together)
+
+    def read() -> float:
+        t = [iv.times[f"overlap/{n}"] for n in ("all_reduce", "all_to_all", "together")]
+        shares = [(ar + a2a - both) / max(min(ar, a2a), 1e-12) for ar, a2a, both in zip(*t)]
+        return min(max(statistics.median(shares), 0.0), 1.0)
 
     return read
 
@@ -437,11 +480,14 @@ def measure_rank(device: Any, world: int, shape: Dict[str, Any]) -> Dict[str, An
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     iv = Interleaved(sync, dist.barrier)
     read_links = add_collectives(iv, device, world)
+    read_overlap = add_overlap(iv, device, world, *overlap_sizes(shape["local_batch"], int(shape.get("num_sparse", 8)),
+                                                                 shape["dim"], compute["dense_param_bytes"]))
     read_probes = add_probes(iv, shape["local_batch"], shape["dim"], device, int(shape.get("num_sparse", 8)),
                              prefetch=prefetch)
     iv.run()
     links = measure_collectives(device, world, read_links())
     compute.update(read_probes())  # replicated_elem_s now includes the gradient's all-reduce on the live links
+    compute["overlap_fraction"] = read_overlap()
     return {"links": links, "compute": compute}
 
 
@@ -475,6 +521,8 @@ def combine(results: Sequence[Dict[str, Any]], backend: str, num_nodes: int, sec
         probe_dp_rows=PROBE_DP_ROWS,
         backend=backend, source="measured", world_size=world, num_nodes=num_nodes, seconds=seconds,
         dense_sync_bytes=dense_sync_bytes, ddp_step_s=ddp,
+        # the ranks' mean (each timed the same calls): measured only across ranks
+        overlap_fraction=mean.get("overlap_fraction"),
     )
 
 
@@ -563,5 +611,5 @@ def calibrate_and_fingerprint(world: int, cpus_per_worker: float, use_gpu: bool,
 
 __all__ = ["calibrate_cluster", "calibrate_and_fingerprint", "calibrate_rank", "link_fingerprint", "fingerprint_rank",
            "link_rank", "measure_link",
-           "hardware_key", "bandwidth_band", "cpu_model", "ONE_HOST", "combine", "measure_collectives", "measure_compute", "measure_rank",
+           "hardware_key", "bandwidth_band", "cpu_model", "ONE_HOST", "combine", "add_overlap", "overlap_sizes", "measure_collectives", "measure_compute", "measure_rank",
            "run_on_ranks", "job_shape"]
