@@ -16,7 +16,7 @@ module              what it does
 ``callback``        carries worker metrics to the driver (imports ``ray.train``)
 ``compare``         ``rayemb compare``: runs side by side, tables and charts
 ``plots``           PNG charts (imports matplotlib)
-``sweep``           ``rayemb train --sweep``: a grid of jobs as child runs
+``sweep``           ``rayemb train --sweep`` specs as the grid ``rayemb sweep`` runs
 ``sweep_report``    ``rayemb compare --sweep``: a sweep's trials best first, tables and charts
 ==================  =============================================================
 
