@@ -18,6 +18,9 @@ usual Criteo preprocessing, unless schema.yaml declares another per column);
 a schema with ``standardize`` columns must carry their parameters
 (``schema.with_dense_params(stats)``).
 
+A bucketized dense column (``bucketize``, a pooled feature of the schema) gets its ids from the same
+:class:`~rayemb.data.transforms.DenseTransforms`: one bucket id per row, nulls read as 0.
+
 Raw-id features (``ids: raw``, docs/raw_ids.md) keep their ids: int64 values
 pass unchanged and strings become int64 by
 :func:`rayemb.embedding.raw_ids.raw_ids_to_int64`; ``id_policy`` does not touch
@@ -213,6 +216,10 @@ class BatchConverter:
 
         sparse = []
         for feat in map(self.schema.feature, self.keys):
+            if feat.bucketize is not None:  # a bucketized dense column: one id per row, nulls read as 0
+                values = self.dense_transforms.bucket_ids(feat.name, dense_values(_column(batch, feat.name)))
+                sparse.append((values, np.ones(n, np.int32)))
+                continue
             values, lengths = sparse_arrays(batch, feat.name, feat.multi_hot, raw=feat.ids == RAW)
             if feat.ids != RAW:  # any int64 is a raw id: the raw-id table finds its row or the zero default
                 values = apply_id_policy(values, feat.num_embeddings, self.id_policy, feat.name)

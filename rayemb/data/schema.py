@@ -68,7 +68,7 @@ import yaml
 from rayemb import storage
 from rayemb.constants import SCHEMA_FILE, TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.footers import read_footer, read_footer_schema, read_footers
-from rayemb.data.transforms import DEFAULT_KIND, STANDARDIZE, DenseTransform
+from rayemb.data.transforms import BUCKETIZE, DEFAULT_KIND, STANDARDIZE, DenseTransform
 from rayemb.errors import DataError
 from rayemb.logs import redact_uri
 
@@ -116,6 +116,10 @@ class SparseFeature:
     embedding_dim: Optional[int] = None
     #: the feature whose table this feature reads (None: a table of its own, named after the feature)
     table: Optional[str] = None
+    #: a bucketized dense column's boundaries (schema.yaml ``dense_transforms: {col: {bucketize: [...]}}``): its
+    #: ids are the raw value's bucket, :meth:`rayemb.data.transforms.DenseTransforms.bucket_ids`; None: ids read
+    #: from the column
+    bucketize: Optional[Tuple[float, ...]] = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -127,6 +131,13 @@ class SparseFeature:
             )
         self._check_raw()
         self._check_table()
+        if self.bucketize is not None and (self.multi_hot or self.sequence or self.ids != ENCODED
+                                           or self.table is not None
+                                           or self.num_embeddings != len(self.bucketize) + 1):
+            raise DataError(f"Sparse feature {self.name!r} is a bucketized dense column: one encoded id per row "
+                            f"in a table of its own of len(boundaries) + 1 rows. Declare it under dense_transforms "
+                            f"(`{self.name}: {{bucketize: [b0, ..., bk]}}`), not in the sparse list.",
+                            category="invalid_schema")
         if not self.sequence:
             extra = [k for k in ("max_length", "target") if getattr(self, k) is not None]
             if extra:
@@ -253,6 +264,7 @@ class DatasetSchema:
     weight: Optional[str] = None
 
     def __post_init__(self) -> None:
+        self._bucketize_columns()
         self._check_tasks()
         if self.group is not None and (not self.group or self.group in self.labels):
             raise DataError(f"schema.yaml's group {self.group!r} must name a column other than the labels "
@@ -276,6 +288,42 @@ class DatasetSchema:
                                 "history is compared with (e.g. the candidate item).", category="invalid_schema")
         self._check_shared_tables()
         self._check_transforms()
+
+    def _bucketize_columns(self) -> None:
+        """The effective schema: every ``bucketize`` dense column leaves :attr:`dense` and :attr:`dense_transforms`
+        and closes :attr:`sparse` as a one-hot feature of the same name (transforms module docstring). Runs where
+        the schema is built, so every reader of ``dense``/``sparse`` sees the rewrite and none special-cases it;
+        a schema already rewritten has no ``bucketize`` transform left, so rebuilding it changes nothing."""
+        buckets = [t for t in self.dense_transforms if t.kind == BUCKETIZE]
+        if self.dense_transform.kind == BUCKETIZE:
+            raise DataError("schema.yaml's dense_transform (the default for unnamed columns) is bucketize; "
+                            "boundaries are per column. Name each bucketized column under dense_transforms "
+                            "(`age: {bucketize: [18, 25, 35, 50]}`).", category="invalid_schema")
+        if not buckets:
+            return
+        taken = {f.name for f in (*self.sparse, *self.sequence)}
+        for t in buckets:
+            if t.column not in self.dense:
+                raise DataError(f"schema.yaml's dense_transforms bucketizes {t.column!r}, which is not a dense "
+                                f"column ({list(self.dense)[:8]}...). Add it to `dense` (a numeric column), or drop "
+                                "its entry.", category="invalid_schema")
+            if t.column in taken:
+                raise DataError(f"Dense column {t.column!r} is bucketized (dense_transforms) and also a sparse "
+                                f"feature; a bucketized column becomes the sparse feature {t.column!r} itself. Drop "
+                                f"{t.column!r} from the sparse list, or drop its bucketize transform.",
+                                category="invalid_schema")
+        moved = {t.column for t in buckets}
+        features = tuple(SparseFeature(t.column, len(t.boundaries) + 1, embedding_dim=t.embedding_dim,
+                                       bucketize=t.boundaries)
+                         for t in sorted(buckets, key=lambda t: self.dense.index(t.column)))
+        object.__setattr__(self, "dense", tuple(c for c in self.dense if c not in moved))
+        object.__setattr__(self, "dense_transforms", tuple(t for t in self.dense_transforms if t.column not in moved))
+        object.__setattr__(self, "sparse", (*self.sparse, *features))
+
+    @property
+    def bucketized(self) -> List[str]:
+        """The pooled features that are bucketized dense columns, in schema order (the last of :attr:`sparse`)."""
+        return [f.name for f in self.sparse if f.bucketize is not None]
 
     def _check_shared_tables(self) -> None:
         """Every ``table:`` names a pooled feature with a table of its own, of the same rows and dim."""
@@ -501,16 +549,20 @@ class DatasetSchema:
 
     def to_dict(self) -> Dict[str, Any]:
         """schema.yaml's mapping; the transform keys only where they differ from the defaults."""
+        buckets = [f for f in self.sparse if f.bucketize is not None]  # written back as the dense columns they were
         d: Dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "label": self.labels if self.extra_labels else self.label,
-            "dense": list(self.dense),
+            "dense": [*self.dense, *(f.name for f in buckets)],
         }
         if self.dense_transform.kind != DEFAULT_KIND:
             d["dense_transform"] = self.dense_transform.to_yaml()
-        if self.dense_transforms:
-            d["dense_transforms"] = {t.column: t.to_yaml() for t in self.dense_transforms}
-        d["sparse"] = [f.to_dict() for f in (*self.sparse, *self.sequence)]
+        if self.dense_transforms or buckets:
+            d["dense_transforms"] = {**{t.column: t.to_yaml() for t in self.dense_transforms},
+                                     **{f.name: DenseTransform(f.name, BUCKETIZE, boundaries=f.bucketize,
+                                                               embedding_dim=f.embedding_dim).to_yaml()
+                                        for f in buckets}}
+        d["sparse"] = [f.to_dict() for f in (*self.sparse, *self.sequence) if f.bucketize is None]
         if self.group is not None:
             d["group"] = self.group
         if self.task_types:
@@ -666,7 +718,7 @@ def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
             f"that type (or fix its entry in schema.yaml)."
         )
 
-    for col in [*schema.labels, *schema.dense]:
+    for col in [*schema.labels, *schema.dense, *schema.bucketized]:
         t = actual.field(col).type
         if not (pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_boolean(t)):
             raise bad(col, "a numeric type", t)
@@ -678,6 +730,8 @@ def _check_file_columns(schema: DatasetSchema, actual: Any, where: str) -> None:
         return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
 
     for feat in schema.sparse:
+        if feat.bucketize is not None:  # a numeric column, checked above with the dense ones
+            continue
         t = actual.field(feat.name).type
         scalar, kind = (raw_id_type, "int64 or string") if feat.ids == RAW else (pa.types.is_integer, "int64")
         if feat.multi_hot:

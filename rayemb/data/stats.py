@@ -31,7 +31,7 @@ import logging
 import pickle
 import sys
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +47,7 @@ from rayemb.data.footers import corrupt_file_error
 from rayemb.data.schema import RAW, DatasetSchema, check_parquet_columns, count_rows, parquet_files
 from rayemb.data.sketches import DEFAULT_NUM_HEAVY_HITTERS, TableSummary, merge_summaries
 from rayemb.data.stats_types import DatasetStats
+from rayemb.data.transforms import bucket_ids, dense_values
 from rayemb.embedding.raw_ids import raw_ids_to_int64
 from rayemb.errors import DataError, find_user_error
 from rayemb.logs import redact_uri
@@ -105,13 +106,18 @@ def _is_raw(feature: Feature) -> bool:
     return len(feature) > 3 and bool(feature[3])
 
 
-def _summarize_table(table: pa.Table, features: Sequence[Feature], capacity: Optional[int]
-                     ) -> Dict[str, TableSummary]:
-    """Summaries of every sparse column of one in-memory table."""
+def _summarize_table(table: pa.Table, features: Sequence[Feature], capacity: Optional[int],
+                     buckets: Optional[Mapping[str, Sequence[float]]] = None) -> Dict[str, TableSummary]:
+    """Summaries of every sparse column of one in-memory table; a bucketized dense column (``buckets``: name ->
+    boundaries) is summarised by the bucket ids training looks up."""
     out: Dict[str, TableSummary] = {}
     for f in features:
         name, num_embeddings, multi_hot = f[:3]
-        values, nulls, max_bag = _column_values(table.column(name), multi_hot, _is_raw(f))
+        if buckets and name in buckets:
+            values, nulls, max_bag = bucket_ids(np.asarray(buckets[name], np.float32), np.asarray(
+                dense_values(table.column(name)), np.float32)), 0, 1
+        else:
+            values, nulls, max_bag = _column_values(table.column(name), multi_hot, _is_raw(f))
         out[name] = TableSummary.from_values(
             name, num_embeddings, values, rows=table.num_rows, nulls=nulls, max_bag=max_bag, capacity=capacity,
             raw=_is_raw(f),
@@ -122,6 +128,7 @@ def _summarize_table(table: pa.Table, features: Sequence[Feature], capacity: Opt
 def _summarize_files(
     batch: pa.Table, *, features: Sequence[Feature], capacity: Optional[int], rows_per_read: int,
     label: Union[None, str, Sequence[str]] = None, dense: Sequence[str] = (), weight: Optional[str] = None,
+    buckets: Optional[Mapping[str, Sequence[float]]] = None,
 ) -> pa.Table:
     """Ray Data UDF: parquet paths in, one row per file out, holding its pickled summaries.
 
@@ -145,7 +152,7 @@ def _summarize_files(
             for rb in pf.iter_batches(batch_size=rows_per_read, columns=columns, use_threads=False):
                 table = pa.Table.from_batches([rb])
                 if features:
-                    merger.push(_summarize_table(table, features, capacity))
+                    merger.push(_summarize_table(table, features, capacity, buckets))
                 values = values + ValueSummary.of_table(table, label, dense, weight)
         except (pa.ArrowException, OSError, ValueError) as e:
             # Returned, not raised: Ray Data would wrap a raised error in its own exception and traceback.
@@ -238,7 +245,8 @@ def compute_stats(
         in_process = total_rows <= SMALL_SPLIT_MAX_ROWS
     summarize_kwargs = {"features": features, "capacity": None if exact else num_heavy_hitters,
                         "rows_per_read": DEFAULT_ROWS_PER_READ, "label": schema.label if not schema.extra_labels else schema.labels,
-                        "dense": list(schema.dense), "weight": schema.weight}
+                        "dense": list(schema.dense), "weight": schema.weight,
+                        "buckets": {f.name: f.bucketize for f in schema.sparse if f.bucketize is not None}}
     t0 = time.monotonic()
     merger = _TreeMerger()
     value_summary = ValueSummary()

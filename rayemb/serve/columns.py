@@ -113,8 +113,11 @@ def as_arrow(data: Any) -> pa.Table:
 
 def id_column(table: pa.Table, feat: Any) -> Any:
     """``feat``'s column as the type training reads (int64, or list<int64> for multi-hot and sequence features;
-    a raw-id feature's string ids stay strings, hashed by the batch conversion as in training)."""
+    a raw-id feature's string ids stay strings, hashed by the batch conversion as in training; a bucketized dense
+    column stays the numbers the batch conversion buckets)."""
     col = table.column(feat.name)
+    if feat.bucketize is not None:
+        return col
     want = pa.list_(pa.int64()) if feat.multi_hot or feat.sequence else pa.int64()
     scalar = col.type.value_type if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) else col.type
     strings = pa.types.is_string(scalar) or pa.types.is_large_string(scalar)

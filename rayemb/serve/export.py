@@ -312,7 +312,9 @@ def export_model(source: ExportSource, out: str, register: Optional[str] = None)
         state = inference_state(unsharded_state(source.checkpoint), source.schema, mcfg,
                                 source=f"Checkpoint {redact_uri(source.checkpoint)!r}")
         # the dense transforms the checkpoint's model was trained with, parameters included
-        schema = source.schema.with_dense_transforms(transforms_of_checkpoint(written.to_dict(), source.schema.dense))
+        schema = source.schema.with_dense_transforms(transforms_of_checkpoint(
+            written.to_dict(), source.schema.dense, {f.name: f.bucketize for f in source.schema.sparse
+                                                     if f.bucketize is not None}))
         model = InferenceModel.from_state(state, schema, mcfg, source.cfg.data.id_policy, info)
         example_pred = model.predict(example)
         model.save(tmp)

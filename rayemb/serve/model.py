@@ -311,7 +311,8 @@ class InferenceModel:
             from rayemb.serve.scripted import ScriptedRanker
 
             try:
-                ranker = ScriptedRanker(self.model, self.converter.dense_transforms.module())
+                transforms = self.converter.dense_transforms
+                ranker = ScriptedRanker(self.model, transforms.module(), transforms.bucket_columns)
                 torch.jit.script(ranker).save(os.path.join(directory, TORCHSCRIPT_FILE))
                 scripted = TORCHSCRIPT_FILE
             except Exception as e:  # noqa: BLE001 - an optional form; the state dict is the model

@@ -65,7 +65,8 @@ def test_the_scripted_module_computes_what_numpy_computes():
     scripted = torch.jit.script(transforms.module())
     np.testing.assert_allclose(scripted(torch.from_numpy(X.copy())).numpy(), transforms.apply(X.copy()),
                                rtol=1e-6, atol=1e-7)
-    assert {n for n, _ in scripted.named_buffers()} == {"lo", "hi", "log", "shift", "scale"}
+    assert {n for n, _ in scripted.named_buffers()} == {"lo", "hi", "log", "shift", "scale", "boundaries",
+                                                        "bucket_max"}
 
 
 def test_the_transform_keys_round_trip_and_the_default_applies_to_unnamed_columns():
