@@ -109,7 +109,7 @@ class TrainStep:
         """Starts ``next_batch``'s input exchange, then backward and the optimizers."""
         with self._counted:
             if self.prefetch is not None and next_batch is not None and next_batch.sparse is not None:
-                self.prefetch.start(next_batch.sparse)  # its split sizes travel during this backward
+                self.prefetch.start(next_batch.sparse)  # its ids travel during this backward
             if self.optimizer is not None:
                 self.optimizer.zero_grad()
             loss.backward()  # also applies the fused embedding optimizer
