@@ -5,9 +5,9 @@ Each kind's numpy apply is checked against its formula and the scripted torch mo
 a schema that declares none transforms exactly as before (``log1p(max(x, 0))``, bit for bit). The statistics
 pass's moments merge exactly and fill ``standardize``'s parameters; a ``log1p`` column with negatives is a
 warning; ``schema infer`` proposes ``standardize`` for it. A checkpoint of a model trained on a
-``standardize`` column with negatives, exported with ``rayemb export``, scores (``InferenceModel``, the
-TorchScript form's ``forward_raw`` on raw values, the pyfunc model) what the model scores on the training
-converter's batch.
+``standardize`` column with negatives and a ``bucketize`` column, exported with ``rayemb export``, scores
+(``InferenceModel``, the TorchScript form's ``forward_raw`` on raw values, the pyfunc model) what the model scores
+on the training converter's batch, and every serving path computes the training batch's bucket ids exactly.
 """
 
 from __future__ import annotations
@@ -117,13 +117,15 @@ def test_moments_merge_exactly_whatever_the_split_of_the_rows():
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    """A generated dataset whose I1 goes below 0 (standardize) and I2 is clipped; I3..I13 log1p by default."""
+    """A generated dataset whose I1 goes below 0 (standardize), I2 is clipped and I3 (integer counts, many on a
+    boundary) bucketized; I4..I13 log1p by default."""
     from rayemb.data.synthetic import SyntheticSpec, generate
 
     out = str(tmp_path_factory.mktemp("dense_transforms"))
     generate(SyntheticSpec(rows=600, num_tables=3, multi_hot=False, seed=5, num_signal_tables=2,
                            cardinalities=[40, 30, 20], valid_fraction=0.25), out)
-    return declare_transforms(out, {"I1": "standardize", "I2": {"clip": [0.0, 4.0]}}, {"I1": -5.0})
+    return declare_transforms(out, {"I1": "standardize", "I2": {"clip": [0.0, 4.0]}, "I3": {"bucketize": [1, 3, 8]}},
+                              {"I1": -5.0})
 
 
 def test_the_statistics_pass_gives_standardize_its_mean_and_std(dataset):
@@ -229,6 +231,11 @@ def test_the_exported_model_scores_what_the_model_scores_on_the_training_batch(d
     with torch.no_grad():
         want = model(batch.dense, batch.sparse).numpy()
     assert want.std() > 1e-3
+    assert trained.bucketized == ["I3"] and "I3" not in trained.dense and batch.sparse.keys()[-1] == "I3"
+    ids = batch.sparse["I3"].values().numpy()
+    i3 = valid.column("I3").to_numpy(zero_copy_only=False).astype(np.float32)
+    np.testing.assert_array_equal(ids, np.searchsorted(np.float32([1, 3, 8]), i3, side="right"))
+    assert set(ids.tolist()) == {0, 1, 2, 3} and np.isin(i3, [1, 3, 8]).any()  # every bucket, values on boundaries
 
     out = tmp_path / "model"
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -237,15 +244,25 @@ def test_the_exported_model_scores_what_the_model_scores_on_the_training_batch(d
     info = json.loads((out / "model.json").read_text())
     assert info["schema"]["dense_transforms"]["I1"] == {
         "standardize": {"mean": trained.dense_transform_of("I1").mean, "std": trained.dense_transform_of("I1").std}}
+    assert info["schema"]["dense_transforms"]["I3"] == {"bucketize": [1.0, 3.0, 8.0]}
     loaded = InferenceModel.load(str(out))
     np.testing.assert_allclose(loaded.predict(valid), sigmoid(want), rtol=0, atol=1e-6)
+    # the serving converter (InferenceModel, the pyfunc, `rayemb predict`) buckets as training did, from pandas too
+    assert loaded.schema == trained
+    served = loaded.converter(loaded.rows(valid.to_pandas()))
+    np.testing.assert_array_equal(served.sparse["I3"].values().numpy(), ids)
 
     import torchrec  # noqa: F401 - the KJT's FBGEMM ops, for the scripted form
 
     scripted = torch.jit.load(str(out / "model.torchscript.pt"))
-    raw = np.stack([valid.column(c).to_numpy().astype(np.float32) for c in trained.dense], axis=1)
+    # forward_raw: the raw dense columns, then the bucketized ones; the KJT without the bucketized features
+    raw = np.stack([valid.column(c).to_numpy().astype(np.float32) for c in [*trained.dense, *trained.bucketized]],
+                   axis=1)
+    others, _ = batch.sparse.split([len(trained.sparse) - 1, 1])
     with torch.no_grad():
-        np.testing.assert_allclose(scripted.forward_raw(torch.from_numpy(raw), batch.sparse).numpy(), want,
+        np.testing.assert_array_equal(scripted.dense_transform.bucketize(torch.from_numpy(raw[:, -1:]))[:, 0].numpy(),
+                                      ids)
+        np.testing.assert_allclose(scripted.forward_raw(torch.from_numpy(raw), others).numpy(), want,
                                    rtol=0, atol=1e-5)
         np.testing.assert_allclose(scripted(batch.dense, batch.sparse).numpy(), want, rtol=0, atol=1e-5)
 
