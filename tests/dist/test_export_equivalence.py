@@ -10,8 +10,10 @@ model. ``rayemb export --checkpoint`` must give a plain model whose
 probabilities on every validation row equal the sharded model's to 1e-5, as
 must its TorchScript form and the pyfunc model it logs to MLflow. The dataset's
 dense column I1 goes below 0 under ``standardize`` (mean and std from the
-statistics pass) and I2 is clipped: serving applies the transforms training
-applied, the TorchScript form's ``forward_raw`` on the raw values too.
+statistics pass), I2 is clipped and I3 is bucketized (a sparse feature of its
+own, a hybrid table whose hot rows are bucket ids): serving applies the
+transforms training applied, the TorchScript form's ``forward_raw`` on the raw
+values too.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ PLAN = {
     "C4": ("column_wise", "column_wise", None),
     "C5": ("table_wise", "table_wise", None),
     "C6": ("data_parallel", "data_parallel", None),
+    "I3": ("hybrid", "row_wise", np.array([0, 2])),
 }
+BUCKETS = [1, 3, 8]
 
 
 def _job_plan(cfg: Any, schema: Any, world_size: int) -> Any:
@@ -66,8 +70,8 @@ def job(tmp_path_factory):
     from tests._dense import declare_transforms
 
     root = tmp_path_factory.mktemp("export_eq")
-    data = declare_transforms(small_dataset(str(root / "data")), {"I1": "standardize", "I2": {"clip": [0.0, 4.0]}},
-                              {"I1": -5.0})
+    data = declare_transforms(small_dataset(str(root / "data")), {"I1": "standardize", "I2": {"clip": [0.0, 4.0]},
+                                                                  "I3": {"bucketize": BUCKETS}}, {"I1": -5.0})
     cfg = config_from_dict({
         "name": "export-eq", "data": {"path": data, "batch_size": BATCH},
         "model": {"embedding_dim": DIM, "bottom_mlp": [16, DIM], "top_mlp": [16, 1]},
@@ -95,6 +99,7 @@ def test_plan_has_every_placement(job):
     assert sharding["C2" + COLD_SUFFIX].endswith("column_wise") and sharding["C4"].endswith("column_wise")
     assert sharding["C3"].endswith("row_wise") and sharding["C5"].endswith("table_wise")
     assert sharding["C6"].endswith("data_parallel")
+    assert sharding["I3" + COLD_SUFFIX].endswith("row_wise") and sharding["I3" + HOT_SUFFIX].endswith("data_parallel")
     # column-wise tables really are split in two shards of DIM/2 columns (one per rank)
     col = [k for k in job["ranks"][0]["shards"] if ".C4." in k or f".C2{COLD_SUFFIX}." in k]
     assert col and all(job["ranks"][0]["shards"][k] + job["ranks"][1]["shards"][k] == 2 for k in col)
@@ -135,11 +140,16 @@ def test_exported_model_predicts_what_the_sharded_model_predicts(job, tmp_path, 
     assert loaded.info["torchscript"] == "model.torchscript.pt"
     scripted = torch.jit.load(str(out / "model.torchscript.pt"))
     b = loaded.converter(valid.slice(0, 2 * half))
-    raw = np.stack([valid.column(c).to_numpy()[:2 * half].astype(np.float32) for c in job["schema"].dense], axis=1)
-    assert raw[:, 0].min() < 0 and loaded.schema == job["schema"]  # standardize's mean and std as trained
+    schema = job["schema"]
+    # forward_raw: the raw dense columns, then the bucketized I3; the KJT without I3 (whose ids it computes)
+    raw = np.stack([valid.column(c).to_numpy()[:2 * half].astype(np.float32)
+                    for c in [*schema.dense, *schema.bucketized]], axis=1)
+    assert raw[:, 0].min() < 0 and loaded.schema == schema  # standardize's mean and std as trained
+    assert schema.bucketized == ["I3"] and len(set(b.sparse["I3"].values().tolist())) == len(BUCKETS) + 1
+    others, _ = b.sparse.split([len(schema.sparse) - 1, 1])
     with torch.no_grad():
         np.testing.assert_allclose(scripted(b.dense, b.sparse).numpy(), sharded, rtol=0, atol=1e-5)
-        np.testing.assert_allclose(scripted.forward_raw(torch.from_numpy(raw), b.sparse).numpy(), sharded, rtol=0,
+        np.testing.assert_allclose(scripted.forward_raw(torch.from_numpy(raw), others).numpy(), sharded, rtol=0,
                                    atol=1e-5)
 
     import mlflow
