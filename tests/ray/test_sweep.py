@@ -65,3 +65,65 @@ def test_asha_sweep_makes_one_parent_and_a_child_per_trial(ray_2_cpus, tiny_data
                "--set", f"data.path={tiny_data}", "--set", f"tracking.output_dir={out}", "--name", "lr"])
     assert rc == 2 and "Pass --resume to continue it" in capsys.readouterr().err
     assert len(client.search_runs([exp.experiment_id])) == 4
+
+
+def _finished_children(db, experiment):
+    if not (db.parent / "sweeps" / "resumable" / "sweep.json").exists():  # the store is made before it
+        return []
+    client = MlflowClient(f"sqlite:///{db}")
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return [r for r in client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'")
+            if "mlflow.parentRunId" in r.data.tags]
+
+
+def test_a_sweep_whose_driver_died_resumes_in_its_parent_run(ray_2_cpus, tiny_data, tmp_path, capsys):
+    """The sweep's driver SIGKILLed once its first trial finished; the same command with --resume runs the
+    second trial only, in the same parent run."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rayemb.cli import main
+
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"train.dense_lr": {"grid": [0.05, 0.02]}}))
+    out = tmp_path / "runs"
+    argv = ["sweep", "--config", "jobs/configs/synth_small.yaml", "--space", str(space),
+            "--set", f"data.path={tiny_data}", "--set", f"tracking.output_dir={out}",
+            "--set", "tracking.experiment=resumed", "--set", "train.max_steps_per_epoch=8",
+            "--set", "train.log_every_n_steps=4", "--set", "train.epochs=1", "--set", "planner.calibrate=false",
+            "--set", "scaling.num_workers=1", "--scheduler", "fifo", "--max-concurrent", "1", "--name", "resumable"]
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(RAY_ADDRESS=ray_2_cpus.get_runtime_context().gcs_address, PYTHONPATH=repo)
+    driver = subprocess.Popen([sys.executable, "-m", "rayemb", *argv], cwd=repo, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while not _finished_children(out / "mlflow.db", "resumed"):
+            assert driver.poll() is None, "the sweep ended before it was killed"
+            assert time.monotonic() < deadline, "no trial finished"
+            time.sleep(2)
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    first = _finished_children(out / "mlflow.db", "resumed")
+    assert len(first) == 1
+    parent_id = json.loads((out / "sweeps" / "resumable" / "sweep.json").read_text())["parent_run_id"]
+
+    assert main(argv + ["--resume"]) == 0, capsys.readouterr().out[-3000:]
+    client = MlflowClient(f"sqlite:///{out}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("resumed").experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert [p.info.run_id for p in parents] == [parent_id] and parents[0].info.status == "FINISHED"
+    assert len(children) == 2 and all(c.info.status == "FINISHED" for c in children)
+    assert sorted(c.data.params["train.dense_lr"] for c in children) == ["0.02", "0.05"]
+    # the finished trial was not run again: its run is the one it was, its end unchanged
+    again = next(c for c in children if c.info.run_id == first[0].info.run_id)
+    assert again.info.end_time == first[0].info.end_time
+    assert parents[0].data.tags["rayemb.sweep.best_run_id"] in {c.info.run_id for c in children}
