@@ -9,7 +9,8 @@ decides each sparse table's ids and size:
   (:mod:`rayemb.data.transforms`) from its train values (nulls as 0), the reason in its report line:
   negatives -> ``standardize`` (``log1p`` would read them as 0); all in ``[0, 1]`` -> ``identity``;
   non-negative with ``max >= HEAVY_TAIL_RATIO x mean`` (counts, a heavy tail) -> ``log1p``, the default, which
-  schema.yaml then leaves unsaid; other non-negative values -> ``standardize``.
+  schema.yaml then leaves unsaid; other non-negative values -> ``standardize``. Never ``bucketize`` (the
+  boundaries are a modelling choice): add it by hand to the schema written, which then reads as any schema does.
 - **sparse**: integer and string columns, one id per row; lists of them are ``multi_hot: true``. Never a
   sequence (say ``sequence: true`` by hand where a list is a history in time order).
 - an integer table is **encoded**, ``num_embeddings = max + 1``, when every id lies in ``[0, 2**31)`` and

@@ -23,7 +23,8 @@ On disk (``rayemb export --out DIR``)::
     DIR/model.torchscript.pt   torch.jit.script of the DLRM with its dense transforms
                      (:class:`rayemb.serve.scripted.ScriptedRanker`): ``forward(dense after the transforms,
                      KJT of logical ids) -> logits``, ``forward_raw(raw dense, KJT)`` applies the transforms
-                     first; load with torch.jit.load after ``import torchrec`` (its FBGEMM ops). Not written for
+                     first (bucketized columns: raw values last in ``dense``, their ids computed and
+                     appended to the KJT, :mod:`rayemb.serve.scripted`); load with torch.jit.load after ``import torchrec`` (its FBGEMM ops). Not written for
                      models with a user-history tower (``model.sequence_tower``): the DLRM skips that branch
                      under TorchScript, so a scripted form would silently score without the history
                      (model.json: ``torchscript: null`` and ``torchscript_skipped`` says why), nor for

@@ -145,3 +145,19 @@ def test_the_statistics_count_bucket_ids_and_the_checkpoint_records_the_boundari
     with pytest.raises(DataError) as e:
         transforms_of_checkpoint(entry, schema.dense, {"age": [-1.0, 0.0, 2.5, 11.0]})
     assert e.value.category == "bad_checkpoint" and "'age'" in e.value.message
+
+
+def test_an_inferred_schema_with_a_bucketized_column_writes_and_reads_back():
+    import yaml
+
+    from rayemb.data.infer import ColumnDecision, InferredSchema
+    from rayemb.data.schema import SparseFeature
+    from rayemb.data.transforms import DenseTransform
+
+    # built as `schema infer` builds its schema, with a transform it never proposes itself
+    schema = DatasetSchema(label="label", dense=("a", "age"), sparse=(SparseFeature("C1", 10),),
+                           dense_transforms=(DenseTransform("age", "bucketize", boundaries=(1.0, 2.0)),))
+    assert schema.dense == ("a",) and schema.feature("age").num_embeddings == 3
+    columns = [ColumnDecision(c, "dense", "by hand") for c in ("a", "age")]
+    text = InferredSchema(schema, columns, {"train": 3}, []).yaml_text()
+    assert DatasetSchema.from_dict(yaml.safe_load(text)) == schema
