@@ -610,6 +610,6 @@ def calibrate_and_fingerprint(world: int, cpus_per_worker: float, use_gpu: bool,
 
 
 __all__ = ["calibrate_cluster", "calibrate_and_fingerprint", "calibrate_rank", "link_fingerprint", "fingerprint_rank",
-           "link_rank", "measure_link",
-           "hardware_key", "bandwidth_band", "cpu_model", "ONE_HOST", "combine", "add_overlap", "overlap_sizes", "measure_collectives", "measure_compute", "measure_rank",
-           "run_on_ranks", "job_shape"]
+           "link_rank", "measure_link", "hardware_key", "bandwidth_band", "cpu_model", "ONE_HOST", "combine",
+           "add_overlap", "overlap_sizes", "measure_collectives", "measure_compute", "measure_rank", "run_on_ranks",
+           "job_shape"]
