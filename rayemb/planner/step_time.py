@@ -148,10 +148,13 @@ class Calibration:
     #: measured (built-in constants, calibrations kept from before it was measured): assumed, see :func:`_overlap`
     overlap_fraction: Optional[float] = None
     #: measured over predicted step of earlier jobs on the same key (:func:`rayemb.train.calibration.store.
-    #: with_learned_ratio`); every component of a prediction is scaled by it. One ratio for the whole step, not one
-    #: per component: the loop times its phases (data wait, forward, backward, optimizer), and every component
-    #: (dense step, lookups, transfers, overheads) spans more than one of them
+    #: with_learned_ratio`); every component of a prediction is scaled by it. The overall ratio: what is learned
+    #: when the kept measurements cannot tell the families apart (``family_ratios`` empty)
     step_ratio: float = 1.0
+    #: measured over predicted seconds per step-time family (:data:`FAMILIES`), fitted over the plans earlier
+    #: jobs and plan probes on the same key measured (:func:`rayemb.train.calibration.store.fit_family_ratios`):
+    #: each component is scaled by its family's (a family left out: 1.0); the overlap keeps its own measured share
+    family_ratios: Dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
         """One line: the links' α and bandwidth, the dense step, the fused lookup."""
@@ -171,6 +174,7 @@ class Calibration:
         kw["all_reduce"] = LinkCost(**kw["all_reduce"])  # type: ignore[arg-type]
         kw["all_to_all"] = LinkCost(**kw["all_to_all"])  # type: ignore[arg-type]
         kw["groups"] = {k: (float(v[0]), float(v[1])) for k, v in dict(kw.get("groups") or {}).items()}
+        kw["family_ratios"] = {k: float(v) for k, v in dict(kw.get("family_ratios") or {}).items()}
         return cls(**kw)  # type: ignore[arg-type]
 
 
@@ -201,19 +205,32 @@ def prediction_kind(calibration: Optional[Calibration]) -> str:
     return "calibrated" if source in MEASURED_SOURCES else "uncalibrated"
 
 
+#: the step-time families a learned ratio scales apart: the ranks' own work (dense step, lookups, replicated rows,
+#: pooling, module overheads, storage) and each collective family's wire time (bytes and calls; the DDP wrapper's
+#: round trip is the all-reduce's)
+FAMILIES = ("compute", "all_to_all", "all_reduce")
+#: the family of each single-family component; ``transfer`` and ``latency`` are split by collective, and
+#: ``overlap`` is no family's (a share of the shorter family's time, measured as such)
+COMPONENT_FAMILY = {"dense": "compute", "ddp": "all_reduce", "lookup": "compute", "replicated": "compute",
+                    "pool": "compute", "overhead": "compute", "storage": "compute"}
+
+
 @dataclass
 class StepTimePrediction:
     """Predicted seconds per step, in total and by component; ``assumed``: the components priced by an assumption
-    where the calibration holds no measurement of them (``overlap``: no ``overlap_fraction``)."""
+    where the calibration holds no measurement of them (``overlap``: no ``overlap_fraction``); ``families``: the
+    model's own seconds by :data:`FAMILIES` and ``overlap``, before any learned ratio (what the ratios are fitted
+    against: :func:`rayemb.train.calibration.store.fit_family_ratios`)."""
 
     total_s: float
     components: Dict[str, float] = field(default_factory=dict)
     per_table_s: Dict[str, float] = field(default_factory=dict)
     assumed: List[str] = field(default_factory=list)
+    families: Dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, object]:
         return {"total_s": self.total_s, "components": dict(self.components), "per_table_s": dict(self.per_table_s),
-                "assumed": list(self.assumed)}
+                "assumed": list(self.assumed), "families": dict(self.families)}
 
 
 def probe_kind(placement: Placement, groups: Optional[Mapping[str, object]] = None) -> str:
@@ -302,6 +319,9 @@ def predict_step_time(
     comp = {"dense": cal.dense_step_s, "ddp": cal.ddp_step_s if w > 1 else 0.0, "lookup": 0.0, "replicated": 0.0,
             "pool": 0.0, "overhead": 0.0, "latency": 0.0, "transfer": 0.0}
     per_table: Dict[str, float] = {}
+    # transfer, latency and each table's seconds by family: a learned ratio scales the collective families apart
+    wire = {c: {"all_to_all": 0.0, "all_reduce": 0.0} for c in ("transfer", "latency")}
+    table_wire: Dict[str, Dict[str, float]] = {}
     groups: Dict[str, float] = {}  # group -> bytes per rank (replicated groups: for bucket counting)
     sent = {"all_reduce": calibration.dense_sync_bytes, "all_to_all": 0.0}  # bytes per rank, by link family
     for t in tables:
@@ -312,6 +332,8 @@ def predict_step_time(
             transfer = cal.all_to_all.time(st.bytes_per_step / w, calls=0) if w > 1 else 0.0
             comp["storage"] = comp.get("storage", 0.0) + seconds
             comp["transfer"] += transfer
+            wire["transfer"]["all_to_all"] += transfer
+            table_wire[t.name] = {"compute": seconds, "all_to_all": transfer}
             sent["all_to_all"] += st.bytes_per_step / w if w > 1 else 0.0
             per_table[t.name] = seconds + transfer
             kind = probe_kind(st.placement, cal.groups)
@@ -338,13 +360,18 @@ def predict_step_time(
         else:
             lookup, pool = ids_local * per_id, ids_local * pool_per_id
         transfer = 0.0
+        by_family = {"compute": lookup + rep + pool, "all_to_all": 0.0, "all_reduce": 0.0}
         if w > 1:
             by_collective = _bytes(t, p, global_batch, w, l, exchange)
             for collective, total_bytes in by_collective.items():
-                sent["all_reduce" if collective == "all_reduce" else "all_to_all"] += total_bytes / w
+                family = "all_reduce" if collective == "all_reduce" else "all_to_all"
+                sent[family] += total_bytes / w
                 if collective == "all_reduce" and probed:
                     continue  # probed: replicated_elem_s already holds the all-reduce on the live links
-                transfer += cal.link(collective).time(total_bytes / w, calls=0)
+                seconds = cal.link(collective).time(total_bytes / w, calls=0)
+                transfer += seconds
+                by_family[family] += seconds
+                wire["transfer"][family] += seconds
                 if collective == "all_reduce":
                     key = "hot" if p == Placement.HYBRID else "replicated"
                     groups[key] = groups.get(key, 0.0) + total_bytes / w
@@ -359,6 +386,7 @@ def predict_step_time(
         comp["replicated"] += rep
         comp["pool"] += pool
         comp["transfer"] += transfer
+        table_wire[t.name] = by_family
         per_table[t.name] = lookup + rep + pool + transfer
     for g, rep_bytes in groups.items():
         if g.startswith("probed:"):  # the probe's fixed cost includes its collectives' round trips
@@ -368,16 +396,31 @@ def predict_step_time(
         if w == 1:
             continue
         if g in ("replicated", "hot"):
-            comp["latency"] += cal.all_reduce.time(0.0, calls=max(1, math.ceil(rep_bytes / DDP_BUCKET_BYTES)))
+            seconds = cal.all_reduce.time(0.0, calls=max(1, math.ceil(rep_bytes / DDP_BUCKET_BYTES)))
+            comp["latency"] += seconds
+            wire["latency"]["all_reduce"] += seconds
         else:
             for collective, calls in GROUP_CALLS[g].items():
-                comp["latency"] += cal.link(collective).time(0.0, calls=calls)
+                seconds = cal.link(collective).time(0.0, calls=calls)
+                comp["latency"] += seconds
+                wire["latency"]["all_reduce" if collective == "all_reduce" else "all_to_all"] += seconds
     comp["overlap"] = _overlap(sent, cal) if w > 1 else 0.0
     assumed = ["overlap"] if w > 1 and cal.overlap_fraction is None else []
-    if cal.step_ratio != 1.0:
-        comp = {k: v * cal.step_ratio for k, v in comp.items()}
-        per_table = {k: v * cal.step_ratio for k, v in per_table.items()}
-    return StepTimePrediction(sum(comp.values()), comp, per_table, assumed)
+    families = {f: 0.0 for f in FAMILIES}
+    for k, v in comp.items():
+        if k in wire:
+            for f, seconds in wire[k].items():
+                families[f] += seconds
+        elif k != "overlap":
+            families[COMPONENT_FAMILY[k]] += v
+    families["overlap"] = comp["overlap"]
+    scale = {f: cal.step_ratio * cal.family_ratios.get(f, 1.0) for f in FAMILIES}
+    if any(r != 1.0 for r in scale.values()) or cal.step_ratio != 1.0:
+        comp = {k: (sum(scale[f] * x for f, x in wire[k].items()) if k in wire else
+                    v * cal.step_ratio if k == "overlap" else v * scale[COMPONENT_FAMILY[k]])
+                for k, v in comp.items()}
+        per_table = {k: sum(scale[f] * x for f, x in table_wire[k].items()) for k in per_table}
+    return StepTimePrediction(sum(comp.values()), comp, per_table, assumed, families)
 
 
 def hot_threshold(cal: Calibration, world_size: int, dim: int, elem_bytes: int = 4, id_bytes: int = 8) -> float:
@@ -412,5 +455,5 @@ def _overlap(sent: Mapping[str, float], cal: Calibration) -> float:
     return min(0.0, max(t_ar, t_a2a, floor) - (t_ar + t_a2a))
 
 
-__all__ = ["Calibration", "LinkCost", "DEFAULT_CALIBRATION", "MEASURED_SOURCES", "LINK_MEASURED", "prediction_kind", "StepTimePrediction", "predict_step_time",
+__all__ = ["Calibration", "LinkCost", "FAMILIES", "COMPONENT_FAMILY", "DEFAULT_CALIBRATION", "MEASURED_SOURCES", "LINK_MEASURED", "prediction_kind", "StepTimePrediction", "predict_step_time",
            "GROUP_CALLS", "DDP_BUCKET_BYTES", "REPLICATED_KINDS", "probe_kind", "normalize_probes"]

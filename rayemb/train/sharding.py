@@ -312,6 +312,7 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
     summary["objective"] = cfg.planner.objective
     summary["predicted_step_time_s"] = predicted.total_s
     summary["predicted_step_time_components_s"] = predicted.components
+    summary["predicted_step_time_families_s"] = predicted.families  # before learned ratios: what they are fitted to
     summary["calibration"] = calibration.to_dict()
     # before any worker starts: an optimizer without a kernel for a planned placement fails here, not in every rank
     check_embedding_optimizer(cfg.train.embedding_optimizer, sharding_plan, "cuda" if cfg.scaling.use_gpu else "cpu")

@@ -79,7 +79,8 @@ def test_a_learned_ratio_scales_every_component_of_the_prediction_exactly():
 def test_a_job_s_measured_over_predicted_step_is_what_the_next_job_predicts_with(tmp_path):
     out = str(tmp_path)
     cal, learned = with_learned_ratio(out, FIELDS, _measured())
-    assert learned == {"applied": None, "jobs": 0, "file": ratio_file(FIELDS, "calibrated")}
+    assert learned == {"fit": None, "applied": None, "families": None, "jobs": 0, "pairs": 0,
+                       "file": ratio_file(FIELDS, "calibrated")}
     assert cal.step_ratio == 1.0
     topo = ClusterTopology(2, 1)
     first = predict_step_time(TABLES, PLACEMENTS, topo, 1024, cal).total_s
@@ -97,7 +98,8 @@ def test_a_job_s_measured_over_predicted_step_is_what_the_next_job_predicts_with
         pytest.approx(1.25)
     # planner.recalibrate: predicted without the ratios, the job's own still learned (kept, counted from 0)
     fresh, learned3 = with_learned_ratio(out, FIELDS, _measured(), apply=False)
-    assert fresh.step_ratio == 1.0 and learned3 == {"applied": None, "jobs": 0, "file": learned["file"]}
+    assert fresh.step_ratio == 1.0 and learned3 == {"fit": None, "applied": None, "families": None, "jobs": 0,
+                                                    "pairs": 0, "file": learned["file"]}
     # another key (another prediction kind: link-measured) learns apart
     link = replace(_measured(), source="link-measured")
     assert with_learned_ratio(out, FIELDS, link)[1]["applied"] is None

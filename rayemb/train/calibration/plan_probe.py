@@ -310,6 +310,8 @@ class ProbeResult:
                 "candidates": [
                     {"placements": placement_counts(p.summary), "probed_step_time_s": s,
                      "predicted_step_time_s": p.summary.get("predicted_step_time_s"),
+                     # the model's own seconds by family: with the probed step, a pair the learned ratios fit
+                     "predicted_step_time_families_s": p.summary.get("predicted_step_time_families_s"),
                      **({} if self.noise_s is None else {"noise_s": self.noise_s[i]})}
                     for i, (p, s) in enumerate(zip(plans, self.step_s))]}
 

@@ -25,8 +25,11 @@ anew. ``planner.recalibrate: true`` measures anew and replaces it. The plan prob
 same way, keyed also by its candidate plans (:func:`rayemb.train.calibration.plan_probe.choose_by_probe`).
 
 After training, the job's measured step over the model's prediction is kept beside the calibration it predicted
-with (``<shape key>/<key>.ratio``, the key with the prediction's kind: :func:`learn_ratio`); the next job on
-that key scales its predictions by the median of the last few (:func:`with_learned_ratio`).
+with (``<shape key>/<key>.ratio``, the key with the prediction's kind: :func:`learn_ratio`), with each measured
+plan's predicted seconds by step-time family (the job's, and the plan probe's candidates when it measured them).
+The next job on that key scales each family by its own ratio when those plans' mixes of the families tell them
+apart (:func:`fit_family_ratios`), else its whole prediction by the median of the last few overall ratios
+(:func:`with_learned_ratio`).
 """
 
 from __future__ import annotations
@@ -188,6 +191,11 @@ def check_calibration(d: Mapping[str, Any]) -> Any:
     for name in _NON_NEGATIVE + _COUNTS:
         if name in d:
             _finite(d[name], name, 0.0, strict=name in _COUNTS)
+    ratios = d.get("family_ratios") or {}
+    if not isinstance(ratios, dict):
+        raise ValueError(f"family_ratios is {ratios!r}, not {{family: ratio}}")
+    for family, r in ratios.items():
+        _finite(r, f"family_ratios.{family}", 0.0)
     for kind, pair in dict(d.get("groups") or {}).items():
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise ValueError(f"groups.{kind} is {pair!r}, not (fixed seconds, seconds per table)")
@@ -219,6 +227,13 @@ def store_calibration(out_dir: str, fields: Mapping[str, Any], cal: Any, now: Op
 LEARNED_RATIOS = 5
 #: a ratio outside these bounds is a broken run (a stall, a wrong window), not the model's bias: never kept
 RATIO_BOUNDS = (0.01, 100.0)
+#: the newest (predicted seconds by family, measured step) pairs kept per key, the jobs' and the plan probes'
+LEARNED_PAIRS = 20
+#: a fitted family ratio is held within these bounds: beyond them a family is mispriced past what one ratio mends
+FAMILY_RATIO_BOUNDS = (0.25, 4.0)
+#: the smallest singular value, over the largest, of the pairs' (column-normalized) families for a per-family
+#: fit: below it two families move together over the measured plans and their split is noise
+FAMILY_FIT_RCOND = 1e-3
 
 
 def ratio_file(fields: Mapping[str, Any], kind: str) -> str:
@@ -229,28 +244,109 @@ def ratio_file(fields: Mapping[str, Any], kind: str) -> str:
     return f"{CACHE_DIR}/{shape}/{cache_key({**fields, 'learned': kind})}.ratio"
 
 
-def load_ratios(out_dir: str, rel: str) -> List[float]:
-    """The ratios kept at ``rel`` (:func:`ratio_file`), oldest first; [] when none or unreadable (with a warning)."""
+def _pair(d: Any) -> Dict[str, Any]:
+    """A kept (predicted seconds by family, measured step) pair, checked: ``ValueError`` naming what is wrong."""
+    from rayemb.planner.step_time import FAMILIES
+
+    if not isinstance(d, dict) or not isinstance(d.get("families"), dict):
+        raise ValueError(f"pair {d!r} holds no families")
+    fams = d["families"]
+    if set(fams) != set(FAMILIES) | {"overlap"}:
+        raise ValueError(f"pair families are {sorted(fams)}, not {sorted(FAMILIES) + ['overlap']}")
+    out = {f: _finite(fams[f], f"pair {f}", 0.0) for f in FAMILIES}
+    out["overlap"] = _finite(fams["overlap"], "pair overlap", -math.inf)
+    return {"families": out, "measured_s": _finite(d.get("measured_s"), "pair measured_s", 0.0, strict=True),
+            "source": str(d.get("source", "job"))}
+
+
+def load_learned(out_dir: str, rel: str) -> Tuple[List[float], List[Dict[str, Any]]]:
+    """(the overall ratios, the (families, measured step) pairs) kept at ``rel`` (:func:`ratio_file`), oldest
+    first; ([], []) when none or unreadable (with a warning). A file kept before pairs were: its ratios alone."""
     path = storage.join(out_dir, *rel.split("/"))
     try:
         if not storage.exists(path):
-            return []
-        ratios = json.loads(storage.read_text(path))["ratios"]
-        return [_finite(r, "ratio", RATIO_BOUNDS[0], strict=True) for r in ratios][-LEARNED_RATIOS:]
+            return [], []
+        doc = json.loads(storage.read_text(path))
+        ratios = [_finite(r, "ratio", RATIO_BOUNDS[0], strict=True) for r in doc["ratios"]][-LEARNED_RATIOS:]
+        pairs = [_pair(p) for p in doc.get("pairs") or []][-LEARNED_PAIRS:]
+        return ratios, pairs
     except Exception as e:  # noqa: BLE001 - a damaged entry teaches nothing; the model's own figure stands
         from rayemb.logs import redact_uri
 
         print(f"rayemb: WARNING: ignoring the learned step ratios {redact_uri(path)} ({type(e).__name__}: {e})",
               flush=True)
-        return []
+        return [], []
+
+
+def load_ratios(out_dir: str, rel: str) -> List[float]:
+    """The overall ratios kept at ``rel`` (:func:`load_learned`), oldest first."""
+    return load_learned(out_dir, rel)[0]
+
+
+def _bounded_lstsq(a: Any, b: Any, low: float, high: float) -> Any:
+    """argmin |a x - b| over x in [low, high] (a of full column rank, a few columns): the optimum is the
+    unconstrained solution of its free variables with the others at a bound, so every such split is solved and
+    the best feasible one kept (the first on a tie: the same pairs, the same ratios)."""
+    import itertools
+
+    import numpy as np
+
+    n = a.shape[1]
+    best, best_res = None, 0.0
+    for states in itertools.product((None, low, high), repeat=n):
+        x = np.array([s if s is not None else 0.0 for s in states])
+        free = [i for i, s in enumerate(states) if s is None]
+        if free:
+            rest = b - a @ x
+            x[free] = np.linalg.lstsq(a[:, free], rest, rcond=None)[0]
+            if np.any(x[free] < low - 1e-12) or np.any(x[free] > high + 1e-12):
+                continue
+        res = float(np.sum((a @ x - b) ** 2))
+        if best is None or res < best_res - 1e-15 * max(1.0, best_res):
+            best, best_res = x, res
+    return best
+
+
+def fit_family_ratios(pairs: List[Mapping[str, Any]]) -> Optional[Dict[str, float]]:
+    """Measured over predicted seconds per step-time family (:data:`~rayemb.planner.step_time.FAMILIES`) that
+    best explain ``pairs`` (:func:`load_learned`): ``measured = Σ ratio_f · predicted_f + overlap``, least squares
+    in relative error (each plan counts alike, whatever its step), each ratio within
+    :data:`FAMILY_RATIO_BOUNDS`. A family no pair predicts any time for keeps 1.0. None when the pairs cannot
+    tell the families apart: fewer distinct mixes than families, or two families moving together over them
+    (:data:`FAMILY_FIT_RCOND`); then one overall ratio is what can be learned."""
+    import numpy as np
+
+    from rayemb.planner.step_time import FAMILIES
+
+    if not pairs:
+        return None
+    x = np.array([[p["families"][f] for f in FAMILIES] for p in pairs], dtype=np.float64)
+    m = np.array([p["measured_s"] for p in pairs], dtype=np.float64)
+    y = m - np.array([p["families"]["overlap"] for p in pairs], dtype=np.float64)
+    a, b = x / m[:, None], y / m
+    norms = np.linalg.norm(a, axis=0)
+    active = [i for i in range(len(FAMILIES)) if norms[i] > 1e-12 * max(float(norms.max()), 1e-300)]
+    if not active or len(pairs) < len(active):
+        return None
+    sv = np.linalg.svd(a[:, active] / norms[active], compute_uv=False)
+    if sv[-1] < FAMILY_FIT_RCOND * sv[0]:
+        return None
+    fitted = _bounded_lstsq(a[:, active], b, *FAMILY_RATIO_BOUNDS)
+    out = {f: 1.0 for f in FAMILIES}
+    out.update({FAMILIES[i]: float(r) for i, r in zip(active, fitted)})
+    return out
 
 
 def with_learned_ratio(out_dir: str, fields: Optional[Mapping[str, Any]], cal: Any,
                        apply: bool = True) -> Tuple[Any, Dict[str, Any]]:
-    """(``cal`` with the median of the ratios learned on its key (``step_ratio``: every predicted component
-    scaled by it), plan.json's ``learned_ratio``: ``{"applied": ratio or None, "jobs": how many, "file": where,
-    relative to the output storage}``). A calibration keyed nowhere (None ``fields``) learns nothing; with
-    ``apply`` false (``planner.recalibrate``) the job predicts without the ratios and still leaves its own."""
+    """(``cal`` with what was learned on its key, plan.json's ``learned_ratio``: ``{"fit": "per component",
+    "overall" or None, "applied": the overall ratio or None, "families": the family ratios or None, "jobs": how
+    many overall ratios, "pairs": how many measured plans, "file": where, relative to the output storage}``).
+
+    Per component (``family_ratios``) when the kept pairs tell the families apart (:func:`fit_family_ratios`),
+    else overall: the median of the jobs' ratios (``step_ratio``: every component scaled by it). A calibration
+    keyed nowhere (None ``fields``) learns nothing; with ``apply`` false (``planner.recalibrate``) the job
+    predicts without the ratios and still leaves its own."""
     import statistics
 
     from rayemb.planner.step_time import prediction_kind
@@ -258,28 +354,71 @@ def with_learned_ratio(out_dir: str, fields: Optional[Mapping[str, Any]], cal: A
     if cal is None or fields is None:
         return cal, {}
     rel = ratio_file(fields, prediction_kind(cal))
-    ratios = load_ratios(out_dir, rel) if apply else []
-    applied = statistics.median(ratios) if ratios else None
-    if applied is not None:
+    ratios, pairs = load_learned(out_dir, rel) if apply else ([], [])
+    families = fit_family_ratios(pairs)
+    applied = statistics.median(ratios) if ratios and families is None else None
+    if families is not None:
+        cal = replace(cal, family_ratios=families)
+    elif applied is not None:
         cal = replace(cal, step_ratio=applied)
-    return cal, {"applied": applied, "jobs": len(ratios), "file": rel}
+    fit = "per component" if families is not None else "overall" if applied is not None else None
+    return cal, {"fit": fit, "applied": applied, "families": families, "jobs": len(ratios), "pairs": len(pairs),
+                 "file": rel}
+
+
+def _probe_pairs(summary: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """The plan probe's candidates as pairs, when this job measured them (a kept probe's are kept already)."""
+    probe = summary.get("plan_probe") or {}
+    if probe.get("source") != "measured":
+        return []
+    out = []
+    for c in probe.get("candidates") or []:
+        try:
+            out.append(_pair({"families": c.get("predicted_step_time_families_s"),
+                              "measured_s": c.get("probed_step_time_s"), "source": "probe"}))
+        except ValueError:
+            continue  # a candidate planned without its families: its step says nothing per family
+    return out
+
+
+def _within_bounds(pair: Mapping[str, Any]) -> bool:
+    predicted = sum(pair["families"].values())
+    return predicted > 0 and RATIO_BOUNDS[0] < pair["measured_s"] / predicted < RATIO_BOUNDS[1]
 
 
 def learn_ratio(out_dir: str, summary: Mapping[str, Any], measured_s: Optional[float],
                 now: Optional[float] = None) -> Optional[float]:
-    """Keeps the job's measured step over the model's own prediction (the plan's ``predicted_step_time_s`` with
-    any applied ratio taken off) for the next job on the same key (plan.json ``learned_ratio``); returns it, or
-    None when the job has nothing to learn from (no key, no measurement, a ratio out of :data:`RATIO_BOUNDS`)."""
+    """Keeps, for the next job on the same key (plan.json ``learned_ratio``), the job's measured step over the
+    model's own prediction (the plan's ``predicted_step_time_families_s`` summed, else its
+    ``predicted_step_time_s`` with any applied overall ratio taken off), and the (families, measured step) pairs
+    of the job and of the plan probe's candidates when it measured them. Returns the job's ratio, or None when
+    the job has nothing to learn from (no key, no measurement, a ratio out of :data:`RATIO_BOUNDS`); the probe's
+    pairs are kept even then."""
     learned = summary.get("learned_ratio") or {}
+    if not learned.get("file"):
+        return None
+    new_pairs = [p for p in _probe_pairs(summary) if _within_bounds(p)]
+    ratio = None
+    own = summary.get("predicted_step_time_families_s")
     predicted = summary.get("predicted_step_time_s")
-    if not learned.get("file") or not predicted or not measured_s:
+    if measured_s and (own or predicted):
+        model = sum(own.values()) if own else float(predicted) / (learned.get("applied") or 1.0)
+        ratio = float(measured_s) / model if model > 0 else None
+        if ratio is not None and not RATIO_BOUNDS[0] < ratio < RATIO_BOUNDS[1]:
+            ratio = None
+        if ratio is not None and own:
+            try:
+                new_pairs.append(_pair({"families": own, "measured_s": measured_s, "source": "job"}))
+            except ValueError:
+                pass
+    if ratio is None and not new_pairs:
         return None
-    ratio = float(measured_s) / (float(predicted) / (learned.get("applied") or 1.0))
-    if not RATIO_BOUNDS[0] < ratio < RATIO_BOUNDS[1]:
-        return None
-    ratios = (load_ratios(out_dir, learned["file"]) + [ratio])[-LEARNED_RATIOS:]
+    ratios, pairs = load_learned(out_dir, learned["file"])
+    if ratio is not None:
+        ratios = (ratios + [ratio])[-LEARNED_RATIOS:]
+    pairs = (pairs + new_pairs)[-LEARNED_PAIRS:]
     storage.write_text(storage.join(out_dir, *learned["file"].split("/")), json.dumps(
-        {"ratios": ratios, "measured_at": time.time() if now is None else now}, indent=1))
+        {"ratios": ratios, "pairs": pairs, "measured_at": time.time() if now is None else now}, indent=1))
     return ratio
 
 
@@ -418,6 +557,7 @@ def _measure_link(inputs: Any, topology: Any, resources: Any, fields: Dict[str, 
     return cal, {**fields, "hardware": hardware or measured_hardware}
 
 
-__all__ = ["calibrate", "skipped_because", "with_learned_ratio", "learn_ratio", "load_ratios", "ratio_file", "key_fields", "job_key_fields", "job_hardware", "kept_max_age_s", "load_kept", "store_kept",
+__all__ = ["calibrate", "skipped_because", "with_learned_ratio", "learn_ratio", "load_ratios", "load_learned",
+           "fit_family_ratios", "ratio_file", "key_fields", "job_key_fields", "job_hardware", "kept_max_age_s", "load_kept", "store_kept",
            "cache_key", "cache_path", "any_kept", "check_calibration", "load_calibration", "store_calibration",
            "cluster_nodes", "CACHE_DIR"]

@@ -12,6 +12,7 @@ from rayemb.train.world_plan import WorldPlan
 
 #: plan.json entries measured or predicted at job start, left out of the plan fingerprint
 MEASURED_PLAN_KEYS = ("calibration", "predicted_step_time_s", "predicted_step_time_components_s",
+                      "predicted_step_time_families_s",
                       "probed_step_time_s", "plan_probe")
 
 

@@ -266,7 +266,9 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
           + (" (the probed plans within the probe's noise: the model's choice)"
              if (summary.get("plan_probe") or {}).get("within_noise") else "")
           + (f", learned ratio {learned['applied']:.2f} of {learned['jobs']} earlier job(s) applied"
-             if learned.get("applied") else ""), flush=True)
+             if learned.get("applied") else "")
+          + (", learned ratios " + ", ".join(f"{f} {r:.2f}" for f, r in learned["families"].items())
+             + f" of {learned['pairs']} measured plan(s) applied" if learned.get("families") else ""), flush=True)
     plans = {inputs.world_size: job}
     for world in elastic_worlds(cfg):  # an elastic job restarts on fewer ranks: a plan (and hot set) for each
         plans[world] = plan_world(cfg, resize_topology(topology, world), tables, calibration, plan_fn=make_plan,
@@ -455,9 +457,9 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: An
                                      planned.summary.get("probed_step_time_s"), uncalibrated=uncalibrated))
         if planned.summary.get("prediction"):
             run_logger.set_tags({"rayemb.prediction": planned.summary["prediction"]})
-        if "step_time_measured_s" in final and planned.summary.get("learned_ratio"):
-            try:  # the next job on this key predicts with it
-                learn_ratio(inputs.out_dir, planned.summary, final["step_time_measured_s"])
+        if planned.summary.get("learned_ratio"):
+            try:  # the next job on this key predicts with it (the probe's plans too, without a measured step)
+                learn_ratio(inputs.out_dir, planned.summary, final.get("step_time_measured_s"))
             except Exception as e:  # noqa: BLE001 - the job's own result stands
                 print(f"rayemb: WARNING: could not keep the learned step ratio ({type(e).__name__}: {e})", flush=True)
         if "step_time_measured_s" in final:
