@@ -18,7 +18,8 @@ for the constant-rate configs also its earlier epochs (``<name>@<k>ep``: with a 
 Goal of a row, per seed: last-epoch valid AUC within ``GAP`` of its best epoch's, and the best epoch's AUC at
 least today's default's on that seed (the ``today`` row). Among the rows meeting it on every seed the one with
 the best median test AUC is reported as ``chosen``. Runs go seed by seed, the configs' order rotated per seed;
-the JSON is written after each run. Quick check: ``--seeds 0 --configs today --set train.max_steps_per_epoch=20``.
+the JSON is written after each run, and ``--resume`` keeps an earlier JSON's runs (a grid grown later, or one
+interrupted, trains only the seeds and configs it lacks). Quick check: ``--seeds 0 --configs today --set train.max_steps_per_epoch=20``.
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ CONFIGS: Dict[str, List[str]] = {
     "cosine_2ep": [*COSINE, "train.epochs=2"],
     "cosine_1ep": [*COSINE, "train.epochs=1"],
     "cosine_3ep_emb0.02": [*COSINE, "train.epochs=3", "train.embedding_lr=0.02"],
+    "cosine_1ep_emb0.1": [*COSINE, "train.epochs=1", "train.embedding_lr=0.1"],
     "adamw_wd_cosine_2ep": [*COSINE, "train.epochs=2", "train.dense_optimizer=adamw", "train.dense_lr=0.002",
                             "train.weight_decay=0.01", "train.lr_schedule.warmup_steps=50"],
+    "adamw_wd_1ep": ["train.epochs=1", "train.dense_optimizer=adamw", "train.dense_lr=0.002",
+                     "train.weight_decay=0.01", "train.lr_schedule.warmup_steps=50"],
 }
 COLUMNS = [("config", "<22", "{}"), ("best AUC", ">9", "{:.4f}"), ("last AUC", ">9", "{:.4f}"),
            ("gap", ">7", "{:.4f}"), ("max gap", ">8", "{:.4f}"), ("test AUC", ">9", "{:.4f}"),
@@ -154,6 +158,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="where the per-seed valid/test views are written")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", required=True)
+    p.add_argument("--resume", default=None, help="an earlier JSON of this script: its runs are kept, not retrained")
     args = p.parse_args(argv)
     unknown = sorted(set(args.configs or ()) - set(CONFIGS))
     if unknown:
@@ -182,7 +187,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "complete": complete, "results": results, "summary": rows, "chosen": chosen}
 
     results: List[Dict[str, Any]] = []
-    order = run_order(args.seeds, list(configs))
+    if args.resume:
+        with open(args.resume) as f:
+            results = [r for r in json.load(f)["results"] if "error" not in r and r["seed"] in args.seeds]
+        configs = {**{r["config"].split("@")[0]: CONFIGS[r["config"].split("@")[0]] for r in results}, **configs}
+    done = {(r["seed"], r["config"]) for r in results}
+    order = [(s, n) for s, n in run_order(args.seeds, list(configs)) if (s, n) not in done]
     for i, (seed, name) in enumerate(order):
         print(f"[{i + 1}/{len(order)}] seed {seed}, {name}", flush=True)
         cfg = load_config(args.config, [*args.set, "train.early_stopping_patience=null", *configs[name],
