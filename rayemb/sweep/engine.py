@@ -297,7 +297,9 @@ class TrialRuns:
         last one. Returns the run."""
         run = self.run_of(trial_id)
         reason = read_stops(self.stopped_path).get(trial_id)
-        if run is not None and reason is not None:
+        # settled already (a resumed sweep settles every trial again): its end stays when it was stopped
+        if run is not None and reason is not None and not (
+                run.info.status == "KILLED" and run.data.tags.get(TAG_STOPPED_REASON) == reason):
             run_id = run.info.run_id
             self._log_missing(run_id, reported)
             self.client.set_tag(run_id, TAG_STOPPED_REASON, reason)

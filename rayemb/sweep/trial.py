@@ -1,8 +1,8 @@
 """A sweep's trial: one whole rayemb job, run by Ray Tune as a function trainable.
 
 The trial is the job's driver: it builds the job config with the trial's values, runs it through the driver
-``rayemb train`` runs (its own statistics, its own plan for its own shape, its own Ray Train workers, its own
-MLflow child run of the sweep's parent), and hands every validation the driver receives (each epoch's, and each
+``rayemb train`` runs (its own plan for its own shape, its own Ray Train workers, its own MLflow child run of the
+sweep's parent; the statistics and calibrations kept by the sweep's earlier trials: :func:`share_kept`), and hands every validation the driver receives (each epoch's, and each
 ``train.eval_every_n_steps`` one) to Ray Tune, whose scheduler may stop it there. A job that cannot start (a plan
 that does not fit, bad data) fails the trial with rayemb's error; the sweep goes on.
 
@@ -125,6 +125,24 @@ def trial_config(base: Mapping[str, Any], trial_values: Mapping[str, Any], trial
     return config_from_dict(d)
 
 
+def share_kept(outputs: str, trial_dir: str) -> None:
+    """Points the trial's kept statistics and calibrations at the sweep's ``tracking.output_dir``'s: each is keyed
+    by what it was measured on, so one trial's statistics pass, calibration and plan probe serve every later trial
+    of the same data and shape (and a plain job's kept ones, with that output_dir, serve the sweep). A remote
+    ``outputs`` is left alone: each trial measures its own."""
+    from rayemb.data.stats_io import KEPT_STATS_DIR
+    from rayemb.train.calibration.store import CACHE_DIR
+
+    if "://" in outputs:
+        return
+    os.makedirs(trial_dir, exist_ok=True)
+    for name in (KEPT_STATS_DIR, CACHE_DIR):
+        shared, link = os.path.join(outputs, name), os.path.join(trial_dir, name)
+        os.makedirs(shared, exist_ok=True)
+        if not os.path.lexists(link):
+            os.symlink(shared, link, target_is_directory=True)
+
+
 def sweep_trainable(config: Union[str, JobConfig, Mapping[str, Any]], metric: str = "valid_auc",
                     parent_run_id: Optional[str] = None, tracking_uri: Optional[str] = None,
                     workspace: Optional[str] = None,
@@ -159,6 +177,7 @@ def sweep_trainable(config: Union[str, JobConfig, Mapping[str, Any]], metric: st
         # the job's outputs in the sweep's folder (Tune's own trial folder is a staging copy on the trial's node)
         trial_dir = os.path.join(outputs, "sweeps", context.get_experiment_name(), context.get_trial_id())
         cfg = trial_config(base, trial_values, context.get_trial_id(), trial_dir, uri)
+        share_kept(outputs, trial_dir)
         # an unfinished run of the trial's job (a sweep resumed after its driver died) continues from its checkpoint
         options: Dict[str, Any] = {"on_report": TuneReporter(metric)}
         if registry is not None:
@@ -168,4 +187,4 @@ def sweep_trainable(config: Union[str, JobConfig, Mapping[str, Any]], metric: st
     return rayemb_trial
 
 
-__all__ = ["sweep_trainable", "trial_config", "trial_job_name", "TuneReporter", "ControllerRegistry"]
+__all__ = ["sweep_trainable", "trial_config", "share_kept", "trial_job_name", "TuneReporter", "ControllerRegistry"]
