@@ -2,8 +2,9 @@
 
 The trial is the job's driver: it builds the job config with the trial's values, runs it through the driver
 ``rayemb train`` runs (its own plan for its own shape, its own Ray Train workers, its own MLflow child run of the
-sweep's parent; the statistics and calibrations kept by the sweep's earlier trials: :func:`share_kept`), and hands every validation the driver receives (each epoch's, and each
-``train.eval_every_n_steps`` one) to Ray Tune, whose scheduler may stop it there. A job that cannot start (a plan
+sweep's parent; the statistics and calibrations kept by the sweep's earlier trials: :func:`share_kept`), and
+hands every validation the driver receives (each epoch's, and each ``train.eval_every_n_steps`` one) to Ray Tune,
+whose scheduler may stop it there. A job that cannot start (a plan
 that does not fit, bad data) fails the trial with rayemb's error; the sweep goes on.
 
 The trial's Tune process holds no CPU: its job's Ray Train workers and Ray Data reads ask for their own, and the
