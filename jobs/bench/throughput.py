@@ -445,7 +445,8 @@ def run_rayemb(variant: str, args: argparse.Namespace, tmp: str, r: int, tables:
     m = re.search(r"rayemb: run (\w+) (FINISHED|FAILED)", p.stdout)
     if p.returncode != 0:
         run["error"] = _tail(p.stdout + "\n" + p.stderr)
-    jobs = sorted(glob.glob(os.path.join(out_dir, "jobs", "*")))
+    # job folders only: jobs/ also holds files beside them (e.g. <name>.json), which may sort after them
+    jobs = sorted(d for d in glob.glob(os.path.join(out_dir, "jobs", "*")) if os.path.isdir(d))
     if jobs:
         run["job_dir"] = jobs[-1]
         plan_path = os.path.join(jobs[-1], "plan.json")
