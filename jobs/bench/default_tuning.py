@@ -19,7 +19,8 @@ Goal of a row, per seed: last-epoch valid AUC within ``GAP`` of its best epoch's
 least today's default's on that seed (the ``today`` row). Among the rows meeting it on every seed the one with
 the best median test AUC is reported as ``chosen``. Runs go seed by seed, the configs' order rotated per seed;
 the JSON is written after each run, and ``--resume`` keeps an earlier JSON's runs (a grid grown later, or one
-interrupted, trains only the seeds and configs it lacks). Quick check: ``--seeds 0 --configs today --set train.max_steps_per_epoch=20``.
+interrupted, trains only the seeds and configs it lacks).
+Quick check: ``--seeds 0 --configs today --set train.max_steps_per_epoch=20``.
 """
 
 from __future__ import annotations
