@@ -12,8 +12,9 @@ def test_sweep_makes_child_runs_under_one_parent(ray_2_cpus, tiny_data, tmp_path
 
     rc = main(["train", "--config", "jobs/configs/synth_small.yaml",
                "--set", f"data.path={tiny_data}", "--set", f"tracking.output_dir={tmp_path}",
-               "--set", "tracking.experiment=sweep", "--set", "train.max_steps_per_epoch=8",
-               "--set", "train.log_every_n_steps=4", "--set", "train.epochs=1", "--set", "planner.calibrate=false",
+               "--set", "tracking.experiment=sweep", "--set", "train.max_steps_per_epoch=2",
+               "--set", "train.log_every_n_steps=2", "--set", "train.epochs=1", "--set", "planner.calibrate=false",
+               "--set", "planner.probe_steps=0", "--set", "scaling.num_workers=1",
                "--sweep", "train.dense_lr=0.02,0.1"])
     out = capsys.readouterr().out
     assert rc == 0, out[-3000:]
