@@ -29,10 +29,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _children(client, experiment):
+    """The trials' runs that logged their params (a run is made a moment before)."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return []
-    return [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+    return [r for r in client.search_runs([exp.experiment_id])
+            if "mlflow.parentRunId" in r.data.tags and "train.embedding_lr" in r.data.params]
 
 
 @pytest.fixture(scope="module")
