@@ -40,19 +40,17 @@ from rayemb.config import EARLY_STOPPING_METRICS, JobConfig, config_from_dict, r
 from rayemb.errors import ConfigError
 from rayemb.sweep.space import Dimension, check_space, load_space, parse_space
 from rayemb.sweep.trial import sweep_trainable, trial_job_name
+from rayemb.tracking.tags import (PARAM_SWEEP_KEYS, PARAM_SWEEP_METRIC, PARAM_SWEEP_MODE, SWEEP_MODES, TAG_BEST_RUN_ID,
+                                  TAG_STOPPED_REASON, TAG_TRIAL_ID)
 
 logger = logging.getLogger(__name__)
 
 SCHEDULERS = ("asha", "fifo")
 SEARCHES = ("random", "optuna")
-MODES = ("max", "min")
 #: the sweep folder's record of its parent run and settings, and of the scheduler's stops
 STATE_FILE = "sweep.json"
 STOPPED_FILE = "stopped.json"
 SPACE_FILE = "space.yaml"
-TAG_TRIAL_ID = "rayemb.sweep.trial_id"
-TAG_STOPPED_REASON = "rayemb.stopped_reason"
-TAG_BEST_RUN_ID = "rayemb.sweep.best_run_id"
 #: what a trial's own process asks for (Tune refuses none at all)
 TRIAL_DRIVER_CPUS = 0.01
 #: ASHA keeps the top 1/2 of the trials at each rung (the median), starting at the first validation
@@ -104,11 +102,11 @@ def _settings_checked(settings: SweepSettings, space: Mapping[str, Dimension]) -
     mode = settings.mode
     if mode is None:
         goal = metric_goal(settings.metric)
-        if goal not in MODES:
+        if goal not in SWEEP_MODES:
             raise ConfigError(f"--metric {settings.metric} is best closest to {goal}, which Tune cannot rank; "
                               "pass --mode max or --mode min.", category="invalid_sweep")
         mode = goal
-    if mode not in MODES:
+    if mode not in SWEEP_MODES:
         raise ConfigError(f"--mode {mode!r}: use max or min.", category="invalid_sweep")
     if settings.scheduler not in SCHEDULERS:
         raise ConfigError(f"--scheduler {settings.scheduler!r}: use one of {list(SCHEDULERS)}.",
@@ -429,8 +427,8 @@ def _run(base: Dict[str, Any], probe: JobConfig, dims: Mapping[str, Dimension], 
         with open(os.path.join(folder, STATE_FILE), "w") as f:
             json.dump({"parent_run_id": parent.run_id, "tracking_uri": uri, "experiment": probe.tracking.experiment,
                        "settings": settings.recorded(dims)}, f, indent=1)
-        parent.log_params({"sweep.keys": ",".join(dims), "sweep.metric": settings.metric,
-                           "sweep.mode": settings.mode, "sweep.search": settings.search,
+        parent.log_params({PARAM_SWEEP_KEYS: ",".join(dims), PARAM_SWEEP_METRIC: settings.metric,
+                           PARAM_SWEEP_MODE: settings.mode, "sweep.search": settings.search,
                            "sweep.scheduler": settings.scheduler, "sweep.num_samples": settings.num_samples,
                            "sweep.max_concurrent": concurrency})
         parent.log_artifact(space_path, "sweep")

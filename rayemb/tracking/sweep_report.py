@@ -32,15 +32,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from rayemb.errors import TrackingError
 from rayemb.tracking import plots
-from rayemb.tracking.tags import TAG_KIND, TAG_PARENT_RUN_ID
+from rayemb.tracking.tags import (PARAM_SWEEP_KEYS, PARAM_SWEEP_METRIC, PARAM_SWEEP_MODE, SWEEP_MODES, TAG_KIND,
+                                  TAG_PARENT_RUN_ID, TAG_TRIAL_ID)
 
 SWEEP_KIND = "sweep"
-PARAM_KEYS = "sweep.keys"
-PARAM_METRIC = "sweep.metric"
-PARAM_MODE = "sweep.mode"
-TAG_TRIAL_ID = "rayemb.sweep.trial_id"
-TAG_STOPPED_REASON = "rayemb.stopped_reason"
-MODES = ("max", "min")
 #: statuses of a trial that trained and reported, whole or stopped early by the scheduler
 SCORED_STATUSES = ("FINISHED", "KILLED")
 #: the per-step training metric; its last step is how far a trial trained
@@ -139,14 +134,14 @@ def _sweep_parent(client: Any, parent_run_id: str) -> Any:
         raise TrackingError(f"MLflow run {parent_run_id!r} is not a sweep's parent run (its tag {TAG_KIND} is "
                             f"{tags.get(TAG_KIND)!r}, not {SWEEP_KIND!r}).{hint} Compare plain runs with "
                             "`rayemb compare --experiment NAME`.", category="not_a_sweep")
-    if not params.get(PARAM_KEYS) or not params.get(PARAM_METRIC):
-        raise TrackingError(f"MLflow run {parent_run_id!r} is a sweep without the params {PARAM_KEYS} and "
-                            f"{PARAM_METRIC} (a grid of `rayemb train --sweep`). Compare its jobs with `rayemb "
+    if not params.get(PARAM_SWEEP_KEYS) or not params.get(PARAM_SWEEP_METRIC):
+        raise TrackingError(f"MLflow run {parent_run_id!r} is a sweep without the params {PARAM_SWEEP_KEYS} and "
+                            f"{PARAM_SWEEP_METRIC} (a grid of `rayemb train --sweep`). Compare its jobs with `rayemb "
                             f"compare --experiment NAME --filter \"tags.`{TAG_PARENT_RUN_ID}` = '{parent_run_id}'\"`.",
                             category="not_a_sweep")
-    mode = params.get(PARAM_MODE, "max")
-    if mode not in MODES:
-        raise TrackingError(f"Sweep {parent_run_id!r} has {PARAM_MODE}={mode!r}; it must be one of {MODES}. The run "
+    mode = params.get(PARAM_SWEEP_MODE, "max")
+    if mode not in SWEEP_MODES:
+        raise TrackingError(f"Sweep {parent_run_id!r} has {PARAM_SWEEP_MODE}={mode!r}; it must be one of {SWEEP_MODES}. The run "
                             "was not written by `rayemb sweep`.", category="not_a_sweep")
     return run
 
@@ -169,8 +164,8 @@ def load_sweep(client: Any, parent_run_id: str) -> SweepReport:
     """The sweep whose parent run is ``parent_run_id``; :class:`TrackingError` if it is none or has no trial."""
     parent = _sweep_parent(client, parent_run_id)
     params = parent.data.params
-    keys = tuple(k.strip() for k in params[PARAM_KEYS].split(",") if k.strip())
-    metric, mode = params[PARAM_METRIC], params.get(PARAM_MODE, "max")
+    keys = tuple(k.strip() for k in params[PARAM_SWEEP_KEYS].split(",") if k.strip())
+    metric, mode = params[PARAM_SWEEP_METRIC], params.get(PARAM_SWEEP_MODE, "max")
     children = _children(client, parent)
     if not children:
         raise TrackingError(f"Sweep {parent_run_id!r} has no trial runs (no run tagged {TAG_PARENT_RUN_ID}="

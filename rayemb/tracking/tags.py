@@ -26,6 +26,16 @@ TAG_FAILURE_REASON = "rayemb.failure_reason"
 TAG_KIND = "rayemb.kind"
 TAG_PARENT_RUN_ID = "mlflow.parentRunId"
 TAG_RUN_NAME = "mlflow.runName"
+#: a sweep's trial runs: the Tune trial id, and why the scheduler stopped one early (the run then ends KILLED)
+TAG_TRIAL_ID = "rayemb.sweep.trial_id"
+TAG_STOPPED_REASON = "rayemb.stopped_reason"
+#: a sweep's parent run: its best trial's run id
+TAG_BEST_RUN_ID = "rayemb.sweep.best_run_id"
+#: a sweep's parent run params: the swept config keys (comma-separated), the metric and its direction
+PARAM_SWEEP_KEYS = "sweep.keys"
+PARAM_SWEEP_METRIC = "sweep.metric"
+PARAM_SWEEP_MODE = "sweep.mode"
+SWEEP_MODES = ("max", "min")
 
 #: distributions whose versions are tagged ``rayemb.lib.<name>`` when installed
 TAGGED_LIBRARIES = ("torch", "torchrec", "fbgemm-gpu-cpu", "fbgemm-gpu", "ray", "mlflow")
