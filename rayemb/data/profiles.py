@@ -11,6 +11,8 @@ size is ``max(ceil(V / scale), min(V, min_rows))`` for Criteo 1TB's ``V``: the b
 proportions, and a tiny table (3 to 62 values in Criteo) keeps its real size instead of collapsing to one row.
 The exponents are ``n`` evenly spaced values over ``alpha_range`` dealt to the tables in an order drawn from
 the seed, so every table has a different one and the same seed gives the same deal.
+``criteo-1tb-tiny`` is its twin at test size: the same tables, floor and exponents, divided by 3000 (largest
+16,313 rows).
 
 Example::
 
@@ -121,7 +123,21 @@ CRITEO_1TB_SCALED = Profile(
     default_rows=9_200_000,
 )
 
-PROFILES: Dict[str, Profile] = {p.name: p for p in (CRITEO_1TB_SCALED,)}
+#: criteo-1tb-scaled's CI-size twin: the same 26 tables in the same proportions and the same exponents, small
+#: enough (largest 16,313 rows, 60,608 in all: 15 MiB at dim 64) that a job's calibration and checkpoints cost
+#: seconds, for tests that run the scaled workload's code paths end to end
+CRITEO_1TB_TINY = Profile(
+    name="criteo-1tb-tiny",
+    description="criteo-1tb-scaled's CI-size twin: Criteo 1TB's 26 tables divided by 3000 (largest 16,313 rows), "
+                "each with its own Zipf exponent in [0.8, 1.3]",
+    base_cardinalities=CRITEO_1TB_SCALED.base_cardinalities,
+    scale=3000,
+    min_rows=CRITEO_1TB_SCALED.min_rows,
+    alpha_range=CRITEO_1TB_SCALED.alpha_range,
+    default_rows=20_000,
+)
+
+PROFILES: Dict[str, Profile] = {p.name: p for p in (CRITEO_1TB_SCALED, CRITEO_1TB_TINY)}
 
 
 def get_profile(name: str) -> Profile:
