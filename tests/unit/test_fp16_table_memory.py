@@ -7,19 +7,20 @@ embedding weights live in (FBGEMM's flat TBE weights, fused and dense kernels al
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Dict, Tuple
 
 import numpy as np
 import pytest
 import torch
 
+from rayemb.data.schema import DatasetSchema
 from rayemb.errors import PlanError
 from rayemb.planner import TableSpec, plan
 from rayemb.planner.topology import described_topology
 
-SCHEMA = SimpleNamespace(sparse=[SimpleNamespace(name=n, num_embeddings=v) for n, v in (("a", 400), ("b", 300),
-                                                                                        ("c", 200))])
+SCHEMA = DatasetSchema.from_dict({"label": "label", "dense": ["d"],
+                                  "sparse": [{"name": n, "num_embeddings": v} for n, v in (("a", 400), ("b", 300),
+                                                                                         ("c", 200))]})
 
 
 def _sharded(dtype: str):
