@@ -145,24 +145,26 @@ needs_root = needs_emulation
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    home = os.environ.get("HOME", "")
-    had_dot_ray = os.path.exists(os.path.join(home, ".ray"))
+    # a HOME of this module's own: the suite's other stream runs Ray in other processes under the real HOME, so
+    # whether emulate.py leaves ~/.ray behind is only decidable in a HOME nothing else writes to
+    home = str(tmp_path_factory.mktemp("home"))
     state_dir = str(tmp_path_factory.mktemp("emu"))
-    c = None
-    for suffix in ("", "b", "c"):  # another cluster on this machine may hold the derived subnet
-        c = EmulatedCluster(f"emutest-{os.getpid()}{suffix}", nodes=2, cpus_per_node=1,
-                            bandwidth_mbit=BANDWIDTH_MBIT, state_dir=state_dir)
-        try:
-            t0 = time.monotonic()
-            c.up()
-            print(f"cluster up in {time.monotonic() - t0:.1f} s")
-            break
-        except EmulateError as e:
-            if "overlaps" not in str(e) or suffix == "c":
-                raise
-    c.had_dot_ray = had_dot_ray
-    yield c
-    c.down()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", home)
+        c = None
+        for suffix in ("", "b", "c"):  # another cluster on this machine may hold the derived subnet
+            c = EmulatedCluster(f"emutest-{os.getpid()}{suffix}", nodes=2, cpus_per_node=1,
+                                bandwidth_mbit=BANDWIDTH_MBIT, state_dir=state_dir)
+            try:
+                t0 = time.monotonic()
+                c.up()
+                print(f"cluster up in {time.monotonic() - t0:.1f} s")
+                break
+            except EmulateError as e:
+                if "overlaps" not in str(e) or suffix == "c":
+                    raise
+        yield c
+        c.down()
 
 
 def _driver(cluster, tmp_path, code: str, timeout: float) -> dict:
@@ -297,5 +299,4 @@ def test_down_after_a_crash_removes_everything_and_repeats(cluster):
     assert not cluster.env_path.exists() and not cluster.state_path.exists()
     cluster.down()  # again: nothing to do, still succeeds
     assert emulate.main(["status", "--name", cluster.name, "--state-dir", str(cluster.state_dir)]) == 1
-    if not cluster.had_dot_ray:
-        assert not os.path.exists(os.path.join(os.environ.get("HOME", ""), ".ray"))
+    assert not os.path.exists(os.path.join(os.environ["HOME"], ".ray"))  # the module's own HOME (its fixture)
