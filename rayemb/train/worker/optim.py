@@ -44,6 +44,14 @@ from torchrec.optim import RowWiseAdagrad
 BATCHED_MAX_ROWS = 4096
 
 
+def _closure_loss(closure: Any) -> Any:
+    """What ``torch.optim.Optimizer.step(closure)`` returns: the closure's loss, computed with gradients on."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def fp32_state(optimizer: torch.optim.Optimizer) -> None:
     """Casts the floating state of the optimizer's low-precision parameters to fp32 (module docstring)."""
     for p, state in optimizer.state.items():
@@ -66,10 +74,7 @@ class MultiTensorRowWiseAdagrad(RowWiseAdagrad):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
@@ -127,10 +132,7 @@ class RowWiseAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
