@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from typing import Iterator
 
 ADDRESS_ENV_VAR = "RAY_ADDRESS"
 #: run in every worker process of the private local Ray (rayemb.logs.quiet_local_ray_worker)
 LOCAL_WORKER_SETUP_HOOK = "rayemb.logs.quiet_local_ray_worker"
+
+
+@contextlib.contextmanager
+def env_default(name: str, value: str) -> Iterator[None]:
+    """``$name`` set to ``value`` inside the block unless the user set it; as before after it. Ray Train and Tune
+    read some settings only from the driver's environment, when ``fit()`` starts its controller."""
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 def init_ray() -> None:

@@ -24,7 +24,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -32,10 +31,11 @@ import json
 import logging
 import math
 import os
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import yaml
 
+from rayemb._ray import env_default
 from rayemb.config import EARLY_STOPPING_METRICS, JobConfig, config_from_dict, resolve_path
 from rayemb.errors import ConfigError
 from rayemb.sweep.space import Dimension, check_space, load_space, parse_space
@@ -498,17 +498,9 @@ def _tune(trainable: Any, dims: Mapping[str, Dimension], settings: SweepSettings
         return tuner.fit()
 
 
-@contextlib.contextmanager
-def _stop_grace() -> Iterator[None]:
-    """Tune reads its grace for stopped trials from the environment when ``fit()`` starts its controller."""
-    if _STOP_GRACE_ENV in os.environ:
-        yield
-        return
-    os.environ[_STOP_GRACE_ENV] = TRIAL_STOP_GRACE_S
-    try:
-        yield
-    finally:
-        os.environ.pop(_STOP_GRACE_ENV, None)
+def _stop_grace() -> Any:
+    """Tune's grace for stopped trials for the ``fit()`` in the block (a user's own value kept)."""
+    return env_default(_STOP_GRACE_ENV, TRIAL_STOP_GRACE_S)
 
 
 def _settle(grid: Any, runs: TrialRuns, settings: SweepSettings) -> SweepResult:

@@ -21,16 +21,15 @@ stages hand on are :mod:`rayemb.train.driver.job_types`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
-from rayemb._ray import init_ray
+from rayemb._ray import env_default, init_ray
 from rayemb.config import JobConfig, resolve_path
 from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
 from rayemb.data.schema import DatasetSchema, count_rows, load_checked, parquet_files
@@ -494,17 +493,9 @@ REPORT_POLL_INTERVAL_S = "0.2"
 _POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 
 
-@contextlib.contextmanager
-def _report_poll_interval() -> Iterator[None]:
-    """Ray Train reads its poll interval from the driver's environment when ``fit()`` starts its controller."""
-    if _POLL_ENV in os.environ:
-        yield
-        return
-    os.environ[_POLL_ENV] = REPORT_POLL_INTERVAL_S
-    try:
-        yield
-    finally:
-        os.environ.pop(_POLL_ENV, None)
+def _report_poll_interval() -> Any:
+    """Ray Train's poll interval for the ``fit()`` in the block (a user's own value kept)."""
+    return env_default(_POLL_ENV, REPORT_POLL_INTERVAL_S)
 
 
 def ray_train_configs(cfg: JobConfig, world_size: int, cpus_per_worker: float, storage: Dict[str, Any],
