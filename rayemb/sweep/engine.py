@@ -129,9 +129,11 @@ def _settings_checked(settings: SweepSettings, space: Mapping[str, Dimension]) -
     return dataclasses.replace(settings, mode=mode)
 
 
-def default_concurrency(configs: Sequence[JobConfig], cluster_cpus: float, cluster_gpus: float = 0.0) -> int:
+def default_concurrency(configs: Sequence[JobConfig], cluster_cpus: float, cluster_gpus: float = 0.0,
+                        trials: Optional[int] = None) -> int:
     """How many of these jobs the cluster runs at once: the largest job's workers' CPUs (and GPUs) fit that many
-    times in the cluster less the CPUs a job's Ray Data reads need (at least one trial)."""
+    times in the cluster (:func:`cluster_capacity`) less the CPUs a job's Ray Data reads need (at least one
+    trial, at most ``trials``, the sweep's count)."""
     from rayemb.constants import RESERVED_DATA_CPUS
     from rayemb.train.driver.resources import resolve_cpus_per_worker
 
@@ -140,7 +142,38 @@ def default_concurrency(configs: Sequence[JobConfig], cluster_cpus: float, clust
     gpu_jobs = [c.scaling.num_workers for c in configs if c.scaling.use_gpu]
     if gpu_jobs:
         fit = min(fit, int(cluster_gpus // max(gpu_jobs)))
-    return max(1, fit)
+    return max(1, min(fit, trials) if trials else fit)
+
+
+def cluster_capacity(live: Mapping[str, float], most: Optional[Mapping[str, float]] = None) -> Dict[str, float]:
+    """The CPUs and GPUs the cluster can hold: what its nodes have (``live``, ``ray.cluster_resources()``), or
+    what its autoscaler may grow it to (``most``) when larger.
+
+    Where the jobs' workers fit only once the autoscaler adds nodes, the trials beyond what the live nodes hold
+    start anyway: their jobs' placement groups wait, and that pending demand is what makes the autoscaler add
+    the nodes. A node type without a limit (``sys.maxsize``) bounds nothing, the trial count does."""
+    out = {k: float(live.get(k, 0.0)) for k in ("CPU", "GPU")}
+    for k in out:
+        if most and most.get(k):
+            out[k] = max(out[k], float(most[k]))
+    return out
+
+
+def autoscaler_max_resources() -> Optional[Dict[str, float]]:
+    """The most of each resource the connected cluster's autoscaler may reach, as Ray Train reads it before
+    waiting for its workers: published by Ray's autoscaler v2 (KubeRay's, ``RAY_enable_autoscaler_v2=1``);
+    None where none is published (a fixed cluster, the v1 autoscaler of ``ray up``)."""
+    try:
+        from ray._private.state import state
+
+        return state.get_max_resources_from_cluster_config()
+    except Exception:  # noqa: BLE001 - an older or newer Ray without it: what the live nodes hold
+        return None
+
+
+def trial_count(dims: Mapping[str, Dimension], num_samples: int) -> int:
+    """How many trials a sweep runs: each grid combination ``num_samples`` times."""
+    return num_samples * math.prod(len(d.values) for d in dims.values() if d.kind == "grid")
 
 
 def sweep_folder(cfg: JobConfig, name: str) -> str:
@@ -407,9 +440,9 @@ def _run(base: Dict[str, Any], probe: JobConfig, dims: Mapping[str, Dimension], 
     from rayemb.train.driver.outputs import tracking_uri as job_tracking_uri
 
     init_ray()
-    resources = ray.cluster_resources()
-    concurrency = settings.max_concurrent or default_concurrency(configs, float(resources.get("CPU", 1.0)),
-                                                                 float(resources.get("GPU", 0.0)))
+    capacity = cluster_capacity(ray.cluster_resources(), autoscaler_max_resources())
+    concurrency = settings.max_concurrent or default_concurrency(configs, capacity["CPU"] or 1.0, capacity["GPU"],
+                                                                 trials=trial_count(dims, settings.num_samples))
     uri = job_tracking_uri(probe.tracking.tracking_uri, resolve_path(probe.tracking.output_dir))
     ensure_store(uri)
     os.makedirs(folder, exist_ok=True)
@@ -537,4 +570,5 @@ def _error_line(error: BaseException) -> str:
     return text if isinstance(text, str) else text[0]
 
 
-__all__ = ["run_sweep", "SweepResult", "SweepSettings", "default_concurrency", "sweep_folder", "TrialRuns"]
+__all__ = ["run_sweep", "SweepResult", "SweepSettings", "default_concurrency", "cluster_capacity",
+           "autoscaler_max_resources", "trial_count", "sweep_folder", "TrialRuns"]
