@@ -1,0 +1,92 @@
+"""jobs/bench/sweep.py's judging: trials read back from MLflow runs, the store's completeness, a trial's fixed
+cost against the bare TorchTrainer, and the verdicts (a missing figure is a FAIL, never a pass)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests._bench import load_bench as _load
+
+sw = _load("sweep")
+
+
+def _run(run_id, status, start, dim, lr, aucs, phases=None, params=None):
+    return {"run_id": run_id, "trial_id": f"t{run_id}", "status": status, "start_ms": start,
+            "end_ms": start + 30_000,
+            "params": params if params is not None else {"model.embedding_dim": str(dim), "train.dense_lr": str(lr)},
+            "metrics": {f"phase_s.{k}": v for k, v in (phases or {}).items()}, "valid_auc_history": aucs}
+
+
+def _trials():
+    return sw.trial_rows([
+        _run("b", "KILLED", 2_000, 8, 0.01, [0.80]),
+        _run("a", "FINISHED", 1_000, 16, 0.002, [0.85, 0.91, 0.90], {"wall": 60.0, "steps": 10.0}),
+        _run("c", "FINISHED", 3_000, 32, 0.004, [0.86, 0.905], {"wall": 30.0, "steps": 10.0}),
+        _run("d", "FINISHED", 4_000, 32, 0.001, [0.84, 0.90], {"wall": 34.0, "steps": 10.0}),
+    ], sw.KEYS)
+
+
+def test_trials_are_in_start_order_with_their_values_read_back_as_numbers_and_best_and_last_auc():
+    rows = _trials()
+    assert [r["run_id"] for r in rows] == ["a", "b", "c", "d"]
+    a = rows[0]
+    assert (a["model.embedding_dim"], a["train.dense_lr"]) == (16, 0.002)
+    assert (a["best_valid_auc"], a["last_valid_auc"], a["validations"], a["run_wall_s"]) == (0.91, 0.90, 3, 30.0)
+    assert a["phases"] == {"wall": 60.0, "steps": 10.0} and rows[1]["phases"] == {}
+
+
+def test_the_store_is_complete_only_with_one_parent_every_child_and_every_swept_param():
+    children = [_run(str(i), "FINISHED", i, 8, 0.01, [0.9]) for i in range(3)]
+    assert sw.mlflow_check(1, children, sw.KEYS, 3)["complete"]
+    assert not sw.mlflow_check(2, children, sw.KEYS, 3)["complete"]
+    assert not sw.mlflow_check(1, children[:2], sw.KEYS, 3)["complete"]
+    lacking = [*children[:2], _run("x", "KILLED", 9, 8, 0.01, [0.9], params={"model.embedding_dim": "8"})]
+    check = sw.mlflow_check(1, lacking, sw.KEYS, 3)
+    assert not check["complete"] and check["children_missing_params"] == {"x": ["train.dense_lr"]}
+
+
+def test_fixed_cost_is_wall_minus_steps_minus_the_median_bare_wall_first_trial_apart_from_the_warm_ones():
+    fixed = sw.fixed_minus_ray(_trials(), [12.0, 14.0, 13.0])
+    assert fixed["bare_s"] == 13.0
+    assert fixed["first"] == pytest.approx(37.0)
+    # the stopped trial has no epoch's steps: no row, not a zero
+    assert fixed["per_trial"][1] is None
+    assert fixed["warm"]["n"] == 2 and fixed["warm"]["median"] == pytest.approx(9.0)
+    assert sw.fixed_minus_ray(_trials(), [])["first"] is None
+
+
+def _summary(trials, **kw):
+    args = dict(sweep_wall=100.0, sequential_walls=[60.0] * 4, expected_trials=4, default_auc=0.9085,
+                mlflow={"complete": True}, fixed=sw.fixed_minus_ray(trials, [13.0]))
+    args.update(kw)
+    return sw.summarize(trials, **args)
+
+
+def test_the_figures_and_verdicts_of_a_sweep():
+    s = _summary(_trials())
+    assert s["stopped_early_fraction"] == 0.25
+    assert s["sweep_over_sequential"] == pytest.approx(100 / 240)
+    assert s["best_trial"]["run_id"] == "a" and s["best_minus_default_auc"] == pytest.approx(0.0015)
+    v = sw.verdicts(s)
+    assert v == {"stopped_early_fraction": "FAIL", "sweep_over_sequential": "PASS", "best_minus_default_auc": "PASS",
+                 "mlflow_complete": "PASS", "rayemb_fixed_minus_ray_s.first": "FAIL",
+                 "rayemb_fixed_minus_ray_s.warm": "FAIL"}
+
+
+def test_a_missing_figure_fails_its_target():
+    trials = _trials()
+    # a sequential run failed: no wall of the whole to compare with
+    s = _summary(trials, sequential_walls=[60.0] * 3)
+    assert s["sequential_wall_s"] is None and sw.verdicts(s)["sweep_over_sequential"] == "FAIL"
+    # fewer trials than asked: the stopped fraction is not judged on what is left
+    s = _summary(trials[:3])
+    assert s["stopped_early_fraction"] is None and sw.verdicts(s)["stopped_early_fraction"] == "FAIL"
+    # the default job failed; no bare run
+    s = _summary(trials, default_auc=None, fixed=sw.fixed_minus_ray(trials, []))
+    v = sw.verdicts(s)
+    assert v["best_minus_default_auc"] == "FAIL" and v["rayemb_fixed_minus_ray_s.first"] == "FAIL"
+    assert v["rayemb_fixed_minus_ray_s.warm"] == "FAIL"
+    # a best trial only counts when it did not fail
+    failed = [{**t, "status": "FAILED"} for t in trials]
+    assert _summary(failed)["best_trial"] is None
+
