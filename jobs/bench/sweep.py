@@ -12,7 +12,7 @@ joining it (``RAY_ADDRESS``), timed from its start to its exit:
   ``--eval-every`` steps so ASHA has rungs inside it) over ``model.embedding_dim`` (grid ``--dims``) x
   ``train.dense_lr`` (loguniform ``--lr``), ``--trials-per-dim`` samples per dim, ASHA, the trials at once the
   sweep's default allows on this cluster;
-* ``default``: a plain ``rayemb train`` of the config (its own data and output folder only);
+* ``default``: a plain ``rayemb train`` of the config (its own data and output folder, and ``--set``, only);
 * ``sequential`` (``--no-sequential`` skips it): ``rayemb train`` of each trial's config, the values read back from
   the trial's MLflow run, one after another into one output folder (kept statistics and calibrations, as the
   sweep's trials share theirs).
@@ -201,6 +201,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="train.max_steps_per_epoch (default: the whole epoch)")
     p.add_argument("--sequential", action=argparse.BooleanOptionalAction, default=True,
                    help="run the sweep's configs one after another with rayemb train (default: yes)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override of every job (the default one's too), e.g. planner.calibrate=false")
     p.add_argument("--quick", action="store_true", help="1 trial per dim, 60 steps, a validation every 20")
     p.add_argument("--keep", default=os.path.join(_REPO, "runs", "bench-sweep"),
                    help="where `rayemb compare --sweep` writes its table and charts")
@@ -221,7 +223,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not os.path.exists(os.path.join(data, "schema.yaml")):
         subprocess.run([sys.executable, "-m", "rayemb.cli", "gen-data", "--out", data, "--rows", "400000"],
                        cwd=_REPO, check=True)
-    common = ["train.epochs=1", f"data.path={data}", *([f"train.max_steps_per_epoch={args.steps}"] if args.steps else [])]
+    steps = [f"train.max_steps_per_epoch={args.steps}"] if args.steps else []
+    common = ["train.epochs=1", f"data.path={data}", *steps, *args.set]
     swept = [*common, f"train.eval_every_n_steps={args.eval_every}", f"model.factory={FACTORY}",
              "model.args={bottom_hidden: [64]}"]
     cfg = load_config(args.config, swept)
@@ -297,9 +300,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                 "--out", compare, "--tracking-uri", uri])
             doc["compare"] = {"rc": c["rc"], "files": sorted(os.path.relpath(os.path.join(compare, f), _REPO)
                                                              for f in os.listdir(compare)) if c["rc"] == 0 else []}
-        default = train("default", [f"data.path={data}",
-                                    *([f"train.max_steps_per_epoch={args.steps}"] if args.steps else [])],
-                        os.path.join(tmp, "default-out"))
+        default = train("default", [f"data.path={data}", *steps, *args.set], os.path.join(tmp, "default-out"))
         if args.sequential:
             seq_out = os.path.join(tmp, "sequential-out")
             for t in trials:
