@@ -10,8 +10,11 @@ Starts one local Ray on 127.0.0.1 (stopped by its handle at the end) and, ``--re
 * ``bare``: a ``TorchTrainer`` whose loop does nothing, with the job's ScalingConfig (its workers, their CPUs
   as the job resolves them on this cluster, the placement strategy).
 
-Each is its own process joining the cluster (``RAY_ADDRESS``), timed from its start to its exit. A job's
-phases come from its ``--result-json`` (``phase_s.*``: rayemb.train.driver.phases). ``--data`` is generated
+Each is its own process joining the cluster (``RAY_ADDRESS``), timed from its start to its exit, with the
+host's load averages before and after it (``load_avg_before``, ``load_avg_after``: figures taken on a busy shared
+host say so). A job's phases come from its ``--result-json`` (``phase_s.*``: rayemb.train.driver.phases; a job
+whose plan measures nothing launches its workers first, and its ``plan`` and ``tracking`` then run beside
+``workers``, ``plan_wait`` being what of them the workers waited for). ``--data`` is generated
 with ``rayemb gen-data --rows 400000`` when absent. Writes ``{"schema_version": 1, "config", "overrides",
 "data", "ray", "scaling", "runs": [{"repeat", "kind", "wall_s", "phases"}], "summary": {kind: {phase:
 spread}}, "rayemb_fixed_minus_ray_s": {"warm", "cold"}, "target"}`` after every run and prints a table.
@@ -36,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _report import report, spread, write_result  # noqa: E402
 
-PHASES = ("checks", "ray", "statistics", "plan", "tracking", "workers", "model", "data", "steps",
+PHASES = ("checks", "ray", "statistics", "plan", "tracking", "workers", "plan_wait", "model", "data", "steps",
           "validation_and_checkpoints", "end", "wall")
 KINDS = ("bare", "cold", "warm")
 #: the fixed cost a job may add to Ray Train's own, in seconds
@@ -63,10 +66,14 @@ def bare_trainer(workers: int, cpus_per_worker: float, strategy: str, storage: s
 
 
 def _timed(cmd: List[str], env: Dict[str, str], log: str) -> Dict[str, Any]:
+    load_before = os.getloadavg()
     t0 = time.monotonic()
     with open(log, "w") as f:
         p = subprocess.run(cmd, cwd=_REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
-    out: Dict[str, Any] = {"wall_s": time.monotonic() - t0, "rc": p.returncode}
+    out: Dict[str, Any] = {"wall_s": time.monotonic() - t0, "rc": p.returncode,
+                           # the host's 1/5/15-minute load averages around the run (a shared host's other work)
+                           "load_avg_before": list(load_before), "load_avg_after": list(os.getloadavg()),
+                           "host_cpus": os.cpu_count()}
     if p.returncode:
         with open(log) as f:
             out["error"] = f.read()[-2000:]

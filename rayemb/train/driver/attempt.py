@@ -16,8 +16,6 @@ from rayemb.train.worker.resume import check_resume_from
 def claim_attempt(inputs: JobInputs, new_run: bool = False) -> JobInputs:
     """This driver's attempt of the job (:func:`rayemb.train.driver.job_record.claim`), and for a continued run the
     newest intact checkpoint of its own folder to resume from (its tables checked like ``--resume-from``)."""
-    from rayemb.checkpoint.meta import CheckpointMeta
-    from rayemb.checkpoint.reader import checkpoints_newest_first, read_meta
     from rayemb.train.driver.job_record import claim
 
     cfg = inputs.cfg
@@ -25,6 +23,10 @@ def claim_attempt(inputs: JobInputs, new_run: bool = False) -> JobInputs:
     inputs = dataclasses.replace(inputs, attempt=attempt)
     if attempt.finished is not None or not attempt.resuming:
         return inputs
+    # only a continued run reads checkpoints (their reader loads torch.distributed.checkpoint: a second or more)
+    from rayemb.checkpoint.meta import CheckpointMeta
+    from rayemb.checkpoint.reader import checkpoints_newest_first, read_meta
+
     root = JobOutputs.of(inputs.out_dir, attempt.job_id).checkpoint_root
     resume = None
     for i, path in enumerate(checkpoints_newest_first(root) if _exists(root) else []):

@@ -13,8 +13,10 @@ split, calibration and plan probe (or the kept ones) and the TorchRec plan, made
 job's files and what the MLflow run gets, handed to the RunLogger (a new run in a store that exists is created by
 its writer thread, and the plan's and statistics' charts drawn by another, both beside the workers' start);
 ``workers``: from the Ray Train launch to the training function running on rank 0 (Ray Train's controller, the
-worker processes); ``model``: from there to the model sharded and restored (imports, the process group's
-first collectives, the model and its sharding); ``data``: reading this rank's shard before the first step (in
+worker processes); ``plan wait``: rank 0 waiting for its job, when the workers were launched before the plan and
+the MLflow run were ready (:mod:`rayemb.train.driver.handoff`: those two stages then run beside the workers'
+start, and this is what of them the start did not hide); ``model``: the rest of the time to the model sharded and
+restored (imports, the process group's first collectives, the model and its sharding); ``data``: reading this rank's shard before the first step (in
 memory: all of it); ``steps``: every epoch's first to last step; ``validation and checkpoints``: between
 epochs; ``end``: after the last epoch's steps (its validation, checkpoint, Ray Train's shutdown, MLflow's last
 writes). Each is logged to MLflow as ``phase_s.<name>``, with ``phase_s.outside_steps_fraction``.
@@ -42,6 +44,11 @@ class JobPhases:
         self.stages[stage] = now - self._last
         self._last = now
 
+    def add(self, stage: str, seconds: float) -> None:
+        """``seconds`` more of ``stage``, spent beside the others (in a thread of the driver's, beside the workers'
+        start): its own figure, not a mark on the driver's clock."""
+        self.stages[stage] = self.stages.get(stage, 0.0) + seconds
+
     def launch(self) -> None:
         """The worker group is being launched (what precedes was the driver's own stages)."""
         self.launched = time.time()
@@ -59,7 +66,8 @@ class JobPhases:
             steps = sum(r["clock.epoch_steps_end_unix_s"] - r["clock.epoch_start_unix_s"] for r in ordered)
             started = first.get("clock.loop_start_unix_s", first["clock.ready_unix_s"])
             out["workers"] = max(0.0, started - self.launched)
-            out["model"] = max(0.0, first["clock.ready_unix_s"] - started)
+            out["plan_wait"] = first.get("clock.plan_wait_s", 0.0)
+            out["model"] = max(0.0, first["clock.ready_unix_s"] - started - out["plan_wait"])
             out["data"] = max(0.0, first["clock.epoch_start_unix_s"] - first["clock.ready_unix_s"])
             out["steps"] = steps
             span = last["clock.epoch_steps_end_unix_s"] - first["clock.epoch_start_unix_s"]
@@ -80,7 +88,7 @@ class JobPhases:
 
 def phases_line(phases: Mapping[str, float]) -> str:
     """The job's one line of phases (module docstring)."""
-    names = [*DRIVER_STAGES, "workers", "model", "data", "steps", "validation_and_checkpoints", "end"]
+    names = [*DRIVER_STAGES, "workers", "plan_wait", "model", "data", "steps", "validation_and_checkpoints", "end"]
     parts = [f"{n.replace('_', ' ')} {phases[n]:.1f} s" for n in names if n in phases]
     tail = f" (wall {phases['wall']:.1f} s" + (f", {100 * phases['outside_steps_fraction']:.0f} % outside steps)"
                                                  if "outside_steps_fraction" in phases else ")")

@@ -27,8 +27,9 @@ import hashlib
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from rayemb import storage
 from rayemb._ray import env_default, init_ray
 from rayemb.config import JobConfig, resolve_path
 from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
@@ -78,20 +79,34 @@ def run_training(cfg: JobConfig, parent_run_id: Optional[str] = None, model: Any
     # standardize's mean and std travel to the workers (and into checkpoints) on the schema
     inputs = dataclasses.replace(inputs, schema=dense_params(inputs.schema, stats, inputs.resume))
     phases.mark("statistics")
-    planned = plan_job(inputs, topology, stats)
+    start = start_plan(inputs, topology, stats)  # the calibration: kept, or measured before any worker starts
     phases.mark("plan")
-    # the first output: from here a rerun of the job continues this run (nothing is written before)
-    heartbeat, status, result = Heartbeat(inputs.out_dir, inputs.attempt).start(), "FAILED", None
+    heartbeat = Heartbeat(inputs.out_dir, inputs.attempt)
+    started, status, result = [], "FAILED", None
+
+    def plan() -> PlannedJob:
+        t = time.time()
+        planned = finish_plan(start)
+        phases.add("plan", time.time() - t)
+        return planned
+
+    def track(planned: PlannedJob, outputs: JobOutputs) -> Tracking:
+        t = time.time()
+        # the first output: from here a rerun of the job continues this run (nothing is written before)
+        started.append(heartbeat.start())
+        tracking = start_tracking(inputs, planned, parent_run_id, on_run=heartbeat.set_run_id, outputs=outputs)
+        phases.add("tracking", time.time() - t)
+        return tracking
+
     try:
-        tracking = start_tracking(inputs, planned, parent_run_id, on_run=heartbeat.set_run_id)
-        phases.mark("tracking")
-        result = train(inputs, planned, tracking, phases, ray_options)
+        result = train(inputs, start, plan, track, phases, ray_options)
         result.wall_time_s = time.monotonic() - t0
         status = result.status
     finally:
-        heartbeat.stop(status, None if result is None else {
-            "run_id": result.run_id, "metrics": result.metrics, "best_checkpoint": result.best_checkpoint,
-            "last_checkpoint": result.last_checkpoint, "tracking_uri": redact_uri(result.tracking_uri)})
+        if started:
+            heartbeat.stop(status, None if result is None else {
+                "run_id": result.run_id, "metrics": result.metrics, "best_checkpoint": result.best_checkpoint,
+                "last_checkpoint": result.last_checkpoint, "tracking_uri": redact_uri(result.tracking_uri)})
     return result
 
 
@@ -217,13 +232,46 @@ def plan_job(inputs: JobInputs, topology: Any, stats: Any) -> PlannedJob:
     """The plan of every world size the job may run at (:func:`~rayemb.train.world_plan.plan_world`): the
     planned one on ``topology``, and each smaller one of an elastic job, their cost-model plans of the real model
     made in this process."""
-    from rayemb.train.world_plan import plan_world
+    return finish_plan(start_plan(inputs, topology, stats))
 
+
+@dataclasses.dataclass(frozen=True)
+class PlanStart:
+    """What the plan stage measures on the cluster, before Ray Train's workers may take it (:func:`start_plan`)."""
+
+    inputs: JobInputs
+    topology: Any
+    stats: Any
+    resources: WorkerResources
+    calibration: Any
+    key_fields: Optional[Dict[str, Any]]
+    learned: Any
+
+    @property
+    def measures_nothing_more(self) -> bool:
+        """The rest of the plan (:func:`finish_plan`) starts no ranks of its own: no calibration (then no plan
+        probe either), or one kept from an earlier job, whose plan probe was kept beside it. A probe that is not
+        kept after all runs beside the starting workers, and falls back to the model's plan if it cannot."""
+        return self.calibration is None or self.calibration.source == "cached"
+
+
+def start_plan(inputs: JobInputs, topology: Any, stats: Any) -> PlanStart:
+    """The workers' resources and the job's calibration (kept, or measured on the live cluster)."""
     cfg = inputs.cfg
     resources = worker_resources(cfg, inputs.schema, stats, inputs.train_rows, inputs.valid_rows)
     calibration, key_fields = calibrate(inputs, topology, resources)
     # earlier jobs' measured over predicted step on this key scale the prediction (planner.recalibrate: not)
     calibration, learned = with_learned_ratio(inputs.out_dir, key_fields, calibration, apply=kept_max_age_s(cfg) > 0)
+    return PlanStart(inputs, topology, stats, resources, calibration, key_fields, learned)
+
+
+def finish_plan(start: PlanStart) -> PlannedJob:
+    """The plans of :func:`plan_job` from its measurements (:func:`start_plan`)."""
+    from rayemb.train.world_plan import plan_world
+
+    inputs, topology, stats, resources = start.inputs, start.topology, start.stats, start.resources
+    calibration, key_fields, learned = start.calibration, start.key_fields, start.learned
+    cfg = inputs.cfg
 
     def make_plan(config: JobConfig, split: Any, topo: Any) -> Any:
         # Here, not in a Ray task: the JobPlan holds TorchRec's ShardingPlan, so the driver loaded TorchRec anyway
@@ -309,20 +357,28 @@ def _make_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any, to
 # ---- STAGE 4: TRACKING ---- #
 
 
+def job_outputs(inputs: JobInputs) -> JobOutputs:
+    """Where the job's files, checkpoints and Ray Train run go: its attempt's job id (else a new one)."""
+    attempt = inputs.attempt
+    return JobOutputs.of(inputs.out_dir, attempt.job_id if attempt is not None else
+                         f"{inputs.cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+
+
 def start_tracking(inputs: JobInputs, planned: PlannedJob, parent_run_id: Optional[str] = None,
-                   on_run: Optional[Callable[[Optional[str]], None]] = None) -> Tracking:
+                   on_run: Optional[Callable[[Optional[str]], None]] = None,
+                   outputs: Optional[JobOutputs] = None) -> Tracking:
     """Creates the job's output folder and MLflow run, and logs params, config, plan, stats and split.
 
     A new run in a store that exists is created by the RunLogger's writer thread, beside the workers' start (MLflow's
     imports are a second or two of a fresh driver): what is logged meanwhile waits in its buffer. ``on_run`` gets
-    the run id once the run exists (from that thread, then)."""
+    the run id once the run exists (from that thread, then). ``outputs``: the job's (:func:`job_outputs`), when its
+    workers were launched with them already."""
     from rayemb.tracking import RunLogger, ensure_store, standard_tags
     from rayemb.tracking.store import sqlite_path
 
     cfg, topology = inputs.cfg, planned.topology
     attempt = inputs.attempt
-    outputs = JobOutputs.of(inputs.out_dir, attempt.job_id if attempt is not None else
-                            f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    outputs = outputs or job_outputs(inputs)
     job_id, job_dir = outputs.job_id, outputs.job_dir
     os.makedirs(job_dir, exist_ok=True)
     tracking_uri = job_tracking_uri(cfg.tracking.tracking_uri, inputs.out_dir)
@@ -389,53 +445,97 @@ def _log_run_params(run_logger: Any, inputs: JobInputs, planned: PlannedJob) -> 
 # ---- STAGE 5: TRAIN ---- #
 
 
-def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: Any = None,
+def train(inputs: JobInputs, start: PlanStart, plan: Callable[[], PlannedJob],
+          track: Callable[[PlannedJob, JobOutputs], Tracking], phases: Any = None,
           ray_options: Optional[Dict[str, Any]] = None) -> TrainResult:
     """Ray Train workers train the planned model; every report reaches MLflow; the run ends FINISHED or FAILED.
 
+    ``plan`` makes the plan from ``start`` (:func:`finish_plan`), ``track`` the job's MLflow run
+    (:func:`start_tracking`). Both run beside the worker group's start when the plan measures nothing more on the
+    cluster (:attr:`PlanStart.measures_nothing_more`; the workers get their job when it is ready:
+    :mod:`rayemb.train.driver.handoff`), else the plan is made first and only the run beside the start. An error of
+    either is raised as it is, after the launched workers ended without training; nothing of the job is left in
+    Ray Train's storage when the plan failed.
     ``phases``: the job's :class:`~rayemb.train.driver.phases.JobPhases` (its line printed and logged at the end).
     ``ray_options["on_report"]``: called in the driver with every report after MLflow has it (a sweep's trial)."""
     import ray
     from ray.util.queue import Queue
-
-    from rayemb.tracking.callback import QueueDrainer
-    from rayemb.train.driver.progress import ProgressPrinter
-
-    cfg, run_logger = inputs.cfg, tracking.run_logger
-    steps, world = inputs.steps_per_epoch, inputs.world_size
-    resources = planned.resources
-    print(f"rayemb: {world} workers x {resources.cpus_per_worker:g} CPU, {steps} steps/epoch, predicted "
-          f"{planned.summary['predicted_bytes_per_step'] / 1e6:.2f} MB/step; data "
-          + (f"held in worker memory (~{resources.shard_bytes / 2**20:,.0f} MiB per rank)" if resources.in_memory
-             else "streamed from Ray Data"), flush=True)
-    for warning in resources.warnings:
-        print(f"rayemb: WARNING: {warning}", flush=True)
-    first_epoch = planned.resume[1].next_epoch if planned.resume else 0
-    print(f"rayemb: training epochs {first_epoch + 1}..{cfg.train.epochs} ({steps} steps each)"
-          + (f", resuming from {redact_uri(planned.resume[0])}" if planned.resume else ""), flush=True)
-    # On the driver's node: a queue on a worker node would die with it, and every report after that with it
-    # (seen when an elastic job lost a node: it finished with no epoch report).
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from rayemb.tracking.callback import QueueDrainer
+    from rayemb.train.driver.handoff import JobHandoff
+    from rayemb.train.driver.progress import ProgressPrinter
+
+    cfg = inputs.cfg
+    steps, world = inputs.steps_per_epoch, inputs.world_size
+    resources = start.resources
+    # measured before Ray Train's workers take the cluster's CPUs: a calibration or probe beside them would be
+    # skewed by their start, or wait for their resources
+    planned_first = None if start.measures_nothing_more else plan()
+    outputs = job_outputs(inputs)
+    # On the driver's node: a queue on a worker node would die with it, and every report after that with it
+    # (seen when an elastic job lost a node: it finished with no epoch report).
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
-    progress = ProgressPrinter(cfg.train.epochs, steps, planned.world_plan.batch.global_size)
-    # a continued run: the points its dead attempt logged after the checkpoint are not logged twice
     ray_options = dict(ray_options or {})
-    drainer = QueueDrainer(queue, run_logger, progress=progress, after_step=run_logger.resumed_at_step,
-                           on_report=ray_options.pop("on_report", None)).start()
-    status, reason, best_checkpoint, last_checkpoint = "FAILED", None, None, None
+    on_report = ray_options.pop("on_report", None)
+    handoff = JobHandoff()
+    splits = _splits(inputs, resources)
+    ready: Dict[str, Any] = {}
+
+    def prepare() -> None:
+        """The plan (unless made), the MLflow run and its drainer; then the workers' job (None on an error)."""
+        job = None
+        try:
+            planned = planned_first or plan()
+            ready["planned"] = planned
+            tracking = ready["tracking"] = track(planned, outputs)
+            print(f"rayemb: {world} workers x {resources.cpus_per_worker:g} CPU, {steps} steps/epoch, predicted "
+                  f"{planned.summary['predicted_bytes_per_step'] / 1e6:.2f} MB/step; data "
+                  + (f"held in worker memory (~{resources.shard_bytes / 2**20:,.0f} MiB per rank)"
+                     if resources.in_memory else "streamed from Ray Data"), flush=True)
+            for warning in resources.warnings:
+                print(f"rayemb: WARNING: {warning}", flush=True)
+            first_epoch = planned.resume[1].next_epoch if planned.resume else 0
+            print(f"rayemb: training epochs {first_epoch + 1}..{cfg.train.epochs} ({steps} steps each)"
+                  + (f", resuming from {redact_uri(planned.resume[0])}" if planned.resume else ""), flush=True)
+            progress = ProgressPrinter(cfg.train.epochs, steps, planned.world_plan.batch.global_size)
+            run_logger = tracking.run_logger
+            # a continued run: the points its dead attempt logged after the checkpoint are not logged twice
+            ready["drainer"] = QueueDrainer(queue, run_logger, progress=progress, after_step=run_logger.resumed_at_step,
+                                            on_report=on_report).start()
+            job = _worker_job(inputs, planned, outputs, queue, resources, splits)
+        except BaseException as e:  # noqa: BLE001 - raised by the driver's thread once the workers ended
+            ready["error"] = e
+        finally:
+            try:
+                handoff.hand(job)
+            except BaseException as e:  # noqa: BLE001 - the workers then fail, and the driver says why
+                ready.setdefault("error", e)
+
+    preparing = threading.Thread(target=prepare, name="rayemb-plan-and-run", daemon=True)
+    status, reason, best_checkpoint, last_checkpoint, result = "FAILED", None, None, None, None
+    existed = storage.exists(outputs.checkpoint_root)
     try:
+        preparing.start()
         if phases is not None:
             phases.launch()
         with _report_poll_interval():
-            result = _ray_trainer(inputs, planned, tracking, queue, resources, ray_options).fit()
+            result = _ray_trainer(inputs, outputs, handoff.ref, queue, resources, splits, ray_options).fit()
+        preparing.join()
+        if "error" in ready:
+            raise ready["error"]
         status = "FINISHED"
-        best_checkpoint, last_checkpoint = map(tracking.outputs.checkpoint_uri, best_and_last_checkpoint(result))
+        best_checkpoint, last_checkpoint = map(outputs.checkpoint_uri, best_and_last_checkpoint(result))
     except KeyboardInterrupt:
         reason = "interrupted (KeyboardInterrupt)"
         raise
     except Exception as e:  # Ray wraps worker errors; surface the root cause in one paragraph
+        preparing.join()
+        if "error" in ready:  # the plan or the run failed: the workers ended without training
+            if e is not ready["error"]:
+                raise ready["error"] from None
+            raise
         user_error = find_user_error(e)
         if user_error is not None:  # bad input found by a worker (data, diverging learning rate, checkpoint)
             reason = user_error.message
@@ -447,42 +547,68 @@ def train(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, phases: An
             category="training_failed",
         ) from e
     finally:
-        reports = drainer.stop()
-        final: Dict[str, float] = {}
-        for r in reports:
-            final.update({k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
-        uncalibrated = planned.summary.get("prediction") == "uncalibrated"
-        final.update(step_time_check(reports, planned.summary.get("predicted_step_time_s"),
-                                     planned.summary.get("probed_step_time_s"), uncalibrated=uncalibrated))
-        if planned.summary.get("prediction"):
-            run_logger.set_tags({"rayemb.prediction": planned.summary["prediction"]})
-        if planned.summary.get("learned_ratio"):
-            try:  # the next job on this key predicts with it (the probe's plans too, without a measured step)
-                learn_ratio(inputs.out_dir, planned.summary, final.get("step_time_measured_s"))
-            except Exception as e:  # noqa: BLE001 - the job's own result stands
-                print(f"rayemb: WARNING: could not keep the learned step ratio ({type(e).__name__}: {e})", flush=True)
-        if "step_time_measured_s" in final:
-            run_logger.log_metrics({k: v for k, v in final.items() if k.startswith("step_time_")
-                                    and k != "step_time_s"}, step=0)
-            print(step_time_line(final), flush=True)
-        if phases is not None:
-            final.update(phases.report(reports, run_logger))
-        if best_checkpoint:
-            run_logger.set_tags({"rayemb.best_checkpoint": best_checkpoint})
-        if last_checkpoint:
-            run_logger.set_tags({"rayemb.last_checkpoint": last_checkpoint})
-        if tracking.charts is not None:  # pyplot is one figure state: one thread draws at a time
-            tracking.charts.join()
-        log_charts(run_logger, reports, tracking.job_dir)
-        tracking.outputs.publish(final=True)
-        run_logger.finish(status=status, reason=reason)
+        preparing.join()
+        handoff.close()
+        if "tracking" not in ready:
+            if "planned" not in ready and not existed:  # nothing of the job is written before its plan
+                _remove_tree(outputs.checkpoint_root)
+        else:
+            final, reports = _finish_run(inputs, ready["planned"], ready["tracking"], ready.get("drainer"), phases,
+                                         status, reason, best_checkpoint, last_checkpoint)
         try:
             ray.kill(queue.actor)
         except Exception:
             pass
-    return TrainResult(run_id=run_logger.run_id, tracking_uri=tracking.tracking_uri, status=status, metrics=final,
-                       reports=reports, plan=planned.summary, best_checkpoint=best_checkpoint,
+    planned, tracking = ready["planned"], ready["tracking"]
+    return TrainResult(run_id=tracking.run_logger.run_id, tracking_uri=tracking.tracking_uri, status=status,
+                       metrics=final, reports=reports, plan=planned.summary, best_checkpoint=best_checkpoint,
                        last_checkpoint=last_checkpoint)
+
+
+def _remove_tree(path: str) -> None:
+    """Removes ``path`` (a folder or a URI's prefix), quietly: what Ray Train began there for a job that failed."""
+    try:
+        fs, where = storage.filesystem(path)
+        fs.delete_dir(where)
+    except Exception:  # noqa: BLE001 - not there (Ray Train wrote nothing yet), or not ours to fail on
+        pass
+
+
+def _finish_run(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, drainer: Any, phases: Any, status: str,
+                reason: Optional[str], best_checkpoint: Optional[str], last_checkpoint: Optional[str]
+                ) -> Tuple[Dict[str, float], List[Dict[str, Any]]]:
+    """The run's last metrics, tags and files; the run ended ``status``. Returns (its final metrics, the reports)."""
+    run_logger = tracking.run_logger
+    reports = drainer.stop() if drainer is not None else []
+    final: Dict[str, float] = {}
+    for r in reports:
+        final.update({k: v for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    uncalibrated = planned.summary.get("prediction") == "uncalibrated"
+    final.update(step_time_check(reports, planned.summary.get("predicted_step_time_s"),
+                                 planned.summary.get("probed_step_time_s"), uncalibrated=uncalibrated))
+    if planned.summary.get("prediction"):
+        run_logger.set_tags({"rayemb.prediction": planned.summary["prediction"]})
+    if planned.summary.get("learned_ratio"):
+        try:  # the next job on this key predicts with it (the probe's plans too, without a measured step)
+            learn_ratio(inputs.out_dir, planned.summary, final.get("step_time_measured_s"))
+        except Exception as e:  # noqa: BLE001 - the job's own result stands
+            print(f"rayemb: WARNING: could not keep the learned step ratio ({type(e).__name__}: {e})", flush=True)
+    if "step_time_measured_s" in final:
+        run_logger.log_metrics({k: v for k, v in final.items() if k.startswith("step_time_")
+                                and k != "step_time_s"}, step=0)
+        print(step_time_line(final), flush=True)
+    if phases is not None:
+        final.update(phases.report(reports, run_logger))
+    if best_checkpoint:
+        run_logger.set_tags({"rayemb.best_checkpoint": best_checkpoint})
+    if last_checkpoint:
+        run_logger.set_tags({"rayemb.last_checkpoint": last_checkpoint})
+    if tracking.charts is not None:  # pyplot is one figure state: one thread draws at a time
+        tracking.charts.join()
+    log_charts(run_logger, reports, tracking.job_dir)
+    tracking.outputs.publish(final=True)
+    run_logger.finish(status=status, reason=reason)
+    return final, reports
 
 
 #: Ray Train's controller takes a worker's ``ray.train.report`` when it next polls the workers (every
@@ -521,36 +647,56 @@ def ray_train_configs(cfg: JobConfig, world_size: int, cpus_per_worker: float, s
     return scaling, run
 
 
-def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, queue: Any,
-                 resources: WorkerResources, ray_options: Optional[Dict[str, Any]] = None) -> Any:
+def _splits(inputs: JobInputs, resources: WorkerResources) -> Dict[str, Any]:
+    """The job's splits: small ones held in the object store, in-memory ones read by each rank, else Ray Datasets."""
     import ray
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    data_dir = inputs.data_dir
+    return read_splits(parquet_files(data_dir, TRAIN_SPLIT), parquet_files(data_dir, VALID_SPLIT),
+                       rows={"train": inputs.train_rows, "valid": inputs.valid_rows}, in_memory=resources.in_memory)
+
+
+def _held(splits: Dict[str, Any]) -> Dict[str, Any]:
+    from rayemb.train.held_splits import FileSplit, HeldSplit
+
+    # small ones in the object store, in-memory ones read by each rank: neither is a Ray Dataset
+    return {name: s for name, s in splits.items() if isinstance(s, (HeldSplit, FileSplit))}
+
+
+def _worker_job(inputs: JobInputs, planned: PlannedJob, outputs: JobOutputs, queue: Any,
+                resources: WorkerResources, splits: Dict[str, Any]) -> Any:
+    """What every worker gets (:class:`~rayemb.train.worker_job.WorkerJob`); the plans and the model by reference."""
+    import ray
+
+    from rayemb.train.worker_job import WorkerJob
+
+    return WorkerJob(
+        cfg=inputs.cfg, schema=inputs.schema, plans=ray.put(planned.plans),
+        model=ray.put(inputs.model) if inputs.model is not None else None, train_rows=inputs.train_rows,
+        plan_fingerprint=planned.fingerprint, checkpoint_root=outputs.checkpoint_root,
+        resume_from=planned.resume[0] if planned.resume else None, in_memory=resources.in_memory,
+        cpus_per_worker=resources.cpus_per_worker, held_splits=_held(splits), table_stats=dict(planned.stats.tables),
+        metrics_queue=queue, fault_injection=fault_injection())
+
+
+def _ray_trainer(inputs: JobInputs, outputs: JobOutputs, job_ref: Any, queue: Any, resources: WorkerResources,
+                 splits: Dict[str, Any], ray_options: Optional[Dict[str, Any]] = None) -> Any:
+    """The job's TorchTrainer; its loop gets ``job_ref``, which resolves to the WorkerJob once it is handed over."""
     from ray.train.torch import TorchTrainer
 
     from rayemb.train.worker.backend import RayembTorchConfig
-    from rayemb.train.held_splits import FileSplit, HeldSplit
     from rayemb.tracking.callback import ReportForwarder
     from rayemb.train.worker.loop import worker_loop
-    from rayemb.train.worker_job import WorkerJob
     from rayemb.train.worker.validation import ValidationDataConfig
 
-    cfg, data_dir = inputs.cfg, inputs.data_dir
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    splits = read_splits(parquet_files(data_dir, TRAIN_SPLIT), parquet_files(data_dir, VALID_SPLIT),
-                         rows={"train": inputs.train_rows, "valid": inputs.valid_rows}, in_memory=resources.in_memory)
-    # small ones in the object store, in-memory ones read by each rank: neither is a Ray Dataset
-    held = {name: s for name, s in splits.items() if isinstance(s, (HeldSplit, FileSplit))}
-    job = WorkerJob(
-        cfg=cfg, schema=inputs.schema, plans=ray.put(planned.plans),
-        model=ray.put(inputs.model) if inputs.model is not None else None, train_rows=inputs.train_rows,
-        plan_fingerprint=planned.fingerprint, checkpoint_root=tracking.outputs.checkpoint_root,
-        resume_from=planned.resume[0] if planned.resume else None, in_memory=resources.in_memory,
-        cpus_per_worker=resources.cpus_per_worker, held_splits=held, table_stats=dict(planned.stats.tables),
-        metrics_queue=queue, fault_injection=fault_injection())
-    scaling, run = ray_train_configs(cfg, inputs.world_size, resources.cpus_per_worker,
-                                     tracking.outputs.run_config_storage(), tracking.job_id, ReportForwarder(queue),
-                                     ray_options)
+    cfg = inputs.cfg
+    held = _held(splits)
+    scaling, run = ray_train_configs(cfg, inputs.world_size, resources.cpus_per_worker, outputs.run_config_storage(),
+                                     outputs.job_id, ReportForwarder(queue), ray_options)
     return TorchTrainer(
-        functools.partial(worker_loop, ray.put(job)),  # one typed object, by reference (rayemb.train.worker_job)
+        # one typed object, by reference: Ray Train's controller never loads it (rayemb.train.worker_job)
+        functools.partial(worker_loop, job_ref),
         torch_config=RayembTorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
         scaling_config=scaling,
         run_config=run,
@@ -559,5 +705,6 @@ def _ray_trainer(inputs: JobInputs, planned: PlannedJob, tracking: Tracking, que
     )
 
 
-__all__ = ["run_training", "check_inputs", "compute_statistics", "plan_job", "start_tracking", "train",
+__all__ = ["run_training", "check_inputs", "compute_statistics", "plan_job", "start_plan", "finish_plan", "PlanStart",
+           "start_tracking", "train",
            "JobInputs", "PlannedJob", "Tracking", "TrainResult", "job_topology"]

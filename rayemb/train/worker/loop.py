@@ -113,10 +113,20 @@ def worker_loop(job_ref: Any) -> None:
     loop_t0 = time.time()  # the worker process is up: what follows is imports, the process group, the model
     import ray
 
-    train_loop_per_worker(ray.get(job_ref), loop_t0)
+    # the driver may launch the workers before the plan is made (rayemb.train.driver.handoff): the model's imports
+    # are done while it plans, and the job arrives when it is ready
+    import torchrec.distributed.model_parallel  # noqa: F401
+
+    from rayemb.train.worker import build, step, validation  # noqa: F401
+
+    wait_t0 = time.time()
+    job = ray.get(job_ref)
+    if job is None:  # the driver's plan or MLflow run failed: the driver raises that error, nothing to train
+        return
+    train_loop_per_worker(job, loop_t0, plan_wait_s=time.time() - wait_t0)
 
 
-def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> None:
+def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None, plan_wait_s: float = 0.0) -> None:
     loop_t0 = time.time() if loop_t0 is None else loop_t0
     import ray.train
     import ray.train.torch
@@ -342,7 +352,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None) -> No
                 check_window()
                 checkpoint(epoch, epoch_steps, False, {"step": step, "epoch": epoch, "checkpoint": 1})
         check_window()  # the epoch's last window may be partial: a diverged model is neither validated nor saved
-        clock = {"clock.loop_start_unix_s": loop_t0, "clock.ready_unix_s": ready_t,
+        clock = {"clock.loop_start_unix_s": loop_t0, "clock.plan_wait_s": plan_wait_s, "clock.ready_unix_s": ready_t,
                  "clock.epoch_start_unix_s": epoch_t0, "clock.epoch_steps_end_unix_s": time.time()}
         valid = validate()
         # every rank sees the same gathered metric, so all make the same decision; the last epoch is no early stop
