@@ -160,9 +160,10 @@ def cluster_capacity(live: Mapping[str, float], most: Optional[Mapping[str, floa
 
 
 def autoscaler_max_resources() -> Optional[Dict[str, float]]:
-    """The most of each resource the connected cluster's autoscaler may reach, as Ray Train reads it before
-    waiting for its workers: published by Ray's autoscaler v2 (KubeRay's, ``RAY_enable_autoscaler_v2=1``);
-    None where none is published (a fixed cluster, the v1 autoscaler of ``ray up``)."""
+    """The most of each resource the connected cluster's autoscaler may reach, from the limits it published to
+    the GCS (Ray's ``ClusterConfig``, which Ray Train reads before it waits for its workers); None where none
+    are published (a fixed cluster; Ray's v1 autoscaler, as ``ray up`` and ``cluster/fake_autoscaler.py`` run
+    it, publishes none)."""
     try:
         from ray._private.state import state
 

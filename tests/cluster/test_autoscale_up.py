@@ -20,8 +20,9 @@ it) cannot give: both jobs' groups wait, the autoscaler lists them as its pendin
 each, both trials finish with their MLflow runs under the sweep's parent, and the idle nodes go away after.
 
 Hermetic: the cluster's HOME, ``--temp-dir`` and ``RAY_TMPDIR`` are a private directory under
-/tmp (removed afterwards), no token auth; the driver's HOME and RAY_TMPDIR point into tmp_path too.
-After teardown no process the cluster started is alive.
+/tmp (removed afterwards), no token auth; the driver's HOME and RAY_TMPDIR point into pytest's tmp
+folders too. One cluster serves the module (its start is most of a test's time); after its teardown no
+process it started is alive.
 """
 
 from __future__ import annotations
@@ -77,13 +78,16 @@ def cluster(tmp_path_factory):
         for var in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "MLFLOW_TRACKING_URI"):
             mp.delenv(var, raising=False)
         mp.setenv("HOME", str(home))
+        # one matplotlib font cache (a job's plan report draws) for this driver and the trials' processes
+        mp.setenv("MPLCONFIGDIR", str(home / "matplotlib"))
         if ray.is_initialized():
             ray.shutdown()
         try:
             cluster.start(timeout_s=180)
             mp.setenv("RAY_TMPDIR", cluster.dir)
             cluster.connect(logging_level="WARNING", runtime_env={
-                "env_vars": {"PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}})
+                "env_vars": {"PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                             "MPLCONFIGDIR": os.environ["MPLCONFIGDIR"]}})
             yield cluster
         finally:
             if ray.is_initialized():
@@ -192,10 +196,12 @@ def test_sweep_trials_pending_for_cpus_make_nodes_appear_and_finish(cluster, tin
     from mlflow import MlflowClient
 
     import rayemb
-    from rayemb.sweep.engine import TRIAL_DRIVER_CPUS
+    from rayemb.sweep.engine import TRIAL_DRIVER_CPUS, autoscaler_max_resources
     from rayemb.tracking.tags import TAG_KIND, TAG_PARENT_RUN_ID
 
     _wait(lambda: len(_alive(ray.nodes())) == 1, NODE_GONE_TIMEOUT_S, "a head alone before the sweep")
+    # the v1 autoscaler publishes no limit: the default would count the head alone, max_concurrent asks for 2
+    assert autoscaler_max_resources() is None
     head_id = _alive(ray.nodes())[0]["NodeID"]
     groups_before = set(ray.util.placement_group_table())
     samples = []  # (seconds since the sweep started, alive nodes, pending worker groups the autoscaler lists)
@@ -216,8 +222,8 @@ def test_sweep_trials_pending_for_cpus_make_nodes_appear_and_finish(cluster, tin
             "jobs/configs/synth_small.yaml", {"train.dense_lr": {"grid": SWEEP_LRS}}, scheduler="fifo",
             max_concurrent=2, name="grow", overrides=[
                 f"data.path={tiny_data}", f"tracking.output_dir={tmp_path}/out", "tracking.experiment=grow",
-                "data.batch_size=256", "train.epochs=1", "train.max_steps_per_epoch=30",
-                "train.log_every_n_steps=10", "scaling.num_workers=1", f"scaling.cpus_per_worker={SWEEP_WORKER_CPUS}",
+                "data.batch_size=256", "train.epochs=1", "train.max_steps_per_epoch=10",
+                "train.log_every_n_steps=5", "scaling.num_workers=1", f"scaling.cpus_per_worker={SWEEP_WORKER_CPUS}",
                 "planner.calibrate=false", "planner.probe_steps=0", "scaling.max_failures=1"])
     finally:
         stop_sampling.set()
@@ -229,7 +235,7 @@ def test_sweep_trials_pending_for_cpus_make_nodes_appear_and_finish(cluster, tin
           f"{max(n for _, n, _ in samples)} (a second at {grew_at}s), most pending worker groups the autoscaler "
           f"listed {max(p for _, _, p in samples)}", flush=True)
 
-    # both trials ran at once, each its job's own workers on a node the autoscaler added for them
+    # both trials finished, each its job's workers on a node the autoscaler added
     assert [t["status"] for t in result.trials] == ["FINISHED", "FINISHED"], result.trials
     assert all(t["value"] is not None and 0.0 < t["value"] <= 1.0 for t in result.trials), result.trials
     assert max(p for _, _, p in samples) >= 1, samples  # the jobs' pending groups reached the autoscaler
@@ -247,6 +253,7 @@ def test_sweep_trials_pending_for_cpus_make_nodes_appear_and_finish(cluster, tin
     parents = [r for r in runs if r.data.tags.get(TAG_KIND) == "sweep"]
     children = [r for r in runs if r.data.tags.get(TAG_PARENT_RUN_ID) == result.parent_run_id]
     assert [p.info.run_id for p in parents] == [result.parent_run_id], runs
+    assert parents[0].data.params["sweep.max_concurrent"] == "2"
     assert len(runs) == 3 and len(children) == 2, runs
     assert sorted(float(c.data.params["train.dense_lr"]) for c in children) == SWEEP_LRS
     assert all(c.info.status == "FINISHED" and "valid_auc" in c.data.metrics for c in children), children
