@@ -27,7 +27,8 @@ each with every swept key as a param), ``rayemb compare --sweep`` into ``--keep`
 (:data:`TARGETS`). ``rayemb_fixed_minus_ray_s`` of a trial: its job's wall - its steps (the ``phase_s.*`` its
 driver logs, as ``rayemb: phases:`` prints them) - the median bare wall; the sweep's first trial pays the statistics
 pass, the calibration and the plan probe, the later ones (warm) read them. A trial stopped by ASHA has no epoch
-end and so no steps phase: it has no row. Writes the JSON after every stage and prints a table.
+end and so no steps phase: it has no row. Writes the JSON after every stage and prints a table; interrupted (Ctrl-C), it judges the runs it made, and
+``--summarize`` judges those of a JSON an interrupted run left.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,7 +60,7 @@ TARGETS: Dict[str, tuple] = {
     "best_minus_default_auc": (">=", -0.001, "best trial's valid AUC - the default config's"),
     "mlflow_complete": ("==", True, "1 parent + one child per trial, each with every swept key"),
     "rayemb_fixed_minus_ray_s.first": ("<=", 30.0, "the first trial's job wall - steps - bare wall"),
-    "rayemb_fixed_minus_ray_s.warm": ("<=", 5.0, "median over the later trials of the same"),
+    "rayemb_fixed_minus_ray_s.warm": ("<=", 5.0, "median of the same over the later trials of a dim run before"),
 }
 COLUMNS = [("target", "<32", "{}"), ("value", ">10", "{}"), ("bound", ">9", "{}"), ("verdict", "<8", "{}")]
 
@@ -109,8 +109,10 @@ def mlflow_check(parents: int, children: Sequence[Mapping[str, Any]], keys: Sequ
 
 
 def fixed_minus_ray(trials: Sequence[Mapping[str, Any]], bare_walls: Sequence[float]) -> Dict[str, Any]:
-    """``first``: the first trial's (job wall - steps) - median bare wall, None when it has no phases of a whole
-    epoch; ``warm``: the spread of the same over the later trials that have them."""
+    """A trial's (job wall - steps) - the median bare wall: ``first`` the sweep's first trial's (None when it has
+    no phases of a whole epoch); ``warm`` the spread over the later trials of a dim an earlier trial ran (kept
+    statistics, calibration and plan probe); ``first_of_shape`` over the later trials of a dim not run before
+    (the plan probe of their shape, and its calibration when calibrating); ``later``: both."""
     bare = statistics.median(bare_walls) if bare_walls else None
 
     def value(t: Mapping[str, Any]) -> Optional[float]:
@@ -119,9 +121,12 @@ def fixed_minus_ray(trials: Sequence[Mapping[str, Any]], bare_walls: Sequence[fl
             return None
         return ph["wall"] - ph["steps"] - bare
 
-    first = value(trials[0]) if trials else None
-    return {"bare_s": bare, "first": first, "warm": spread(value(t) for t in trials[1:]),
-            "per_trial": [value(t) for t in trials]}
+    values = [value(t) for t in trials]
+    shapes = [t.get("model.embedding_dim") for t in trials]
+    warm = [v for i, v in enumerate(values) if i and shapes[i] in shapes[:i]]
+    new_shape = [v for i, v in enumerate(values) if i and shapes[i] not in shapes[:i]]
+    return {"bare_s": bare, "first": values[0] if values else None, "warm": spread(warm),
+            "first_of_shape": spread(new_shape), "later": spread(values[1:]), "per_trial": values}
 
 
 def summarize(trials: Sequence[Mapping[str, Any]], sweep_wall: Optional[float], sequential_walls: Sequence[float],
@@ -206,12 +211,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--quick", action="store_true", help="1 trial per dim, 60 steps, a validation every 20")
     p.add_argument("--keep", default=os.path.join(_REPO, "runs", "bench-sweep"),
                    help="where `rayemb compare --sweep` writes its table and charts")
+    p.add_argument("--summarize", action="store_true",
+                   help="only judge the runs an interrupted benchmark wrote to --out")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    if args.summarize:
+        with open(args.out) as f:
+            return finish(json.load(f), args.out)
     if args.quick:
         args.trials_per_dim, args.steps, args.eval_every = 1, args.steps or 60, 20
     dims = [int(d) for d in args.dims.split(",")]
-    expected = len(dims) * args.trials_per_dim
 
     import ray
     import yaml
@@ -283,14 +292,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         with open(space_path, "w") as f:
             yaml.safe_dump(space, f)
         sweep_out = os.path.join(tmp, "sweep-out")
-        sweep = run("sweep", [sys.executable, "-m", "rayemb.cli", "sweep", "--config", args.config, "--space",
-                              space_path, "--num-samples", str(args.trials_per_dim), "--name", "bench",
-                              *[a for o in [*swept, f"tracking.output_dir={sweep_out}"] for a in ("--set", o)]])
+        run("sweep", [sys.executable, "-m", "rayemb.cli", "sweep", "--config", args.config, "--space",
+                      space_path, "--num-samples", str(args.trials_per_dim), "--name", "bench",
+                      *[a for o in [*swept, f"tracking.output_dir={sweep_out}"] for a in ("--set", o)]])
         bare()
         uri = f"sqlite:///{os.path.join(sweep_out, 'mlflow.db')}"
         store = _read_store(uri, cfg.tracking.experiment, KEYS)
         trials = trial_rows(store["children"], KEYS)
-        doc["mlflow"] = mlflow_check(store["parents"], store["children"], KEYS, expected)
+        doc["mlflow"] = mlflow_check(store["parents"], store["children"], KEYS, len(dims) * args.trials_per_dim)
         doc["mlflow"]["parent_params"] = store["parent_params"]
         doc["trials"] = trials
         write_result(args.out, doc)
@@ -300,27 +309,39 @@ def main(argv: Optional[List[str]] = None) -> int:
                                 "--out", compare, "--tracking-uri", uri])
             doc["compare"] = {"rc": c["rc"], "files": sorted(os.path.relpath(os.path.join(compare, f), _REPO)
                                                              for f in os.listdir(compare)) if c["rc"] == 0 else []}
-        default = train("default", [f"data.path={data}", *steps, *args.set], os.path.join(tmp, "default-out"))
+        train("default", [f"data.path={data}", *steps, *args.set], os.path.join(tmp, "default-out"))
         if args.sequential:
             seq_out = os.path.join(tmp, "sequential-out")
             for t in trials:
                 train("sequential", [*swept, *(f"{k}={json.dumps(t[k])}" for k in KEYS)], seq_out,
                       **{"trial_id": t["trial_id"], **{k: t[k] for k in KEYS}})
+    except KeyboardInterrupt:  # what ran is judged; the rest is missing
+        doc["interrupted"] = f"after {len(doc['runs'])} run(s)"
     finally:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
 
+    return finish(doc, args.out)
+
+
+def finish(doc: Dict[str, Any], out: str) -> int:
+    """The figures and verdicts of the runs ``doc`` holds (all of them, or those before an interruption: what
+    is missing fails its target), written to ``out`` and printed."""
     ok = [r for r in doc["runs"] if "error" not in r]
+    expected = len(doc["space"]["model.embedding_dim"]["grid"]) * doc["num_samples"]
     fixed = fixed_minus_ray(doc.get("trials", []), [r["wall_s"] for r in ok if r["kind"] == "bare"])
     seq = [r["wall_s"] for r in ok if r["kind"] == "sequential"]
-    summary = summarize(doc.get("trials", []), sweep["wall_s"] if "error" not in sweep else None, seq, expected,
-                        default.get("valid_auc"), doc.get("mlflow", {}), fixed)
+    sweep_wall = next((r["wall_s"] for r in ok if r["kind"] == "sweep"), None)
+    default_auc = next((r.get("valid_auc") for r in ok if r["kind"] == "default"), None)
+    summary = summarize(doc.get("trials", []), sweep_wall, seq, expected, default_auc, doc.get("mlflow", {}), fixed)
+    summary["sequential_runs"] = len(seq)
     doc["rayemb_fixed_minus_ray_s"] = fixed
     doc["summary"] = summary
     doc["target"] = {"rules": {k: f"{v[2]} {v[0]} {v[1]}" for k, v in TARGETS.items()},
                      "verdict": verdicts(summary)}
     load = doc["host"]["load_avg_1m"]
-    doc["host_note"] = f"1-min load average {min(load):.1f}-{max(load):.1f} at the runs' starts, on {os.cpu_count()} cores"
+    doc["host_note"] = (f"1-min load average {min(load):.1f}-{max(load):.1f} at the runs' starts, on "
+                        f"{doc['host']['cpu_count']} cores")
     rows = [{"target": k, "value": None if summary[k] is None else
              (f"{summary[k]:.4f}" if isinstance(summary[k], float) else str(summary[k])),
              "bound": f"{TARGETS[k][0]} {TARGETS[k][1]}", "verdict": doc["target"]["verdict"][k]} for k in TARGETS]
@@ -328,11 +349,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"  {t['trial_id']} dim {t['model.embedding_dim']:>3} lr {t['train.dense_lr']:.5f} {t['status']:<8} "
         f"best auc {t['best_valid_auc'] if t['best_valid_auc'] is None else round(t['best_valid_auc'], 4)} "
         f"after {t['validations']} validation(s)" for t in doc.get("trials", []))
-    footer = (f"\ntrials:\n{trial_lines}\nsweep {summary['sweep_wall_s'] or float('nan'):.0f} s, one after another "
-              f"{summary['sequential_wall_s'] or float('nan'):.0f} s; default valid AUC {summary['default_valid_auc']}"
-              f"; {doc['host_note']}")
-    return report(args.out, doc, rows, COLUMNS, ["target", "value", "bound", "verdict"], footer=footer)
-
+    nan = float("nan")
+    footer = (f"\ntrials:\n{trial_lines}\nsweep {summary['sweep_wall_s'] or nan:.0f} s, one after another "
+              f"{summary['sequential_wall_s'] or nan:.0f} s ({len(seq)} of {expected} run); default valid AUC "
+              f"{summary['default_valid_auc']}; {doc['host_note']}"
+              + (f"; interrupted {doc['interrupted']}" if doc.get("interrupted") else ""))
+    return report(out, doc, rows, COLUMNS, ["target", "value", "bound", "verdict"], footer=footer)
 
 if __name__ == "__main__":
     sys.exit(main())

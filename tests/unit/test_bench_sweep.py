@@ -45,13 +45,16 @@ def test_the_store_is_complete_only_with_one_parent_every_child_and_every_swept_
     assert not check["complete"] and check["children_missing_params"] == {"x": ["train.dense_lr"]}
 
 
-def test_fixed_cost_is_wall_minus_steps_minus_the_median_bare_wall_first_trial_apart_from_the_warm_ones():
+def test_fixed_cost_is_wall_minus_steps_minus_the_median_bare_wall_first_trial_and_new_shapes_apart_from_warm_ones():
     fixed = sw.fixed_minus_ray(_trials(), [12.0, 14.0, 13.0])
     assert fixed["bare_s"] == 13.0
     assert fixed["first"] == pytest.approx(37.0)
     # the stopped trial has no epoch's steps: no row, not a zero
     assert fixed["per_trial"][1] is None
-    assert fixed["warm"]["n"] == 2 and fixed["warm"]["median"] == pytest.approx(9.0)
+    # the first trial of dim 32 probes its plan; the second one of dim 32 reads it
+    assert fixed["first_of_shape"]["n"] == 1 and fixed["first_of_shape"]["median"] == pytest.approx(7.0)
+    assert fixed["warm"]["n"] == 1 and fixed["warm"]["median"] == pytest.approx(11.0)
+    assert fixed["later"]["n"] == 2 and fixed["later"]["median"] == pytest.approx(9.0)
     assert sw.fixed_minus_ray(_trials(), [])["first"] is None
 
 
@@ -90,3 +93,22 @@ def test_a_missing_figure_fails_its_target():
     failed = [{**t, "status": "FAILED"} for t in trials]
     assert _summary(failed)["best_trial"] is None
 
+
+
+def test_an_interrupted_benchmark_is_judged_on_the_runs_it_made(tmp_path):
+    import json
+
+    doc = {"space": {"model.embedding_dim": {"grid": [8, 16, 32]}, "train.dense_lr": {"loguniform": [1e-3, 1e-2]}},
+           "num_samples": 1, "host": {"cpu_count": 2, "load_avg_1m": [1.0, 3.0]}, "interrupted": "after 4 run(s)",
+           "runs": [{"kind": "bare", "wall_s": 13.0}, {"kind": "sweep", "wall_s": 120.0},
+                    {"kind": "default", "wall_s": 50.0, "valid_auc": 0.9},
+                    {"kind": "sequential", "wall_s": 60.0}, {"kind": "sequential", "wall_s": 70.0, "error": "x"}],
+           "trials": _trials()[:3], "mlflow": {"complete": True}}
+    out = tmp_path / "sweep.json"
+    assert sw.finish(doc, str(out)) == 0
+    written = json.loads(out.read_text())
+    s = written["summary"]
+    assert (s["sweep_wall_s"], s["sequential_runs"], s["sequential_wall_s"]) == (120.0, 1, None)
+    assert s["best_minus_default_auc"] == pytest.approx(0.01)
+    assert written["target"]["verdict"]["sweep_over_sequential"] == "FAIL"
+    assert written["host_note"].startswith("1-min load average 1.0-3.0")
