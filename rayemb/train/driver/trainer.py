@@ -7,9 +7,16 @@
     compute_statistics(inputs)             -> DatasetStats one pass (Ray Data; a small split here);
                                                            labels, dense, ids checked
     plan_job(inputs, topology, stats)      -> PlannedJob   per world size its split and cost-model plan
-                                                           (rayemb.train.world_plan; TorchRec loads here)
+                                                           (rayemb.train.world_plan; TorchRec loads here):
+                                                           start_plan (the calibration), then finish_plan
     start_tracking(inputs, planned)        -> Tracking     the MLflow run, params, config, plan/stats artifacts
-    train(inputs, planned, tracking)       -> TrainResult  Ray Train workers; the run ends FINISHED or FAILED
+    train(inputs, start, plan, track)      -> TrainResult  Ray Train workers; the run ends FINISHED or FAILED
+
+Ray Train's worker group takes seconds to start. A job whose plan measures nothing more on the cluster (no
+calibration, or a kept one) launches it right after ``start_plan`` and makes the rest of its plan and its MLflow
+run beside that start; the workers get their job when it is ready (:mod:`rayemb.train.driver.handoff`). Any
+other job makes its plan first (its calibration and plan probe measured on a cluster no worker holds yet), and
+only its MLflow run beside the start.
 
 Everything that can fail because of user input is found by the first three
 stages, before any output is written, and raises a
@@ -479,8 +486,8 @@ def train(inputs: JobInputs, start: PlanStart, plan: Callable[[], PlannedJob],
     queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
     ray_options = dict(ray_options or {})
     on_report = ray_options.pop("on_report", None)
-    handoff = JobHandoff()
     splits = _splits(inputs, resources)
+    handoff = JobHandoff()
     ready: Dict[str, Any] = {}
 
     def prepare() -> None:
