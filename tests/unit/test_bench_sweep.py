@@ -10,8 +10,9 @@ from tests._bench import load_bench as _load
 sw = _load("sweep")
 
 
-def _run(run_id, status, start, dim, lr, aucs, phases=None, params=None):
-    return {"run_id": run_id, "trial_id": f"t{run_id}", "status": status, "start_ms": start,
+def _run(run_id, status, start, dim, lr, aucs, phases=None, params=None, stopped_at=None):
+    return {"stopped_reason": None if stopped_at is None else
+            f"asha: valid_auc=0.8 below the median of the trials at validation {stopped_at} (epoch 1)","run_id": run_id, "trial_id": f"t{run_id}", "status": status, "start_ms": start,
             "end_ms": start + 30_000,
             "params": params if params is not None else {"model.embedding_dim": str(dim), "train.dense_lr": str(lr)},
             "metrics": {f"phase_s.{k}": v for k, v in (phases or {}).items()}, "valid_auc_history": aucs}
@@ -19,7 +20,8 @@ def _run(run_id, status, start, dim, lr, aucs, phases=None, params=None):
 
 def _trials():
     return sw.trial_rows([
-        _run("b", "KILLED", 2_000, 8, 0.01, [0.80]),
+        # the run's history lacks the second validation it reported to Tune
+        _run("b", "KILLED", 2_000, 8, 0.01, [0.80], stopped_at=2),
         _run("a", "FINISHED", 1_000, 16, 0.002, [0.85, 0.91, 0.90], {"wall": 60.0, "steps": 10.0}),
         _run("c", "FINISHED", 3_000, 32, 0.004, [0.86, 0.905], {"wall": 30.0, "steps": 10.0}),
         _run("d", "FINISHED", 4_000, 32, 0.001, [0.84, 0.90], {"wall": 34.0, "steps": 10.0}),
@@ -33,6 +35,7 @@ def test_trials_are_in_start_order_with_their_values_read_back_as_numbers_and_be
     assert (a["model.embedding_dim"], a["train.dense_lr"]) == (16, 0.002)
     assert (a["best_valid_auc"], a["last_valid_auc"], a["validations"], a["run_wall_s"]) == (0.91, 0.90, 3, 30.0)
     assert a["phases"] == {"wall": 60.0, "steps": 10.0} and rows[1]["phases"] == {}
+    assert (a["stopped_at_validation"], rows[1]["stopped_at_validation"]) == (None, 2)
 
 
 def test_the_store_is_complete_only_with_one_parent_every_child_and_every_swept_param():
@@ -67,13 +70,20 @@ def _summary(trials, **kw):
 
 def test_the_figures_and_verdicts_of_a_sweep():
     s = _summary(_trials())
-    assert s["stopped_early_fraction"] == 0.25
+    assert s["stopped_early_fraction"] == 0.25 and s["stopped_at_last_validation"] == 0
     assert s["sweep_over_sequential"] == pytest.approx(100 / 240)
     assert s["best_trial"]["run_id"] == "a" and s["best_minus_default_auc"] == pytest.approx(0.0015)
     v = sw.verdicts(s)
     assert v == {"stopped_early_fraction": "FAIL", "sweep_over_sequential": "PASS", "best_minus_default_auc": "PASS",
                  "mlflow_complete": "PASS", "rayemb_fixed_minus_ray_s.first": "FAIL",
                  "rayemb_fixed_minus_ray_s.warm": "FAIL"}
+
+
+def test_a_trial_stopped_at_the_last_validation_was_not_stopped_early():
+    trials = [*_trials(), *sw.trial_rows([_run("e", "KILLED", 5_000, 8, 0.003, [0.8, 0.85, 0.86], stopped_at=3)],
+                                         sw.KEYS)]
+    s = _summary(trials, expected_trials=5, sequential_walls=[60.0] * 5)
+    assert (s["stopped_early"], s["stopped_at_last_validation"], s["stopped_early_fraction"]) == (1, 1, 0.2)
 
 
 def test_a_missing_figure_fails_its_target():
