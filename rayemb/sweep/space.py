@@ -9,6 +9,10 @@ one of five forms, Ray Tune's sampling functions of the same names::
     train.weight_decay: {uniform: [0.0, 0.01]}        # a float
     data.batch_size: {randint: [128, 513]}            # an integer, lo <= n < hi (hi excluded, as in Tune)
 
+A swept ``model.embedding_dim`` carries the shipped DLRM's bottom MLP along (:func:`with_carried`): where the base
+config's ``model.bottom_mlp`` ends at its embedding dim and ``model.bottom_mlp`` is not swept itself, each trial's
+bottom MLP ends at that trial's embedding dim (the dot interaction needs them equal).
+
 Before any trial starts, :func:`check_space` builds the job config with every grid and choice value and with both
 ends of every range, so a value the config refuses (an unknown key, a wrong type, a bound outside its range) stops
 the sweep with one message naming the key and the fix.
@@ -32,7 +36,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import yaml
 
-from rayemb.config import JobConfig, config_from_dict
+from rayemb.config import JobConfig, ModelConfig, config_from_dict
 from rayemb.errors import ConfigError
 
 #: the forms a key's entry takes: a list of values, or a range [lo, hi]
@@ -43,6 +47,8 @@ SPACE_KINDS = LISTS + RANGES
 RESERVED = ("name", "tracking")
 #: the ``ConfigError`` category of a bad space
 INVALID_SPACE = "invalid_sweep_space"
+#: a swept embedding dim carries the DLRM's bottom MLP's last width (:func:`with_carried`)
+EMBEDDING_DIM, BOTTOM_MLP = "model.embedding_dim", "model.bottom_mlp"
 
 _FORMS = ("{grid: [v1, v2, ...]}, {choice: [v1, v2, ...]}, {uniform: [lo, hi]}, {loguniform: [lo, hi]} or "
           "{randint: [lo, hi]}")
@@ -146,6 +152,31 @@ def trial_overrides(space_keys: Sequence[str], trial_config: Mapping[str, Any]) 
     return [override(k, trial_config[k]) for k in space_keys if k in trial_config]
 
 
+def with_carried(base: Mapping[str, Any], values: Mapping[str, Any], swept: Sequence[str] = ()) -> Dict[str, Any]:
+    """``values`` (config key to value) with what they carry along in ``base`` (a config mapping).
+
+    The shipped DLRM's bottom MLP must end at the embedding dim, and a space's keys are crossed, so the two could
+    never move together: a value of ``model.embedding_dim`` replaces the last width of ``model.bottom_mlp`` where
+    the base's bottom MLP ends at the base's embedding dim and ``model.bottom_mlp`` is neither among ``values``
+    nor ``swept`` (the space's keys): a bottom MLP swept or ended elsewhere on purpose is left as it is, and the
+    config checks it."""
+    out = dict(values)
+    dim = out.get(EMBEDDING_DIM)
+    if hasattr(dim, "item") and not isinstance(dim, (list, dict)):  # a numpy integer Tune sampled
+        dim = dim.item()
+    if BOTTOM_MLP in out or BOTTOM_MLP in swept or not isinstance(dim, int) or isinstance(dim, bool):
+        return out
+    model = base.get("model") or {}
+    if not isinstance(model, Mapping) or model.get("factory") or model.get("name", "dlrm") != "dlrm":
+        return out
+    defaults = ModelConfig()
+    bottom = model.get("bottom_mlp", list(defaults.bottom_mlp))
+    if isinstance(bottom, (list, tuple)) and bottom and bottom[-1] == model.get("embedding_dim",
+                                                                                 defaults.embedding_dim):
+        out[BOTTOM_MLP] = [*bottom[:-1], dim]
+    return out
+
+
 def check_space(space: Mapping[str, Dimension], base: Mapping[str, Any], where: str = "space.yaml") -> List[JobConfig]:
     """Builds the job config from ``base`` (a config mapping) with each checked value of each key, one key at a
     time; returns the configs built. A value the config refuses raises :class:`ConfigError` naming the key."""
@@ -153,7 +184,8 @@ def check_space(space: Mapping[str, Dimension], base: Mapping[str, Any], where: 
     for key, dim in space.items():
         for value in dim.checked_values():
             try:
-                built.append(config_from_dict(dict(base), [override(key, value)]))
+                carried = with_carried(base, {key: value}, swept=list(space))
+                built.append(config_from_dict(dict(base), [override(k, v) for k, v in carried.items()]))
             except ConfigError as e:
                 inner = e.message.rstrip(".")
                 if "Unknown config key" in inner or "is not a section" in inner:
@@ -165,4 +197,5 @@ def check_space(space: Mapping[str, Dimension], base: Mapping[str, Any], where: 
     return built
 
 
-__all__ = ["Dimension", "SPACE_KINDS", "parse_space", "load_space", "check_space", "override", "trial_overrides"]
+__all__ = ["Dimension", "SPACE_KINDS", "parse_space", "load_space", "check_space", "override", "trial_overrides",
+           "with_carried"]

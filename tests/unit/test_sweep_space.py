@@ -84,8 +84,9 @@ def test_a_malformed_entry_is_refused_naming_the_key(doc, says):
     ({"train.epochs.x": {"grid": [1, 2]}}, "train.epochs.x: is not a config key"),
     ({"train.epochs": {"grid": [1, -2]}}, "train.epochs: the config refuses the grid value -2"),
     ({"train.epochs": {"choice": [1, "many"]}}, "the config refuses the choice value 'many'"),
-    # a value the config refuses with the other keys' values: the DLRM's bottom MLP ends at the embedding dim
-    ({"model.embedding_dim": {"grid": [16, 8]}}, "refuses the grid value 8 (Invalid config value model.bottom_mlp"),
+    # a value the config refuses with the other keys' values: the DLRM's bottom MLP, swept too, ends elsewhere
+    ({"model.embedding_dim": {"grid": [16, 8]}, "model.bottom_mlp": {"grid": [[64, 16]]}},
+     "refuses the grid value 8 (Invalid config value model.bottom_mlp"),
     ({"train.dense_lr": {"uniform": [-1.0, 0.1]}}, "the config refuses the uniform bound -1.0"),
     ({"train.epochs": {"randint": [1, 1000000]}}, None),
     ({"planner.engine": {"grid": ["fast", "quantum"]}}, "the config refuses the grid value 'quantum'"),
