@@ -39,9 +39,9 @@ from rayemb._ray import env_default
 from rayemb.config import EARLY_STOPPING_METRICS, JobConfig, config_from_dict, resolve_path
 from rayemb.errors import ConfigError
 from rayemb.sweep.space import Dimension, check_space, load_space, parse_space
-from rayemb.sweep.trial import sweep_trainable, trial_job_name
+from rayemb.sweep.trial import LAST_VALIDATION, sweep_trainable, trial_job_name
 from rayemb.tracking.tags import (PARAM_SWEEP_KEYS, PARAM_SWEEP_METRIC, PARAM_SWEEP_MODE, SWEEP_MODES, TAG_BEST_RUN_ID,
-                                  TAG_STOPPED_REASON, TAG_TRIAL_ID)
+                                  TAG_FAILURE_REASON, TAG_STOPPED_REASON, TAG_TRIAL_ID)
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +55,11 @@ SPACE_FILE = "space.yaml"
 TRIAL_DRIVER_CPUS = 0.01
 #: ASHA keeps the top 1/2 of the trials at each rung (the median), starting at the first validation
 ASHA_REDUCTION = 2
-#: ASHA's rungs when a job validates every ``train.eval_every_n_steps`` (validations 1, 2, 4, ... 64)
+#: ASHA's rungs when a job validates every ``train.eval_every_n_steps`` and its steps per epoch are unknown (its
+#: data unreadable from the sweep's driver): validations 1, 2, 4, ... 64
 ASHA_RUNGS_MID_EPOCH = 100
+#: seconds a stop waits for the stopped trial's job to end its MLflow run before Tune ends the trial's process
+JOB_END_WAIT_S = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,45 +221,97 @@ def _check_folder(folder: str, name: str, settings: SweepSettings, space: Mappin
     return state
 
 
-def _scheduler(settings: SweepSettings, probe: JobConfig, folder: str) -> Any:
+def validation_count(epochs: int, steps_per_epoch: int, eval_every: Optional[int]) -> int:
+    """How many validations a job that trains all its epochs makes: one at each epoch's end, and one at each
+    global step that is a multiple of ``eval_every`` (``train.eval_every_n_steps``) and not its epoch's last, as
+    the worker's loop validates."""
+    if not eval_every:
+        return epochs
+    mid = 0
+    for epoch in range(epochs):
+        first, last = epoch * steps_per_epoch + 1, (epoch + 1) * steps_per_epoch - 1
+        mid += max(0, last // eval_every - (first - 1) // eval_every)
+    return epochs + mid
+
+
+def job_validations(cfg: JobConfig, rows: Optional[Dict[str, Any]] = None) -> Optional[int]:
+    """:func:`validation_count` of a job config, its steps per epoch read from its data's parquet footers as the
+    job reads them; None where they cannot be read here (the job itself then says why). ``rows``: the split
+    rows already read, by ``data.path`` (filled in)."""
+    if not cfg.train.eval_every_n_steps:
+        return cfg.train.epochs
+    from rayemb.constants import TRAIN_SPLIT, VALID_SPLIT
+    from rayemb.data.schema import count_rows
+    from rayemb.publish import resolve_dataset
+    from rayemb.train.worker.data_loader import split_steps
+
+    rows = {} if rows is None else rows
+    try:
+        if cfg.data.path not in rows:
+            data_dir = resolve_dataset(resolve_path(cfg.data.path))
+            rows[cfg.data.path] = (data_dir, count_rows(data_dir, TRAIN_SPLIT), count_rows(data_dir, VALID_SPLIT))
+        data_dir, train_rows, valid_rows = rows[cfg.data.path]
+        steps = split_steps(train_rows, valid_rows, cfg, data_dir)
+    except Exception:  # noqa: BLE001 - unreadable or too small: the trial's job fails with rayemb's error
+        return None
+    if cfg.train.max_steps_per_epoch is not None:
+        steps = min(steps, cfg.train.max_steps_per_epoch)
+    return validation_count(cfg.train.epochs, steps, cfg.train.eval_every_n_steps)
+
+
+def asha_max_t(configs: Sequence[JobConfig]) -> int:
+    """ASHA's ``max_t``: one validation short of the most any trial's job makes, so that no rung sits at a job's
+    last validation (a trial there has trained to its end; :data:`~rayemb.sweep.trial.LAST_VALIDATION` keeps
+    it FINISHED where the trials' counts differ)."""
+    rows: Dict[str, Any] = {}
+    counts = [job_validations(c, rows) for c in configs]
+    most = max(counts) if counts and None not in counts else ASHA_RUNGS_MID_EPOCH
+    return max(1, most - 1)
+
+
+def _scheduler(settings: SweepSettings, configs: Sequence[JobConfig], folder: str) -> Any:
     if settings.scheduler == "fifo":
         from ray.tune.schedulers import FIFOScheduler
 
         return FIFOScheduler()
-    validations = probe.train.epochs if not probe.train.eval_every_n_steps else ASHA_RUNGS_MID_EPOCH
     # metric and mode come from the TuneConfig
-    return _RecordingASHA(os.path.join(folder, STOPPED_FILE), registry_name(folder),
-                          # no rung at the last validation: a trial stopped there would lose its finished run
-                          max_t=max(1, validations - 1), grace_period=1, reduction_factor=ASHA_REDUCTION,
-                          stop_last_trials=False)
+    return _RecordingASHA(os.path.join(folder, STOPPED_FILE), registry_name(folder), max_t=asha_max_t(configs),
+                          grace_period=1, reduction_factor=ASHA_REDUCTION, stop_last_trials=False)
 
 
 def _make_asha_class() -> Any:
     from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
     class RecordingASHA(AsyncHyperBandScheduler):
-        """ASHA that writes why it stopped each trial to ``stopped.json`` (the driver marks the runs from it)."""
+        """ASHA that writes why it stopped each trial to ``stopped.json`` (the driver marks the runs from it), and
+        never stops a trial at its job's last validation (it has trained to its end: it ends FINISHED).
+        ``registry``: the sweep's :class:`~rayemb.sweep.trial.ControllerRegistry` actor's name (None: a stop ends
+        the trial's process alone)."""
 
-        def __init__(self, stopped_path: str, registry: str, **kwargs: Any) -> None:
+        def __init__(self, stopped_path: str, registry: Optional[str], **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.stopped_path, self.registry = stopped_path, registry
 
         def on_trial_result(self, tune_controller: Any, trial: Any, result: Dict) -> str:
             decision = super().on_trial_result(tune_controller, trial, result)
+            if decision == TrialScheduler.STOP and result.get(LAST_VALIDATION):
+                return TrialScheduler.CONTINUE
             if decision == TrialScheduler.STOP:
                 value, at = result.get(self._metric), int(result.get(self._time_attr, 0))
                 epoch = f" (epoch {int(result['epoch']) + 1})" if "epoch" in result else ""
                 record_stop(self.stopped_path, trial.trial_id,
                             f"asha: {self._metric}={value:.4f} below the median of the trials at validation "
                             f"{at}{epoch}")
-                # before Tune ends the trial's process: its run's workers and their CPUs are released now
-                _quietly(abort_trial_run, self.registry, trial.trial_id)
+                # before Tune ends the trial's process: its run's workers and their CPUs are released now, and
+                # its job ends its MLflow run (phases, charts, end) before the process goes
+                if self.registry is not None:
+                    _quietly(stop_trial_job, self.registry, trial.trial_id)
             return decision
 
     return RecordingASHA
 
 
-def _RecordingASHA(stopped_path: str, registry: str, **kwargs: Any) -> Any:
+def _RecordingASHA(stopped_path: str, registry: Optional[str], **kwargs: Any) -> Any:
     return _make_asha_class()(stopped_path, registry, **kwargs)
 
 
@@ -270,6 +325,26 @@ def abort_trial_run(registry: str, trial_id: str) -> bool:
     import ray
 
     return bool(ray.get(ray.get_actor(registry).abort.remote(trial_id), timeout=120))
+
+
+def stop_trial_job(registry: str, trial_id: str, wait_s: float = JOB_END_WAIT_S) -> bool:
+    """Aborts the trial's Ray Train run, then waits (at most ``wait_s``) until the trial's job has ended its
+    MLflow run: Tune ends a stopped trial's process as soon as the scheduler returns, and the job's last writes
+    (its ``phase_s.*``, charts and the run's end) would be lost with it. True when the job ended in time."""
+    import time
+
+    import ray
+
+    if not abort_trial_run(registry, trial_id):
+        return False
+    actor, deadline = ray.get_actor(registry), time.monotonic() + wait_s
+    while not ray.get(actor.has_ended.remote(trial_id), timeout=30):
+        if time.monotonic() > deadline:
+            logger.warning("rayemb sweep: trial %s's job did not end its MLflow run within %.0f s of its stop",
+                           trial_id, wait_s)
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def record_stop(path: str, trial_id: str, reason: str) -> None:
@@ -324,22 +399,28 @@ class TrialRuns:
         return run
 
     def settle(self, trial_id: str, reported: Sequence[Mapping[str, Any]] = ()) -> Optional[Any]:
-        """Tags the trial's run; a trial the scheduler stopped ends KILLED with the reason, with every validation
-        it reported to Tune (``reported``) in its metrics: its process may end before its run's writer sent the
-        last one. Returns the run."""
+        """Tags the trial's run; a trial the scheduler stopped ends KILLED with the reason. Every validation the
+        trial reported to Tune (``reported``) is put in its run's metrics where the run lacks it (its process may
+        end before its run's writer sent the last one), on every call: Tune's end of the trial and the sweep's end
+        each settle it, in either order, with what each has seen. Returns the run."""
         run = self.run_of(trial_id)
+        if run is None:
+            return None
+        run_id = run.info.run_id
+        logged = self._log_missing(run_id, reported)
         reason = read_stops(self.stopped_path).get(trial_id)
         # settled already (a resumed sweep settles every trial again): its end stays when it was stopped
-        if run is not None and reason is not None and not (
+        if reason is not None and not (
                 run.info.status == "KILLED" and run.data.tags.get(TAG_STOPPED_REASON) == reason):
-            run_id = run.info.run_id
-            self._log_missing(run_id, reported)
             self.client.set_tag(run_id, TAG_STOPPED_REASON, reason)
+            # the job ended its own run FAILED when its aborted Ray Train run raised: the stop is the reason
+            if TAG_FAILURE_REASON in run.data.tags:
+                self.client.delete_tag(run_id, TAG_FAILURE_REASON)
             self.client.set_terminated(run_id, "KILLED")
-            run = self.client.get_run(run_id)
-        return run
+            logged = True
+        return self.client.get_run(run_id) if logged else run
 
-    def _log_missing(self, run_id: str, reported: Sequence[Mapping[str, Any]]) -> None:
+    def _log_missing(self, run_id: str, reported: Sequence[Mapping[str, Any]]) -> bool:
         import time
 
         from mlflow.entities import Metric
@@ -351,20 +432,27 @@ class TrialRuns:
                         if key in r and "step" in r and _finite(r[key]) and int(r["step"]) not in logged]
         if missing:
             self.client.log_batch(run_id, metrics=missing)
+        return bool(missing)
 
 
 def _make_callback(runs: TrialRuns) -> Any:
     from ray.tune import Callback
 
     class TrialRunsCallback(Callback):
-        """Tags each trial's MLflow run as its first validation arrives, and settles it when the trial ends."""
+        """Tags each trial's MLflow run as its first validation arrives, and settles it with every validation it
+        reported when the trial ends."""
+
+        def __init__(self) -> None:
+            self.reported: Dict[str, List[Dict[str, Any]]] = {}
 
         def on_trial_result(self, iteration: int, trials: List[Any], trial: Any, result: Dict, **info: Any) -> None:
+            self.reported.setdefault(trial.trial_id, []).append(
+                {k: v for k, v in result.items() if k == "step" or k.startswith("valid_")})
             if trial.trial_id not in runs._found:
                 _quietly(runs.run_of, trial.trial_id)
 
         def on_trial_complete(self, iteration: int, trials: List[Any], trial: Any, **info: Any) -> None:
-            _quietly(runs.settle, trial.trial_id)
+            _quietly(runs.settle, trial.trial_id, self.reported.pop(trial.trial_id, []))
 
         def on_trial_error(self, iteration: int, trials: List[Any], trial: Any, **info: Any) -> None:
             _quietly(runs.run_of, trial.trial_id)
@@ -479,7 +567,7 @@ def _run(base: Dict[str, Any], probe: JobConfig, dims: Mapping[str, Dimension], 
                                                     registry=registry_name(folder)), {"CPU": TRIAL_DRIVER_CPUS})
     status, reason = "FAILED", None
     try:
-        grid = _tune(trainable, dims, settings, probe, folder, name, concurrency, runs, resumed=state is not None)
+        grid = _tune(trainable, dims, settings, configs, folder, name, concurrency, runs, resumed=state is not None)
         result = _settle(grid, runs, settings)
         result.folder = folder
         if result.best_run_id is not None:
@@ -506,10 +594,11 @@ TRIAL_STOP_GRACE_S = "5"
 _STOP_GRACE_ENV = "TUNE_FORCE_TRIAL_CLEANUP_S"
 
 
-def _tune(trainable: Any, dims: Mapping[str, Dimension], settings: SweepSettings, probe: JobConfig, folder: str,
-          name: str, concurrency: int, runs: TrialRuns, resumed: bool) -> Any:
+def _tune(trainable: Any, dims: Mapping[str, Dimension], settings: SweepSettings, configs: Sequence[JobConfig],
+          folder: str, name: str, concurrency: int, runs: TrialRuns, resumed: bool) -> Any:
+    """Tune's run of the sweep; ``configs``: the job configs :func:`check_space` built (ASHA's rungs fit the most
+    validations any of them makes)."""
     from ray import tune
-
 
     if resumed and tune.Tuner.can_restore(folder):
         with _stop_grace():
@@ -523,7 +612,7 @@ def _tune(trainable: Any, dims: Mapping[str, Dimension], settings: SweepSettings
         trainable,
         param_space={k: d.tune() for k, d in dims.items()},
         tune_config=tune.TuneConfig(metric=settings.metric, mode=settings.mode, num_samples=settings.num_samples,
-                                    scheduler=_scheduler(settings, probe, folder), search_alg=search_alg,
+                                    scheduler=_scheduler(settings, configs, folder), search_alg=search_alg,
                                     max_concurrent_trials=concurrency, trial_dirname_creator=_trial_dirname),
         run_config=tune.RunConfig(name=name, storage_path=os.path.dirname(folder), callbacks=[_make_callback(runs)],
                                   verbose=1),
@@ -572,4 +661,5 @@ def _error_line(error: BaseException) -> str:
 
 
 __all__ = ["run_sweep", "SweepResult", "SweepSettings", "default_concurrency", "cluster_capacity",
-           "autoscaler_max_resources", "trial_count", "sweep_folder", "TrialRuns"]
+           "autoscaler_max_resources", "trial_count", "sweep_folder", "TrialRuns", "validation_count",
+           "job_validations", "asha_max_t"]

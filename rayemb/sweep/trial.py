@@ -28,6 +28,10 @@ from rayemb.config import JobConfig, apply_overrides, config_from_dict, load_con
 from rayemb.constants import WORKSPACE_ENV_VAR
 from rayemb.errors import ConfigError
 
+#: the key of a Tune result that is its job's last validation
+LAST_VALIDATION = "last_validation"
+
+
 def trial_job_name(base_name: str, trial_id: str) -> str:
     """The job name (and MLflow tag ``rayemb.job_name``) of a trial: the sweep driver finds its run by it."""
     return f"{base_name}-{trial_id}"
@@ -43,10 +47,19 @@ class ControllerRegistry:
 
     When the scheduler stops a trial, the driver aborts its job's Ray Train run through it (the workers' placement
     group removed at once). Without that, the run would hold its workers' CPUs after Tune ended the trial's
-    process, and the next trial could not start."""
+    process, and the next trial could not start. Each trial's process marks here when its job has ended its MLflow
+    run (:meth:`end`): the scheduler waits for that before Tune ends the process, which would cut the run's last
+    writes (its phases, charts, end) short."""
 
     def __init__(self) -> None:
         self.controllers: Dict[str, Any] = {}
+        self.ended: set = set()
+
+    def end(self, trial_id: str) -> None:
+        self.ended.add(trial_id)
+
+    def has_ended(self, trial_id: str) -> bool:
+        return trial_id in self.ended
 
     def put(self, trial_id: str, controller: Any) -> None:
         self.controllers[trial_id] = controller
@@ -82,14 +95,32 @@ def _controller_callback(registry_name: str, trial_id: str) -> Any:
     return RegisterController()
 
 
+def _mark_ended(registry_name: str, trial_id: str) -> None:
+    """Tells the sweep's :class:`ControllerRegistry` that the trial's job has ended its run."""
+    import ray
+
+    try:
+        ray.get(ray.get_actor(registry_name).end.remote(trial_id), timeout=30)
+    except Exception:  # noqa: BLE001 - no registry (a Tuner of one's own): nothing waits on it
+        pass
+
+
 class TuneReporter:
     """Called by the job's driver with every report it receives; hands the validations to Ray Tune.
 
-    A report without ``metric`` (a step's loss and timings) stays in MLflow only."""
+    A report without ``metric`` (a step's loss and timings) stays in MLflow only. The job's last validation (its
+    last epoch's, or the one early stopping ended the job at; ``epochs``: the job's ``train.epochs``) is reported
+    with ``last_validation=1``: a trial there has trained to its end, and the scheduler never stops it."""
 
-    def __init__(self, metric: str) -> None:
-        self.metric = metric
+    def __init__(self, metric: str, epochs: Optional[int] = None) -> None:
+        self.metric, self.epochs = metric, epochs
         self.validations = 0
+
+    def is_last(self, report: Mapping[str, Any]) -> bool:
+        if not report.get("epoch_end") or report.get("mid_epoch_validation"):
+            return False
+        return bool(report.get("early_stopped")) or (
+            self.epochs is not None and int(report.get("epoch", -1)) + 1 >= self.epochs)
 
     def __call__(self, report: Mapping[str, Any]) -> None:
         if self.metric not in report:
@@ -97,7 +128,8 @@ class TuneReporter:
         from ray import tune
 
         self.validations += 1
-        tune.report({**_numeric(report), "validation": self.validations})
+        tune.report({**_numeric(report), "validation": self.validations,
+                     LAST_VALIDATION: int(self.is_last(report))})
 
 
 def _base_mapping(config: Union[str, JobConfig, Mapping[str, Any]]) -> Dict[str, Any]:
@@ -114,9 +146,10 @@ def trial_config(base: Mapping[str, Any], trial_values: Mapping[str, Any], trial
                  tracking_uri: Optional[str]) -> JobConfig:
     """The job config of one trial: ``base`` with the trial's values, named by the trial, its outputs in
     ``trial_dir``, its MLflow runs in the sweep's store (``tracking_uri``, not a store per trial folder)."""
-    from rayemb.sweep.space import override
+    from rayemb.sweep.space import override, with_carried
 
-    overrides = [override(k, v) for k, v in trial_values.items()]
+    # a swept embedding dim ends the DLRM's bottom MLP with it, as check_space built it
+    overrides = [override(k, v) for k, v in with_carried(base, trial_values).items()]
     d = apply_overrides(dict(base), overrides)
     d["name"] = trial_job_name(str(d.get("name") or "rayemb"), trial_id)
     tracking = d.setdefault("tracking", {})
@@ -180,12 +213,17 @@ def sweep_trainable(config: Union[str, JobConfig, Mapping[str, Any]], metric: st
         cfg = trial_config(base, trial_values, context.get_trial_id(), trial_dir, uri)
         share_kept(outputs, trial_dir)
         # an unfinished run of the trial's job (a sweep resumed after its driver died) continues from its checkpoint
-        options: Dict[str, Any] = {"on_report": TuneReporter(metric)}
+        options: Dict[str, Any] = {"on_report": TuneReporter(metric, cfg.train.epochs)}
         if registry is not None:
             options["callbacks"] = [_controller_callback(registry, context.get_trial_id())]
-        run_training(cfg, parent_run_id, ray_options=options)
+        try:
+            run_training(cfg, parent_run_id, ray_options=options)
+        finally:
+            if registry is not None:
+                _mark_ended(registry, context.get_trial_id())
 
     return rayemb_trial
 
 
-__all__ = ["sweep_trainable", "trial_config", "share_kept", "trial_job_name", "TuneReporter", "ControllerRegistry"]
+__all__ = ["sweep_trainable", "trial_config", "share_kept", "trial_job_name", "TuneReporter", "ControllerRegistry",
+           "LAST_VALIDATION"]
