@@ -156,6 +156,9 @@ def test_asha_stops_a_trial_below_the_median_and_keeps_its_checkpoint(sweep):
     assert reason.startswith("asha: valid_auc=") and "below the median" in reason and "epoch 1" in reason, reason
     # stopped at its first validation: logged, and its checkpoint of that step kept in the trial's folder
     assert _steps(client, stopped, "valid_auc") == [EVAL_AT]
+    # its job ended its run before Tune ended the trial's process: its phases are logged, the stop is its reason
+    assert "phase_s.wall" in stopped.data.metrics, sorted(stopped.data.metrics)
+    assert "rayemb.failure_reason" not in stopped.data.tags, stopped.data.tags
     trial_dir = out / "sweeps" / "lr" / stopped.data.tags["rayemb.sweep.trial_id"]
     kept = [d for _, dirs, _ in os.walk(trial_dir) for d in dirs if d.startswith("checkpoint")]
     assert kept, sorted(os.listdir(trial_dir))
