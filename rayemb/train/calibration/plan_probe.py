@@ -450,7 +450,7 @@ def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any
     probe's synthetic batches have no histories) and, said loudly, when the probe fails.
     """
     from rayemb.logs import redact_uri
-    from rayemb.train.calibration.store import load_kept, store_kept
+    from rayemb.train.calibration.store import load_kept, mark_probe_kept, store_kept
 
     if cfg.planner.probe_steps == 0 or cfg.model.sequence_tower != "none":
         return job_plan
@@ -482,6 +482,7 @@ def choose_by_probe(cfg: Any, schema: Any, job_plan: Any, stats: Any, split: Any
         if kept is not None:
             try:
                 store_kept(kept[0], fields, result.kept())
+                mark_probe_kept(kept[0], kept[1])
             except Exception as e:  # noqa: BLE001 - the job goes on; the next one probes again
                 print(f"rayemb: WARNING: could not keep the plan probe ({type(e).__name__}: {e})", flush=True)
     for plan, step_s in zip(candidates, result.step_s):

@@ -108,6 +108,30 @@ def any_kept(out_dir: str, fields: Mapping[str, Any]) -> bool:
         return False
 
 
+#: beside a shape's kept calibration: when a plan probe of that shape was last kept (the probe's own file is keyed
+#: by its candidate plans, known only once the plan is made)
+PROBE_MARK = "plan_probe_kept"
+
+
+def mark_probe_kept(out_dir: str, fields: Mapping[str, Any], now: Optional[float] = None) -> None:
+    """Notes that a plan probe of ``fields``' shape (the job's key fields) was kept."""
+    storage.write_text(storage.join(shape_dir(out_dir, fields), PROBE_MARK),
+                       json.dumps({"measured_at": time.time() if now is None else now}))
+
+
+def probe_kept(out_dir: str, fields: Mapping[str, Any], max_age_s: float, now: Optional[float] = None) -> bool:
+    """Whether a plan probe of ``fields``' shape was kept within ``max_age_s``: then the next job of that shape
+    most likely reads its probe too, and measures nothing on the cluster."""
+    if max_age_s <= 0:
+        return False
+    try:
+        measured_at = float(json.loads(storage.read_text(storage.join(shape_dir(out_dir, fields), PROBE_MARK)))
+                            ["measured_at"])
+    except Exception:  # noqa: BLE001 - none, or unreadable: the job probes, before its workers start
+        return False
+    return 0 <= (time.time() if now is None else now) - measured_at <= max_age_s
+
+
 def _ignored(path: str, why: str) -> None:
     from rayemb.logs import redact_uri
 

@@ -55,7 +55,8 @@ from rayemb.train.driver.results import best_and_last_checkpoint, step_time_chec
 from rayemb.train.driver.outputs import JobOutputs, check_output_dir, read_splits, tracking_uri as job_tracking_uri
 from rayemb.train.calibration.plan_probe import placement_counts as _placement_counts
 from rayemb.train.driver.resources import WorkerResources, worker_resources
-from rayemb.train.calibration.store import calibrate, kept_max_age_s, learn_ratio, skipped_because, with_learned_ratio
+from rayemb.train.calibration.store import (calibrate, kept_max_age_s, learn_ratio, probe_kept, skipped_because,
+                                            with_learned_ratio)
 from rayemb.train.worker.resume import check_resume_from, fault_injection
 from rayemb.train.driver.job_types import MEASURED_PLAN_KEYS, JobInputs, PlannedJob, Tracking, TrainResult
 from rayemb.train.worker.losses import check_tasks
@@ -257,9 +258,19 @@ class PlanStart:
     @property
     def measures_nothing_more(self) -> bool:
         """The rest of the plan (:func:`finish_plan`) starts no ranks of its own: no calibration (then no plan
-        probe either), or one kept from an earlier job, whose plan probe was kept beside it. A probe that is not
-        kept after all runs beside the starting workers, and falls back to the model's plan if it cannot."""
-        return self.calibration is None or self.calibration.source == "cached"
+        probe either), or one kept from an earlier job with a plan probe of its shape kept too (or no probe to
+        run). A kept probe whose candidate plans differ after all runs beside the starting workers, and falls back
+        to the model's plan if it cannot get their resources."""
+        if self.calibration is None:
+            return True
+        if self.calibration.source != "cached":
+            return False
+        cfg, inputs = self.inputs.cfg, self.inputs
+        if cfg.planner.probe_steps == 0 or cfg.model.sequence_tower != "none" or inputs.world_size <= 1 or \
+                skipped_because(cfg, inputs.schema, inputs.world_size) is not None:
+            return True
+        # a probe on a cluster whose CPUs (or GPUs) the starting workers hold would wait for them
+        return probe_kept(inputs.out_dir, self.key_fields or {}, kept_max_age_s(cfg))
 
 
 def start_plan(inputs: JobInputs, topology: Any, stats: Any) -> PlanStart:
