@@ -73,6 +73,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -754,6 +755,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from cluster.emulate import EmulatedCluster
 
     tables = schema_tables(args.data)
+    # a SIGTERM (a timeout's, a scheduler's) ends the run through its finally blocks: the emulated cluster, its
+    # network namespaces and processes go down with it instead of staying up until the next run replaces them
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     tmp = tempfile.mkdtemp(prefix="rbm-")
     runs: List[Dict[str, Any]] = []
     rows: List[Dict[str, Any]] = []
