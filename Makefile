@@ -3,10 +3,9 @@
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
-# three pytest-xdist workers: the cluster tests one after another, the Ray jobs one after another, every other
-# test beside them, the timing tests last and alone (tests/conftest.py says which and why); PYTEST_WORKERS= runs
-# the suite in one process
-PYTEST_WORKERS ?= -n 3 --dist loadgroup
+# two pytest-xdist workers: one runs the Ray jobs and clusters one after another, the other every other test
+# beside them (tests/conftest.py says which and why); PYTEST_WORKERS= runs the suite in one process
+PYTEST_WORKERS ?= -n 2 --dist loadgroup
 # extra arguments for the job, e.g. make run ARGS="--set train.epochs=3"
 ARGS ?=
 
