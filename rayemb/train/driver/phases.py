@@ -16,9 +16,9 @@ its writer thread, and the plan's and statistics' charts drawn by another, both 
 worker processes); ``plan wait``: rank 0 waiting for its job, when the workers were launched before the plan and
 the MLflow run were ready (:mod:`rayemb.train.driver.handoff`: those two stages then run beside the workers'
 start, and this is what of them the start did not hide); ``model``: the rest of the time to the model sharded and
-restored (imports, the process group's first collectives, the model and its sharding); ``data``: reading this rank's shard before the first step (in
-memory: all of it); ``steps``: every epoch's first to last step; ``validation and checkpoints``: between
-epochs; ``end``: after the last epoch's steps (its validation, checkpoint, Ray Train's shutdown, MLflow's last
+restored (imports, the process group's first collectives, the model and its sharding); ``data``: reading this
+rank's shard before the first step (in memory: all of it); ``steps``: every epoch's first to last step;
+``validation and checkpoints``: between epochs; ``end``: after the last epoch's steps (its validation, checkpoint, Ray Train's shutdown, MLflow's last
 writes). Each is logged to MLflow as ``phase_s.<name>``, with ``phase_s.outside_steps_fraction``.
 """
 
