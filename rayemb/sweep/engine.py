@@ -221,21 +221,8 @@ def _check_folder(folder: str, name: str, settings: SweepSettings, space: Mappin
     return state
 
 
-def validation_count(epochs: int, steps_per_epoch: int, eval_every: Optional[int]) -> int:
-    """How many validations a job that trains all its epochs makes: one at each epoch's end, and one at each
-    global step that is a multiple of ``eval_every`` (``train.eval_every_n_steps``) and not its epoch's last, as
-    the worker's loop validates."""
-    if not eval_every:
-        return epochs
-    mid = 0
-    for epoch in range(epochs):
-        first, last = epoch * steps_per_epoch + 1, (epoch + 1) * steps_per_epoch - 1
-        mid += max(0, last // eval_every - (first - 1) // eval_every)
-    return epochs + mid
-
-
 def job_validations(cfg: JobConfig, rows: Optional[Dict[str, Any]] = None) -> Optional[int]:
-    """:func:`validation_count` of a job config, its steps per epoch read from its data's parquet footers as the
+    """:func:`~rayemb.train.worker.validation.validation_count` of a job config, its steps per epoch read from its data's parquet footers as the
     job reads them; None where they cannot be read here (the job itself then says why). ``rows``: the split
     rows already read, by ``data.path`` (filled in)."""
     if not cfg.train.eval_every_n_steps:
@@ -244,6 +231,7 @@ def job_validations(cfg: JobConfig, rows: Optional[Dict[str, Any]] = None) -> Op
     from rayemb.data.schema import count_rows
     from rayemb.publish import resolve_dataset
     from rayemb.train.worker.data_loader import split_steps
+    from rayemb.train.worker.validation import validation_count
 
     rows = {} if rows is None else rows
     try:
@@ -661,5 +649,5 @@ def _error_line(error: BaseException) -> str:
 
 
 __all__ = ["run_sweep", "SweepResult", "SweepSettings", "default_concurrency", "cluster_capacity",
-           "autoscaler_max_resources", "trial_count", "sweep_folder", "TrialRuns", "validation_count",
+           "autoscaler_max_resources", "trial_count", "sweep_folder", "TrialRuns",
            "job_validations", "asha_max_t"]

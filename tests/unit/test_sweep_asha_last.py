@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from rayemb.config import load_config
-from rayemb.sweep.engine import _RecordingASHA, asha_max_t, job_validations, read_stops, validation_count
+from rayemb.sweep.engine import _RecordingASHA, asha_max_t, job_validations, read_stops
+from rayemb.train.worker.validation import validation_count
 from rayemb.sweep.trial import LAST_VALIDATION, TuneReporter
 
 CONFIG = "jobs/configs/synth_small.yaml"

@@ -146,7 +146,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None, plan_
     from rayemb.train.worker.dist_metrics import TrainWindow
     from rayemb.train.worker.resume import CheckpointSchedule, restore, save_and_report
     from rayemb.train.worker.step import LossWindow, StepTimer, check_finite_loss
-    from rayemb.train.worker.validation import evaluate
+    from rayemb.train.worker.validation import evaluate, validates_mid_epoch
 
     quiet_third_party_logs()
 
@@ -275,7 +275,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None, plan_
                 for loss in train_step.steps(segment):
                     ran += 1
                     yield loss
-                if not eval_every or not ran or step % eval_every or epoch_steps >= skip + remaining:
+                if not ran or not validates_mid_epoch(step, epoch_steps, skip + remaining, eval_every):
                     return
                 check_window()
                 mid = validate()

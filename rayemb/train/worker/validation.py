@@ -36,6 +36,25 @@ from ray.train import DataConfig
 from rayemb.constants import VALID_SPLIT
 
 
+def validates_mid_epoch(step: int, epoch_step: int, epoch_steps: int, eval_every: Optional[int]) -> bool:
+    """Whether the training loop validates after global ``step``, the ``epoch_step``-th of its epoch's
+    ``epoch_steps``: at every multiple of ``eval_every`` (``train.eval_every_n_steps``), except at an epoch's last
+    step, where the end-of-epoch validation stands for it."""
+    return bool(eval_every) and step % eval_every == 0 and epoch_step < epoch_steps
+
+
+def validation_count(epochs: int, steps_per_epoch: int, eval_every: Optional[int]) -> int:
+    """How many validations a job that trains all its epochs makes: one at each epoch's end and one at each step
+    :func:`validates_mid_epoch` names."""
+    mid = 0
+    if eval_every:
+        for epoch in range(epochs):
+            base = epoch * steps_per_epoch
+            mid += sum(validates_mid_epoch(base + k, k, steps_per_epoch, eval_every)
+                       for k in range(eval_every - base % eval_every, steps_per_epoch + 1, eval_every))
+    return epochs + mid
+
+
 class ValidationDataConfig(DataConfig):
     """Ray Train's dataset sharding, except that the valid split is split without dropping rows."""
 
