@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from rayemb import storage
-from rayemb.constants import DEFAULT_LOG_EVERY_N_STEPS, WORKSPACE_ENV_VAR
+from rayemb.constants import DEFAULT_LOG_EVERY_N_STEPS, IN_MEMORY_MAX_BYTES_PER_RANK, WORKSPACE_ENV_VAR
 from rayemb.embedding.qcomm import COMM_PRECISIONS, DIRECTIONS as COMM_DIRECTIONS
 from rayemb.errors import ConfigError
 from rayemb.units import flatten
@@ -81,9 +81,12 @@ class DataConfig:
     id_policy: str = "error"
     #: a stats.json from `rayemb stats` to reuse when its dataset fingerprint matches (else recomputed)
     stats_path: Optional[str] = None
-    #: hold each rank's converted shard in memory after the first pass (true/false; null: when it fits
-    #: ``constants.IN_MEMORY_MAX_BYTES_PER_RANK``); later epochs then run with no Ray Data in the step
+    #: hold each rank's converted shard in memory after the first pass (true/false; null: when its estimate fits
+    #: ``data.in_memory_max_gib``); later epochs then run with no Ray Data in the step
     in_memory: Optional[bool] = None
+    #: the most GiB of converted batches a rank holds when ``data.in_memory`` is null: a larger shard is streamed
+    #: (lower it where the workers' memory is small or shared)
+    in_memory_max_gib: float = IN_MEMORY_MAX_BYTES_PER_RANK / 2**30
     #: seconds to wait for an epoch's first batch before failing with the likely cause (no free CPU for Ray Data)
     first_batch_timeout_s: float = 90.0
 
@@ -97,6 +100,9 @@ class DataConfig:
         )
         _require(self.in_memory in (None, True, False), "data.in_memory", f"{self.in_memory!r} is not a boolean",
                  "Use true, false or null (automatic).")
+        _require(isinstance(self.in_memory_max_gib, (int, float)) and not isinstance(self.in_memory_max_gib, bool)
+                 and math.isfinite(self.in_memory_max_gib) and self.in_memory_max_gib > 0, "data.in_memory_max_gib",
+                 f"{self.in_memory_max_gib!r} is not a positive number of GiB", "Use e.g. 2.")
         _require(math.isfinite(self.first_batch_timeout_s) and self.first_batch_timeout_s > 0,
                  "data.first_batch_timeout_s", f"{self.first_batch_timeout_s} is not a positive number of seconds",
                  "Use e.g. 90.")

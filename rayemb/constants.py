@@ -39,7 +39,8 @@ SMALL_SPLIT_MAX_ROWS = 250_000
 #: CPUs kept free for Ray Data read tasks when workers get fractional CPUs.
 RESERVED_DATA_CPUS = 1.0
 MIN_CPUS_PER_WORKER = 0.25
-#: data.in_memory=null holds a rank's converted train+valid shard in memory up to this size
+#: data.in_memory_max_gib's default: data.in_memory=null holds a rank's converted train+valid shard in memory up
+#: to this size
 IN_MEMORY_MAX_BYTES_PER_RANK = 2 * 2**30
 DEFAULT_LOG_EVERY_N_STEPS = 20
 #: test hook: "STEP:MARKER_FILE" makes a worker fail once at STEP (the marker records that it did)

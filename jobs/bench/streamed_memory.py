@@ -451,11 +451,14 @@ def checkpoint_every(steps: int, tighten_at: float) -> int:
     return max(1, int(0.8 * tighten_at * steps))
 
 
-def job_argv(data_dir: str, out_dir: str, batch_size: int, checkpoint_steps: int) -> List[str]:
+def job_argv(data_dir: str, out_dir: str, batch_size: int, checkpoint_steps: int,
+             in_memory_max_gib: Optional[float] = None) -> List[str]:
     sets = [f"data.path={data_dir}", f"tracking.output_dir={out_dir}", f"data.batch_size={batch_size}",
             "train.epochs=1", "scaling.num_workers=1", "scaling.max_failures=0", "planner.calibrate=false",
             "train.log_every_n_steps=10", f"train.checkpoint_every_n_steps={checkpoint_steps}",
             "tracking.experiment=streamed-memory"]
+    if in_memory_max_gib is not None:  # data.in_memory stays null: the job decides against this limit
+        sets.append(f"data.in_memory_max_gib={in_memory_max_gib}")
     argv = [sys.executable, "-m", "rayemb", "train", "--config", os.path.join(_REPO, "jobs/configs/synth_small.yaml"),
             "--result-json", os.path.join(out_dir, "result.json")]
     for s in sets:
@@ -476,7 +479,8 @@ def _in_memory_resolved(result: Mapping[str, Any], out_dir: str) -> Optional[str
 
 def run_job_under_limit(head: CgroupHead, data_dir: str, out_dir: str, sizes: Mapping[str, Any], batch_size: int,
                         tighten_at: float, ratio: float, timeout_s: float,
-                        max_headroom_bytes: Optional[int] = None, allowance_bytes: int = 0) -> Dict[str, Any]:
+                        max_headroom_bytes: Optional[int] = None, allowance_bytes: int = 0,
+                        in_memory_max_gib: Optional[float] = None) -> Dict[str, Any]:
     """Runs the job against ``head`` and tightens the cgroup's limit once it has trained ``tighten_at`` of its
     epoch (module docstring); returns what the job and the cgroup showed. ``allowance_bytes``: room added to
     the limit beside the headroom, for transients that do not scale with the data (a checkpoint, the
@@ -486,7 +490,7 @@ def run_job_under_limit(head: CgroupHead, data_dir: str, out_dir: str, sizes: Ma
     every = checkpoint_every(sizes["train"]["rows"] // batch_size, tighten_at)
     rec: Dict[str, Any] = {"ceiling_bytes": cg.limit(), "store_bytes": head.store_bytes, "checkpoint_every": every}
     t0 = time.monotonic()
-    proc = subprocess.Popen(job_argv(data_dir, out_dir, batch_size, every), cwd=_REPO, env=head.env(),
+    proc = subprocess.Popen(job_argv(data_dir, out_dir, batch_size, every, in_memory_max_gib), cwd=_REPO, env=head.env(),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     watchdog = threading.Timer(timeout_s, proc.kill)
     watchdog.start()
@@ -734,7 +738,8 @@ def streamed_memory_run(work: str, rows: int, pooling: int, cardinality: int, ch
                         ratio: float, job_timeout_s: float,
                         then: Optional[Callable[[CgroupHead, str, Dict[str, Any]], Any]] = None,
                         seed: int = 0, data_dir: Optional[str] = None,
-                        max_headroom_bytes: Optional[int] = None, allowance_bytes: int = 0
+                        max_headroom_bytes: Optional[int] = None, allowance_bytes: int = 0,
+                        in_memory_max_gib: Optional[float] = None
                         ) -> Tuple[Dict[str, Any], Any]:
     """Dataset (generated, unless ``data_dir`` names one), head in its cgroup, the job under the tightened
     limit; ``then(head, out_dir, memory)`` runs on the same head afterwards (the limit back at the ceiling).
@@ -755,7 +760,7 @@ def streamed_memory_run(work: str, rows: int, pooling: int, cardinality: int, ch
         idle = cg.usage()
         out_dir = os.path.join(work, "out")
         rec.update(run_job_under_limit(head, data_dir, out_dir, sizes, batch_size, tighten_at, ratio, job_timeout_s,
-                                       max_headroom_bytes, allowance_bytes))
+                                       max_headroom_bytes, allowance_bytes, in_memory_max_gib))
         rec.update(memory_ratios(rec, sizes, idle))
         if then is not None:
             cg.set_limit(ceiling_bytes)

@@ -4,7 +4,7 @@
   that leaves ``RESERVED_DATA_CPUS`` free for Ray Data's read tasks (capped at 1);
 * ``in_memory``: ``data.in_memory``, else whether the rank's converted
   train + valid shard (estimated from the statistics) stays under
-  ``IN_MEMORY_MAX_BYTES_PER_RANK``;
+  ``data.in_memory_max_gib``;
 * ``warnings``: e.g. that once the workers are packed onto the live nodes no
   node keeps a CPU for Ray Data — the job would wait for its first batch
   (the worker then fails after ``data.first_batch_timeout_s`` with the cause).
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Sequence, Tuple
 
 from rayemb.config import JobConfig
-from rayemb.constants import IN_MEMORY_MAX_BYTES_PER_RANK, MIN_CPUS_PER_WORKER, RESERVED_DATA_CPUS
+from rayemb.constants import MIN_CPUS_PER_WORKER, RESERVED_DATA_CPUS
 
 #: CPUs one Ray Data read task asks for (Ray's default for tasks)
 READ_TASK_CPUS = 1.0
@@ -103,7 +103,7 @@ def worker_resources(cfg: JobConfig, schema: Any, stats: Any, train_rows: int, v
     nodes = live_node_cpus()
     cpw = resolve_cpus_per_worker(cfg, sum(nodes) or 1.0)
     size = shard_bytes(cfg, schema, stats, train_rows, valid_rows)
-    in_memory = cfg.data.in_memory if cfg.data.in_memory is not None else size <= IN_MEMORY_MAX_BYTES_PER_RANK
+    in_memory = cfg.data.in_memory if cfg.data.in_memory is not None else size <= cfg.data.in_memory_max_gib * 2**30
     warnings = () if in_memory else \
         data_starvation_warning(nodes, cfg.scaling.num_workers, cpw, cfg.scaling.placement_strategy)
     return WorkerResources(cpw, bool(in_memory), size, tuple(warnings))
