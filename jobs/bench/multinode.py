@@ -688,6 +688,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help=f"wire precisions every row runs at, comma-separated, from {', '.join(PRECISIONS)} "
                          "(rayemb: train.comm_precision; torchrec: its QCommsConfig codecs); rows are named "
                          "variant@precision")
+    ap.add_argument("--skip-rows", default="", metavar="ROW[,ROW]",
+                    help="rows of the variants x precisions product not to run, e.g. auto@bf16 (the first "
+                         "precision's auto row always runs); the verdicts resting on a skipped row say so")
     ap.add_argument("--steps", type=int, default=40, help="timed steps per run after one warm-up window")
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument("--batch-size", type=int, default=None,
@@ -726,6 +729,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not precisions or set(precisions) - set(PRECISIONS):
         ap.error(f"--precisions {args.precisions!r}: use a comma-separated list of {', '.join(PRECISIONS)}")
     names = row_names(variants, precisions)
+    skip = [r.strip() for r in args.skip_rows.split(",") if r.strip()]
+    if set(skip) - set(names) or names[0] in skip:
+        ap.error(f"--skip-rows {args.skip_rows!r}: name rows of {', '.join(names[1:])} "
+                 f"({names[0]} always runs)")
+    names = [n for n in names if n not in skip]
 
     from rayemb.config import load_config
     from rayemb.errors import ConfigError

@@ -297,3 +297,11 @@ def test_a_finished_run_s_checkpoints_are_dropped_and_its_job_folder_kept(tmp_pa
     mn.drop_checkpoints({"job_dir": str(job)})
     assert not (tmp_path / "auto-0-fp32-100mbit" / "ray_results").exists() and (job / "split.json").exists()
     mn.drop_checkpoints({})  # a run that failed before its job folder: nothing to do
+
+
+@pytest.mark.parametrize("skip", ["auto@fp32", "row_wise@fp32", "table_wise@fp16"])
+def test_skip_rows_names_rows_the_run_would_make_and_never_the_first_auto(skip, capsys):
+    with pytest.raises(SystemExit) as e:
+        mn.main(["--variants", "auto,table_wise", "--precisions", "fp32,bf16", "--skip-rows", skip])
+    assert e.value.code == 2
+    assert f"--skip-rows {skip!r}" in capsys.readouterr().err
