@@ -71,7 +71,6 @@ from __future__ import annotations
 import calendar
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import math
@@ -81,13 +80,12 @@ import re
 import secrets
 import shutil
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
-from urllib.parse import parse_qs, unquote, urlsplit
 
 from rayemb import storage
+from rayemb.s3_client import s3_client
 from rayemb.constants import DEFAULT_PUBLISH_GRACE_S, PUBLISH_GRACE_ENV_VAR
 from rayemb.errors import ConfigError, DataError
 from rayemb.logs import redact_uri
@@ -109,12 +107,7 @@ _VERSION_NAME = re.compile(r"^[0-9]{8}T[0-9]{12}Z-[0-9a-f]{8}$")
 _STAMP = "%Y-%m-%dT%H:%M:%SZ"
 #: S3 error codes of a conditional PUT that lost to another writer (409: one still in flight)
 _LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409", "404")
-#: environment that changes what an S3 client connects to (part of the client cache key; values are hashed)
-_CLIENT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-               "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE")
 _warned: set = set()
-_clients: Dict[Tuple[str, str], Any] = {}
-_clients_lock = threading.Lock()
 
 
 def new_version() -> str:
@@ -565,7 +558,7 @@ def write_marker(dest: str, doc: Dict[str, Any], tag: Optional[str] = None) -> b
     Elsewhere the marker is written as it is and this returns True. Tests hold publishers here to order them."""
     body = json.dumps(doc, indent=1, sort_keys=True).encode("utf-8")
     where = storage.join(dest, MARKER)
-    client = _conditional_client(dest)
+    client = s3_client(dest)
     if client is None:
         storage.write_bytes(where, body)
         return True
@@ -593,7 +586,7 @@ def write_marker(dest: str, doc: Dict[str, Any], tag: Optional[str] = None) -> b
 
 def _marker_and_tag(dest: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
     """The marker at ``dest`` (None when there is none) and the tag :func:`write_marker` is conditional on."""
-    client = _conditional_client(dest)
+    client = s3_client(dest)
     if client is None:
         return read_marker(dest), None
     from botocore.exceptions import BotoCoreError, ClientError
@@ -610,45 +603,6 @@ def _marker_and_tag(dest: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]
     except BotoCoreError as e:
         raise _client_error("read", where, e) from None
     return _parse_marker(where, raw), answer["ETag"]
-
-
-def _conditional_client(uri: str) -> Any:
-    """A boto3 S3 client reaching what pyarrow reaches for ``uri`` (credentials and ``endpoint_override`` /
-    ``scheme`` / ``region`` in the URI, else the AWS environment); None for other stores, or without boto3."""
-    if storage.scheme(uri) != "s3":
-        return None
-    try:
-        import boto3
-        import botocore.config
-    except ImportError:
-        if "boto3" not in _warned:
-            _warned.add("boto3")
-            logger.warning("boto3 is not installed: published outputs in S3 get their marker without a conditional "
-                           "write, so run one publisher of an output at a time (pip install boto3 lifts this)")
-        return None
-    parts = urlsplit(uri)
-    env = hashlib.sha256("\0".join(os.environ.get(k, "") for k in _CLIENT_ENV).encode()).hexdigest()
-    cache_key = (f"{parts.netloc}?{parts.query}", env)
-    with _clients_lock:  # creating boto3 clients is not thread-safe
-        client = _clients.get(cache_key)
-        if client is None:
-            query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-            kwargs: Dict[str, Any] = {}
-            if "@" in parts.netloc:
-                access_key, _, secret = parts.netloc.rsplit("@", 1)[0].partition(":")
-                kwargs.update(aws_access_key_id=unquote(access_key), aws_secret_access_key=unquote(secret))
-            endpoint = query.get("endpoint_override")
-            if endpoint:
-                scheme = query.get("scheme", "https")
-                kwargs["endpoint_url"] = endpoint if "://" in endpoint else f"{scheme}://{endpoint}"
-            elif os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"):
-                kwargs["endpoint_url"] = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ["AWS_ENDPOINT_URL"]
-            region = query.get("region") or os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
-            if region:
-                kwargs["region_name"] = region
-            config = botocore.config.Config(retries={"mode": "standard"})
-            client = _clients[cache_key] = boto3.session.Session().client("s3", config=config, **kwargs)
-    return client
 
 
 def _bucket_key(uri: str) -> Tuple[str, str]:

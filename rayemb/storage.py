@@ -254,10 +254,19 @@ def list_files(directory: str, suffix: str = "") -> List[str]:
 
 
 def read_bytes(path: str) -> bytes:
-    """A whole file; FileNotFoundError when there is none."""
+    """A whole file, one version of it even while it is rewritten; FileNotFoundError when there is none.
+
+    On S3 that takes one GET (:mod:`rayemb.s3_client`): pyarrow's reader asks the size first and then reads that
+    many bytes, which cuts a version written in between at the older one's size."""
     if not is_remote(path):
         with open(_local(path), "rb") as f:
             return f.read()
+    if scheme(path) == "s3":
+        from rayemb.s3_client import s3_client
+
+        client = s3_client(path)
+        if client is not None:
+            return _get_object(client, path)
     fs, p = filesystem(path)
     try:
         with fs.open_input_stream(p) as f:
@@ -265,6 +274,21 @@ def read_bytes(path: str) -> bytes:
     except FileNotFoundError:
         raise
     except OSError as e:
+        raise _storage_error("read", path, e) from None
+
+
+def _get_object(client: Any, path: str) -> bytes:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    _, p = filesystem(path)
+    bucket, _, key = p.partition("/")
+    try:
+        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as e:
+        if str(e.response.get("Error", {}).get("Code", "")) in ("NoSuchKey", "404"):
+            raise FileNotFoundError(redact_uri(path)) from None
+        raise _storage_error("read", path, e) from None
+    except BotoCoreError as e:
         raise _storage_error("read", path, e) from None
 
 

@@ -364,3 +364,37 @@ def test_a_restore_downloads_a_remote_checkpoint_once_per_node_and_removes_it(s3
     _remove_node_copy(uri, local)
     assert not os.path.exists(local) and not os.path.exists(local + ".lock")
     assert _node_copy(str(tmp_path / "ckpt"), "t2") == str(tmp_path / "ckpt")  # local: used in place
+
+
+def test_a_read_never_sees_part_of_an_object_rewritten_beside_it(s3, request):
+    """An object rewritten while it is read (a job record the driver updates as another process polls it): every
+    read returns one whole version. (pyarrow's S3 reader asks the size first, then reads that many bytes: the
+    first bytes of a longer version written in between would be a torn read.)"""
+    import threading
+
+    path = _prefix(request) + "/record.json"
+    versions = [json.dumps({"v": i, "pad": "x" * (100 + 700 * (i % 2))}).encode() for i in range(2)]
+    storage.write_bytes(path, versions[0])
+    stop, errors = threading.Event(), []
+
+    def rewrite():
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                storage.write_bytes(path, versions[i % 2])
+            except Exception as e:  # noqa: BLE001 - reported by the assertion below
+                errors.append(e)
+                return
+
+    writer = threading.Thread(target=rewrite, daemon=True)
+    writer.start()
+    try:
+        seen = [storage.read_bytes(path) for _ in range(300)]
+    finally:
+        stop.set()
+        writer.join(timeout=10)
+    assert not errors, errors
+    torn = [s for s in seen if s not in versions]
+    assert not torn, f"{len(torn)} of {len(seen)} reads were torn, e.g. {torn[0][:80]!r}... ({len(torn[0])} bytes)"
+    assert set(seen) == set(versions)  # both versions were read: the writer really ran beside the reads
