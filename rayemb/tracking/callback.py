@@ -24,6 +24,19 @@ import ray.train
 logger = logging.getLogger(__name__)
 
 
+#: when a worker made a report (ms since the epoch): the timestamp of the report's MLflow points. Reports reach
+#: the queue by two paths (rank 0's step metrics directly, checkpoint reports through Ray Train's controller),
+#: so the order they arrive in, and the time the driver logs them at, need not follow their steps.
+WALL_TIME_MS = "rayemb.wall_time_ms"
+
+
+def stamped(report: Dict[str, Any]) -> Dict[str, Any]:
+    """``report`` with :data:`WALL_TIME_MS` set to now, where it has none (a copy)."""
+    from rayemb.tracking.records import now_ms
+
+    return {WALL_TIME_MS: now_ms(), **report}
+
+
 class ReportForwarder(ray.train.UserCallback):
     """Puts rank 0's metrics of every report on ``queue`` (a ``ray.util.queue.Queue``)."""
 
@@ -34,7 +47,7 @@ class ReportForwarder(ray.train.UserCallback):
         if not metrics:
             return
         try:
-            self.queue.put_nowait(dict(metrics[0]))
+            self.queue.put_nowait(stamped(metrics[0]))  # as it reaches the controller: after it was made
         except Exception as e:  # a full or dead queue drops a point; it never fails training
             logger.warning("rayemb: dropped a metrics report (%s: %s)", type(e).__name__, e)
 
@@ -87,10 +100,12 @@ class QueueDrainer:
         return self
 
     def _handle(self, report: Dict[str, Any]) -> None:
+        made = report.pop(WALL_TIME_MS, None)
         self.reports.append(report)
         step = int(report.get("step", 0))
         if self.after_step is None or step > self.after_step:
-            self.run_logger.log_metrics(numeric_metrics(report), step=step)
+            self.run_logger.log_metrics(numeric_metrics(report), step=step,
+                                        timestamp_ms=int(made) if isinstance(made, (int, float)) else None)
         if self.progress is not None:
             try:
                 self.progress.update(report)

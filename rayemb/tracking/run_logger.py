@@ -196,9 +196,11 @@ class RunLogger:
         """
         self._enqueue_safely("log_params", lambda: records.param_records(params, records.now_ms()))
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Enqueues one point per metric at ``step``, stamped with the current time; returns at once."""
-        self._enqueue_safely("log_metrics", lambda: records.metric_records(metrics, step, records.now_ms()))
+    def log_metrics(self, metrics: Mapping[str, float], step: int, timestamp_ms: Optional[int] = None) -> None:
+        """Enqueues one point per metric at ``step``, stamped ``timestamp_ms`` (when the metrics were made;
+        default: now); returns at once."""
+        when = records.now_ms() if timestamp_ms is None else int(timestamp_ms)
+        self._enqueue_safely("log_metrics", lambda: records.metric_records(metrics, step, when))
 
     def log_artifact(self, local_path: str, artifact_path: Optional[str] = None) -> None:
         """Uploads a file (or folder) later; it must still exist when the writer gets to it."""

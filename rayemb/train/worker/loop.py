@@ -147,6 +147,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None, plan_
     from rayemb.train.worker.resume import CheckpointSchedule, restore, save_and_report
     from rayemb.train.worker.step import LossWindow, StepTimer, check_finite_loss
     from rayemb.train.worker.validation import evaluate, validates_mid_epoch
+    from rayemb.tracking.callback import stamped
 
     quiet_third_party_logs()
 
@@ -286,7 +287,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None, plan_
                 if metrics_queue is None:
                     ray.train.report(report)
                 elif rank == 0:
-                    metrics_queue.actor.put_nowait.remote(report)
+                    metrics_queue.actor.put_nowait.remote(stamped(report))
 
         def check_window() -> None:
             """Stops a diverged job before it is checkpointed (a collective: every rank's window is as long)."""
@@ -344,7 +345,7 @@ def train_loop_per_worker(job: WorkerJob, loop_t0: Optional[float] = None, plan_
                     ray.train.report(metrics)
                 elif rank == 0:
                     # Fire and forget: the driver drains this queue into MLflow; no rank waits.
-                    metrics_queue.actor.put_nowait.remote(metrics)
+                    metrics_queue.actor.put_nowait.remote(stamped(metrics))
                 window.reset(step + 1)
                 window_t0 = time.perf_counter()
                 timer.reset()
