@@ -14,7 +14,7 @@ class Logged:
     def __init__(self):
         self.points = []
 
-    def log_metrics(self, metrics, step):
+    def log_metrics(self, metrics, step, timestamp_ms=None):
         self.points.append((step, dict(metrics)))
 
 
