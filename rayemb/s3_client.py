@@ -23,8 +23,6 @@ import threading
 from typing import Any, Dict, Tuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from rayemb import storage
-
 logger = logging.getLogger(__name__)
 
 #: environment that changes what an S3 client connects to (part of the client cache key; values are hashed)
@@ -38,7 +36,7 @@ _clients_lock = threading.Lock()
 def s3_client(uri: str) -> Any:
     """A boto3 S3 client reaching what pyarrow reaches for ``uri`` (credentials and ``endpoint_override`` /
     ``scheme`` / ``region`` in the URI, else the AWS environment); None for other stores, or without boto3."""
-    if storage.scheme(uri) != "s3":
+    if "://" not in uri or uri.split("://", 1)[0].lower() != "s3":
         return None
     try:
         import boto3

@@ -31,7 +31,8 @@ NEAR_CAP_COMMITS = 2
 #: (a name imported from the facade ``rayemb/__init__.py`` counts as the module that defines it). Packages that
 #: share a layer do not import each other. A new top-level package or module gets its place here.
 LAYERS: List[Tuple[str, ...]] = [
-    ("errors", "units", "constants", "_version", "batch_shape", "placements", "logs", "multiprocess", "_ray"),
+    ("errors", "units", "constants", "_version", "batch_shape", "placements", "logs", "multiprocess", "_ray",
+     "s3_client"),
     ("storage",),
     ("publish",),
     ("embedding",),  # TorchRec modules: tables, hybrid, compression, sequences
