@@ -4,17 +4,17 @@ The setup is jobs/bench/streamed_memory.py's at a small size (its module docstri
 Ray head whose every process (GCS, raylet and agents, Ray Train's actors and worker, Ray Data's read
 tasks) lives in a new cgroup-v1 memory cgroup; the object store (512 MiB) is inside the limit, its
 /dev/shm pages charged to the processes that touch them. A real ``rayemb train`` (1 worker, 1 epoch,
-``data.in_memory`` left to its default, ``data.in_memory_max_gib`` at 0.25) runs against it on 1 M rows of
-2 multi-hot tables (64 ids per row each): about 0.6 GiB of parquet and 1 GiB of converted tensors, four
+``data.in_memory`` left to its default, ``data.in_memory_max_gib`` at 0.125) runs against it on 500 k rows of
+2 multi-hot tables (64 ids per row each): about 0.3 GiB of parquet and 0.5 GiB of converted tensors, four
 times what the rank may hold in memory, so the job must stream (the benchmark keeps the 2 GiB default and
-20x the data).
+80x the data).
 
 The limit is tightened once a quarter of the epoch is trained (a checkpoint written before), to what the
 cgroup's processes held so far (anonymous memory plus shmem, sampled, not the reclaimable page cache) plus
 a fixed allowance of 512 MiB for what does not scale with the data (the transients of a checkpoint and of
 the validation pass, which the sampling may miss) plus a headroom of a quarter of the data the job has
 still to read (the smaller of its parquet and converted sizes). The job must finish every step of the
-epoch with no OOM kill. The benchmark, on 20x the data, runs without the allowance. Ray's own footprint here
+epoch with no OOM kill. The benchmark, on 80x the data, runs without the allowance. Ray's own footprint here
 is about 4 GiB before any data (a dozen Python processes: Ray Train's and Ray Data's actors, the worker
 with torch, read tasks), so in a test of a few minutes the dataset cannot be 4x the whole limit: what is
 bounded is what the job may add once it trains, and it reads 4x that. The benchmark's default size makes
@@ -34,9 +34,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 sm = load_bench("streamed_memory")
 MIB = sm.MIB
-ROWS, BATCH = 1_000_000, 4096
+ROWS, BATCH = 500_000, 4096
 #: data.in_memory_max_gib: the test's data is smaller than the 2 GiB default, the job must still stream it
-IN_MEMORY_GIB = 0.25
+IN_MEMORY_GIB = 0.125
 STORE = 512 * MIB
 #: room beside the headroom for transients that do not scale with the data (module docstring)
 ALLOWANCE = 512 * MIB
