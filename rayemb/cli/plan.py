@@ -75,7 +75,8 @@ def plan_main(args: argparse.Namespace) -> int:
     # uncalibrated (HugeCTR's rule): across nodes a calibrated job's hot set comes from its measured break-even
     world = plan_world(cfg, topo, stats, table_dims=schema.table_dims(cfg.model.embedding_dim))
     tables = tables_from_schema(schema, cfg.model.embedding_dim, stats=stats, split=world.split,
-                                bytes_per_element=cfg.model.embedding_bytes_per_element)
+                                bytes_per_element=cfg.model.embedding_bytes_per_element,
+                                embedding_optimizer=cfg.train.embedding_optimizer)
     result = plan(tables, topo, world.batch.global_size, pins=pins, engine=args.engine)
     save_plan_json(result, args.out)
     png = plot_plan(result, os.path.splitext(args.out)[0] + ".png")

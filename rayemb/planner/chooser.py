@@ -19,7 +19,7 @@ import logging
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from rayemb.planner.compression import StoredCost
-from rayemb.planner.cost import OPTIMIZER_STATE_BYTES, BytesCostModel, replicated_bytes_per_rank, table_cost
+from rayemb.planner.cost import BytesCostModel, replicated_bytes_per_rank, stored_row_bytes, table_cost
 from rayemb.planner.step_time import Calibration, StepTimePrediction, _group_of, predict_step_time
 from rayemb.planner.pins import TablePin
 from rayemb.planner.types import ClusterTopology, Cost, Placement, PlacementChooser, TableSpec
@@ -63,7 +63,7 @@ class StepTimeCostModel(PlacementChooser):
         stored = {n: c for n, c in start.items() if isinstance(c, StoredCost) and not c.option.is_plain}
         cap, w, l = topology.capacity_bytes, topology.world_size, topology.devices_per_node
         budget = self.bytes_model.replicated_fraction * cap
-        total_mp = sum(t.rows * (t.row_bytes + OPTIMIZER_STATE_BYTES) for t in tables)  # as the bytes model
+        total_mp = sum(t.rows * stored_row_bytes(t) for t in tables)  # as the bytes model
         options: Dict[str, List[Cost]] = {}
         forced = set()
         for t in tables:

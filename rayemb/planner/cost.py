@@ -9,12 +9,14 @@ and the :class:`ExchangeBytes` of ``train.comm_precision``: the element size
 on the wire of the exchanged rows (forward) and of their gradients and the
 all-reduced ones (backward); ids and lengths stay integers.
 
-Memory (weights + optimizer state; model-parallel tables use FBGEMM's
-row-wise Adagrad, one fp32 per row; data-parallel rows use a dense Adagrad, one
-fp32 per element): data-parallel holds V·D·(s+4) on every rank; pooled
-model-parallel holds V·(D·s+4) in total, split by rows (RW over W ranks, TWRW
-over L) or columns (CW, k shards); hybrid holds |F|·D·(s+4) on every rank plus
-the cold rows row-wise.
+Memory (weights + optimizer state): a row of width D holds D·s + o(D), o the
+state of ``train.embedding_optimizer`` (:func:`~rayemb.planner.optimizer_state.optimizer_state_bytes`:
+4 bytes for row-wise Adagrad, 4·D Adagrad, 0 SGD, 8·D Adam, 4·D + 4 row-wise
+Adam), the same for sharded rows (FBGEMM's fused optimizer) and replicated ones
+(rayemb's, same state shapes): data-parallel holds V·(D·s+o(D)) on every rank;
+pooled model-parallel holds V·(D·s+o(D)) in total, split by rows (RW over W
+ranks, TWRW over L) or columns (CW, k shards, each with its own row-wise
+state); hybrid holds |F|·(D·s+o(D)) on every rank plus the cold rows row-wise.
 
 The choice (:class:`BytesCostModel`): among the placements a table's pin
 allows, pick the fewest bytes per step whose largest shard fits a rank, with
@@ -57,6 +59,7 @@ from rayemb.planner.compression import (
     projection_elements,
     sharded_spec,
 )
+from rayemb.planner.optimizer_state import STATE_VALUE_BYTES, optimizer_state_bytes
 from rayemb.planner.pins import TablePin
 from rayemb.planner.types import (
     INSUFFICIENT_STORAGE,
@@ -72,8 +75,11 @@ from rayemb.planner.traffic import OUTPUT_ELEM_BYTES, predict_table_bytes
 
 logger = logging.getLogger(__name__)
 
-#: fp32 optimizer state: row-wise Adagrad keeps one per row, dense Adagrad one per element
-OPTIMIZER_STATE_BYTES = 4
+#: bytes of one fp32 optimizer state value; how many a row keeps is its optimizer's (:func:`optimizer_state_bytes`)
+OPTIMIZER_STATE_BYTES = STATE_VALUE_BYTES
+#: per element of a block-compressed table's projection: a dense parameter, stepped by ``train.dense_optimizer``
+#: (Adagrad by default: one fp32 per element), not by the embedding optimizer
+PROJECTION_STATE_BYTES = STATE_VALUE_BYTES
 #: width of one column-wise shard (TorchRec's ``min_partition`` default is 32 columns)
 COLUMN_SHARD_DIM = 32
 #: share of a rank's capacity that replicated rows (data-parallel tables, hybrid hot sets) may take
@@ -141,10 +147,16 @@ def table_bytes(
     return float(sum(by_collective.values()))
 
 
+def stored_row_bytes(table: TableSpec, dim: Optional[int] = None) -> int:
+    """Bytes one row of ``table`` (or of a ``dim``-wide piece of it: a column shard, a compressed part) holds
+    on a rank: weights + its embedding optimizer's state, sharded or replicated alike."""
+    d = table.dim if dim is None else int(dim)
+    return d * table.bytes_per_element + optimizer_state_bytes(table.embedding_optimizer, d)
+
+
 def table_memory(table: TableSpec, placement: Placement, world_size: int, devices_per_node: int) -> Cost:
     """Memory of ``table`` under ``placement`` (bytes per step left 0; see :func:`table_cost`)."""
-    mp_row = table.row_bytes + OPTIMIZER_STATE_BYTES
-    dp_row = table.dim * (table.bytes_per_element + OPTIMIZER_STATE_BYTES)
+    mp_row = dp_row = stored_row_bytes(table)
     w = world_size
     if placement == Placement.DATA_PARALLEL:
         total, biggest = w * table.rows * dp_row, table.rows * dp_row
@@ -157,8 +169,8 @@ def table_memory(table: TableSpec, placement: Placement, world_size: int, device
         total, biggest = table.rows * mp_row, math.ceil(table.rows / l) * mp_row
     elif placement in (Placement.COLUMN_WISE, Placement.TABLE_COLUMN_WISE):
         k = column_shards(table.dim, w)
-        total = table.rows * (table.row_bytes + k * OPTIMIZER_STATE_BYTES)
-        biggest = table.rows * (math.ceil(table.dim / k) * table.bytes_per_element + OPTIMIZER_STATE_BYTES)
+        total = table.rows * (table.row_bytes + optimizer_state_bytes(table.embedding_optimizer, table.dim, k))
+        biggest = table.rows * stored_row_bytes(table, math.ceil(table.dim / k))
     else:  # HYBRID
         hot = table.hot_rows * dp_row
         total = w * hot + table.cold_rows * mp_row
@@ -176,15 +188,16 @@ def table_cost(
                 mem.memory_bytes, mem.max_shard_bytes)
 
 
-def _shards(rows: int, placement: Placement, w: int, l: int, dim: int) -> Tuple[int, int]:
-    """(rows of the largest shard, rows summed over shards) of a sharded table."""
+def _shards(rows: int, placement: Placement, w: int, l: int, dim: int) -> Tuple[int, int, int]:
+    """(rows of the largest shard, rows summed over shards, width of the largest shard) of a sharded table."""
     if placement == Placement.ROW_WISE:
-        return math.ceil(rows / w), rows
+        return math.ceil(rows / w), rows, dim
     if placement == Placement.TABLE_ROW_WISE:
-        return math.ceil(rows / max(1, min(l, w))), rows
+        return math.ceil(rows / max(1, min(l, w))), rows, dim
     if placement in (Placement.COLUMN_WISE, Placement.TABLE_COLUMN_WISE):
-        return rows, rows * column_shards(dim, w)
-    return rows, rows
+        k = column_shards(dim, w)
+        return rows, rows * k, math.ceil(dim / k)
+    return rows, rows, dim
 
 
 def storage_cost(
@@ -210,12 +223,14 @@ def storage_cost(
     proj = projection_elements(table, opt)
     net = table_bytes(wire, placement, w, l, global_batch, exchange) + (
         2.0 * (w - 1) * proj * exchange.all_reduce(table))
-    extra = proj * (table.bytes_per_element + OPTIMIZER_STATE_BYTES)
+    extra = proj * (table.bytes_per_element + PROJECTION_STATE_BYTES)
     device_total, device_max = mem.memory_bytes, mem.max_shard_bytes
     host_total, host_max, hit, host_bytes = 0, 0, 1.0, 0.0
     if opt.kernel == "cached":
-        biggest_rows, all_rows = _shards(spec.rows, placement, w, l, spec.dim)
-        row_weights = (mem.max_shard_bytes - biggest_rows * OPTIMIZER_STATE_BYTES) / biggest_rows
+        biggest_rows, all_rows, width = _shards(spec.rows, placement, w, l, spec.dim)
+        # FBGEMM keeps optimizer state out of the cache (host memory): the device slots hold weights only
+        row_weights = (mem.max_shard_bytes
+                       - biggest_rows * optimizer_state_bytes(spec.embedding_optimizer, width)) / biggest_rows
         cache_max = cached_device_bytes(biggest_rows, row_weights, opt.cache_load_factor)
         cache_total = cached_device_bytes(all_rows, table.weight_bytes / all_rows, opt.cache_load_factor)
         host_total, host_max = (mem.memory_bytes, mem.max_shard_bytes) if has_host_tier(topology) else (0, 0)
@@ -236,7 +251,7 @@ def replicated_bytes_per_rank(cost: Cost, table: TableSpec) -> int:
     """Bytes that every rank holds for this placement (data-parallel tables, hybrid hot sets)."""
     if isinstance(cost, StoredCost):
         return cost.replicated_bytes
-    dp_row = table.dim * (table.bytes_per_element + OPTIMIZER_STATE_BYTES)
+    dp_row = stored_row_bytes(table)
     if cost.placement == Placement.DATA_PARALLEL:
         return table.rows * dp_row
     if cost.placement == Placement.HYBRID:
@@ -269,7 +284,7 @@ class BytesCostModel(PlacementChooser):
             options = [pin.sharding]
         else:
             tw_or_rw = Placement.TABLE_WISE
-            mp_bytes = table.rows * (table.row_bytes + OPTIMIZER_STATE_BYTES)
+            mp_bytes = table.rows * stored_row_bytes(table)
             if w > 1 and mp_bytes > fair_share_bytes:
                 tw_or_rw = Placement.ROW_WISE
                 if topology.num_nodes > 1 and mp_bytes / l <= TWRW_MAX_CAPACITY_SHARE * topology.capacity_bytes:
@@ -350,7 +365,7 @@ class BytesCostModel(PlacementChooser):
     ) -> Dict[str, Cost]:
         cap = topology.capacity_bytes
         w = topology.world_size
-        total_mp = sum(t.rows * (t.row_bytes + OPTIMIZER_STATE_BYTES) for t in tables)
+        total_mp = sum(t.rows * stored_row_bytes(t) for t in tables)
         fair_share = total_mp / w
         budget = self.replicated_fraction * cap
         choice: Dict[str, Cost] = {}
@@ -443,4 +458,5 @@ def _storage_error(
 __all__ = [
     "BytesCostModel", "ExchangeBytes", "FP32_EXCHANGE", "storage_cost", "table_bytes", "table_memory", "table_cost", "column_shards",
     "replicated_bytes_per_rank", "OPTIMIZER_STATE_BYTES", "COLUMN_SHARD_DIM", "DEFAULT_REPLICATED_FRACTION",
+    "PROJECTION_STATE_BYTES", "optimizer_state_bytes", "stored_row_bytes",
 ]

@@ -175,7 +175,9 @@ class HugeCTRSplitRule(SplitRule):
     when fewer candidates are known, it is rounded down instead (HugeCTR
     subtracts W when the rounded count exceeds the categories). Hot rows are
     replicated, so with ``memory_budget_bytes`` the most frequent rows across
-    all tables (by e(c)) are kept while ``sum |F_t| * (D * s + opt)`` fits, and
+    all tables (by e(c)) are kept while ``sum |F_t| * (D * s + opt)`` fits (opt:
+    ``optimizer_bytes_per_row``, the state a replicated row of ``train.embedding_optimizer``
+    keeps, :func:`rayemb.planner.optimizer_state.optimizer_state_bytes`), and
     each table is rounded down to a multiple of W. ``embedding_dim`` and
     ``optimizer_bytes_per_row`` may be mappings table -> value, one entry for
     every table of the statistics (tables of unequal widths).

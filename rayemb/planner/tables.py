@@ -11,14 +11,16 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Tuple, Union
 
 from rayemb.constants import CRITEO_1TB_CARDINALITIES
-from rayemb.planner.cost import DEFAULT_REPLICATED_FRACTION, OPTIMIZER_STATE_BYTES
+from rayemb.planner.cost import DEFAULT_REPLICATED_FRACTION
+from rayemb.planner.optimizer_state import DEFAULT_EMBEDDING_OPTIMIZER, optimizer_state_bytes
 from rayemb.planner.split import HugeCTRSplitRule
 from rayemb.planner.step_time import hot_threshold
 from rayemb.planner.types import ClusterTopology, TableSpec
 
 
 def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: Union[int, Mapping[str, int]],
-               bytes_per_element: int = 4, calibration: Any = None):
+               bytes_per_element: int = 4, calibration: Any = None,
+               embedding_optimizer: str = DEFAULT_EMBEDDING_OPTIMIZER):
     """The frequent-category rule for ``topology``: HugeCTR's, with its bandwidths and a replicated-row budget.
 
     Across nodes with a measured ``calibration`` (:class:`rayemb.planner.step_time.Calibration`), an id is hot
@@ -28,7 +30,8 @@ def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: Unio
     what one cold occurrence does; and gloo's all-to-all moves half the all-reduce's bytes/s on a shaped
     link, which halves the break-even again (docs/planner.md). On one node HugeCTR's duplication rule stays:
     there the exchange is nearly free and the model's compute terms decide. ``bytes_per_element``: the tables'
-    stored element size (``model.embedding_dtype``), which sizes the hot rows against the replicated-row budget.
+    stored element size (``model.embedding_dtype``), which sizes the hot rows against the replicated-row budget,
+    with the optimizer state of ``embedding_optimizer`` (``train.embedding_optimizer``) each replicated row keeps.
     ``embedding_dim``: one for all tables, or table -> its dim (every table of the statistics split), which then
     prices each table's hot rows, optimizer state and break-even with its own width: a wide table's row costs
     more to replicate against the same per-occurrence id bytes and lookup, so its ids need more occurrences.
@@ -41,7 +44,7 @@ def split_rule(topology: ClusterTopology, global_batch: int, embedding_dim: Unio
         bw_all_to_all=bw, bw_all_reduce=bw,
         memory_budget_bytes=int(DEFAULT_REPLICATED_FRACTION * topology.capacity_bytes),
         embedding_dim=embedding_dim, bytes_per_element=bytes_per_element,
-        optimizer_bytes_per_row=_per_table(embedding_dim, lambda d: d * OPTIMIZER_STATE_BYTES),
+        optimizer_bytes_per_row=_per_table(embedding_dim, lambda d: optimizer_state_bytes(embedding_optimizer, d)),
         # the break-even prices bytes on the wire, fp32 lookup outputs whatever the tables' dtype
         threshold=_per_table(embedding_dim, lambda d: hot_threshold(calibration, topology.world_size, d))
         if calibrated else None,
@@ -53,12 +56,14 @@ def _per_table(dims: Union[int, Mapping[str, int]], fn: Any) -> Any:
 
 
 def tables_from_schema(schema: Any, embedding_dim: int, *, stats: Any = None, split: Any = None,
-                       bytes_per_element: int = 4) -> List[TableSpec]:
+                       bytes_per_element: int = 4,
+                       embedding_optimizer: str = DEFAULT_EMBEDDING_OPTIMIZER) -> List[TableSpec]:
     """TableSpecs of a dataset schema, one per pooled table (a table two features read is one spec, its dim the
     table's own ``embedding_dim`` else ``embedding_dim``); with ``stats`` (a DatasetStats, per feature or per
     table: :meth:`~rayemb.data.schema.DatasetSchema.table_stats`) pooling factors, a shared table's the sum of its
     features' (each row looks it up once per feature), and hot sets from ``split`` (the
     :class:`rayemb.planner.split.FrequentSplit` of those statistics, required with them).
+    ``embedding_optimizer`` (``train.embedding_optimizer``) sizes every row's optimizer state.
 
     The split is the caller's: it depends on the world size, the global batch and (across nodes) the
     calibration the job plans with, which a schema and statistics do not know.
@@ -82,7 +87,7 @@ def tables_from_schema(schema: Any, embedding_dim: int, *, stats: Any = None, sp
         h_rows, h_share = hot.get(f.name, (0, 0.0))
         out.append(TableSpec(
             name=f.name, rows=int(f.num_embeddings), dim=dims.get(f.name, embedding_dim),
-            bytes_per_element=bytes_per_element,
+            bytes_per_element=bytes_per_element, embedding_optimizer=embedding_optimizer,
             pooling_factor=pooling.get(f.name, 1.0), hot_rows=min(int(h_rows), int(f.num_embeddings)),
             hot_share=h_share,
         ))

@@ -32,7 +32,7 @@ from rayemb.embedding.hybrid import HybridEmbeddingBagCollection
 from rayemb.embedding.remap import COLD_SUFFIX, HOT_SUFFIX
 from rayemb.embedding.sharders import CpuCapableEmbeddingBagCollectionSharder, cpu_capable_sharders
 from rayemb.errors import PlanError
-from rayemb.planner.cost import OPTIMIZER_STATE_BYTES
+from rayemb.planner.cost import stored_row_bytes
 from rayemb.planner.proposers import MemoryBinnedKnapsackProposer
 from rayemb.planner.pins import TablePin
 from rayemb.planner.types import (
@@ -190,12 +190,12 @@ def torchrec_plan(
             if ps.sharding_type == Placement.DATA_PARALLEL.value:
                 rows, dim = shape[sub]
                 for r in range(topology.world_size):
-                    load[r] += rows * dim * (t.bytes_per_element + OPTIMIZER_STATE_BYTES)
+                    load[r] += rows * stored_row_bytes(t, dim)
                 shard_ranks = everywhere
             else:
                 for sh in ps.sharding_spec.shards:
                     rr, cc = sh.shard_sizes
-                    load[sh.placement.rank()] += rr * (cc * t.bytes_per_element + OPTIMIZER_STATE_BYTES)
+                    load[sh.placement.rank()] += rr * stored_row_bytes(t, cc)
                 shard_ranks = tuple(sorted({sh.placement.rank() for sh in ps.sharding_spec.shards}))
             if sub.endswith(HOT_SUFFIX) and name in by_table:
                 continue  # the cold half decides a hybrid table's sharding type and ranks
@@ -208,7 +208,7 @@ def torchrec_plan(
             t = spec[name]
             for p in physical_tables(t.rows, t.dim, compressed[name]):
                 for r in everywhere:
-                    load[r] += p.rows * p.dim * (t.bytes_per_element + OPTIMIZER_STATE_BYTES)
+                    load[r] += p.rows * stored_row_bytes(t, p.dim)
             by_table[name] = (Placement.DATA_PARALLEL.value, everywhere, "dense")
     return sharding_plan, by_table, load
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rayemb.errors import PlanError
+from rayemb.planner.optimizer_state import DEFAULT_EMBEDDING_OPTIMIZER, check_embedding_optimizer_name
 from rayemb.placements import HYBRID_COLD_PLACEMENTS, Placement
 
 if TYPE_CHECKING:
@@ -138,7 +139,9 @@ class TableSpec:
     ``pooling_factor`` is the mean ids per bag P; ``hot_rows`` = |F| the rows
     the frequent-category split replicates and ``hot_share`` = h the share of
     lookups that hit them (0 without stats). ``bytes_per_element`` s is the
-    weight element size (4 for fp32).
+    weight element size (4 for fp32). ``embedding_optimizer`` is the job's
+    ``train.embedding_optimizer``, which sizes each row's optimizer state
+    (:mod:`rayemb.planner.optimizer_state`).
 
     >>> t = TableSpec("C1", rows=1000, dim=16)
     >>> t.weight_bytes
@@ -152,8 +155,10 @@ class TableSpec:
     pooling_factor: float = 1.0
     hot_rows: int = 0
     hot_share: float = 0.0
+    embedding_optimizer: str = DEFAULT_EMBEDDING_OPTIMIZER
 
     def __post_init__(self) -> None:
+        check_embedding_optimizer_name(self.embedding_optimizer, f"Table {self.name!r}")
         if self.rows < 1 or self.dim < 1 or self.bytes_per_element < 1:
             raise PlanError(
                 f"Table {self.name!r} has rows={self.rows}, dim={self.dim}, bytes_per_element="

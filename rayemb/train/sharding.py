@@ -285,7 +285,8 @@ def make_job_plan(cfg: JobConfig, schema: DatasetSchema, stats: Any, split: Any,
 
     global_batch = BatchShape(cfg.data.batch_size, topology.world_size).global_size
     specs = tables_from_schema(schema, cfg.model.embedding_dim, stats=stats, split=split,
-                               bytes_per_element=cfg.model.embedding_bytes_per_element)
+                               bytes_per_element=cfg.model.embedding_bytes_per_element,
+                               embedding_optimizer=cfg.train.embedding_optimizer)
     calibration = calibration or DEFAULT_CALIBRATION
     # ties to one module group on one node only: measured there (docs/planner.md, "Ties")
     tie_margin = cfg.planner.tie_margin if topology.num_nodes == 1 else 0.0

@@ -64,7 +64,7 @@ def plan_world(cfg: JobConfig, topology: Any, stats: Any, calibration: Any = Non
         dim = int(cfg.model.embedding_dim)
         dims = {name: int((table_dims or {}).get(name, dim)) for name in stats.tables}
         split = split_rule(topology, batch.global_size, dims, cfg.model.embedding_bytes_per_element,
-                           calibration=calibration).split(stats)
+                           calibration=calibration, embedding_optimizer=cfg.train.embedding_optimizer).split(stats)
     return WorldPlan(batch, topology, split, plan_fn(cfg, split, topology) if plan_fn is not None else None)
 
 
