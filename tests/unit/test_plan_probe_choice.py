@@ -81,7 +81,7 @@ def test_candidates_interleave_only_when_they_fit_a_rank_together(job):
             if t["placement"] == "row_wise":
                 assert t["memory_bytes"] == rows * (dim * 4 + 4)  # row-wise Adagrad: one float a row
             elif t["placement"] == "data_parallel":
-                assert t["memory_bytes"] == 2 * rows * dim * (4 + 4)  # dense Adagrad: one float an element
+                assert t["memory_bytes"] == 2 * rows * (dim * 4 + 4)  # replicated rows' row-wise Adagrad too
     both = [rank_bytes(c.summary)[0] for c in job["candidates"]]
     assert fit_together(both, sum(both)) and fit_together(both, 10 * sum(both))
     assert not fit_together(both, sum(both) - 1)  # each fits alone: stepped one after another, none dropped

@@ -19,7 +19,7 @@ import torch
 from rayemb.config import load_config
 from rayemb.data.schema import DatasetSchema
 from rayemb.data.stats_types import DatasetStats, TableStats
-from rayemb.planner.cost import DEFAULT_REPLICATED_FRACTION, OPTIMIZER_STATE_BYTES
+from rayemb.planner.cost import DEFAULT_REPLICATED_FRACTION, optimizer_state_bytes
 from rayemb.planner.step_time import DEFAULT_CALIBRATION, LinkCost, hot_threshold
 from rayemb.planner.types import ClusterTopology
 from rayemb.train.world_plan import plan_world
@@ -73,12 +73,15 @@ def test_the_replicated_rows_fit_the_budget_at_each_tables_own_width():
     assert all(t.limited_by == "threshold" and t.num_hot > 0 for t in wanted.tables.values())
 
     def row_bytes(name: str) -> int:
-        return DIMS[name] * (cfg.model.embedding_bytes_per_element + OPTIMIZER_STATE_BYTES)
+        return width_bytes(DIMS[name])
+
+    def width_bytes(dim: int) -> int:  # a replicated row: weights + its optimizer's state
+        return dim * cfg.model.embedding_bytes_per_element + optimizer_state_bytes(cfg.train.embedding_optimizer, dim)
 
     want = sum(t.num_hot * row_bytes(n) for n, t in wanted.tables.items())
     # room for half the wanted rows at their real widths, and for all of them were both tables 16 wide
     budget = want // 2
-    assert sum(t.num_hot for t in wanted.tables.values()) * cfg.model.embedding_dim * 8 <= budget
+    assert sum(t.num_hot for t in wanted.tables.values()) * width_bytes(cfg.model.embedding_dim) <= budget
     tight = dataclasses.replace(roomy, ddr_bytes=int(budget / DEFAULT_REPLICATED_FRACTION) + 1)
     split = plan_world(cfg, tight, _stats(), table_dims=DIMS).split
     assert sum(t.num_hot * row_bytes(n) for n, t in split.tables.items()) <= budget
