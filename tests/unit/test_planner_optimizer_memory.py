@@ -52,9 +52,9 @@ def _expected(optimizer: str, elem: int) -> Dict[Placement, tuple]:
 def test_table_memory_counts_each_optimizers_state_on_every_placement(optimizer, elem):
     table = TableSpec("C1", rows=ROWS, dim=DIM, bytes_per_element=elem, hot_rows=HOT, hot_share=0.5,
                       embedding_optimizer=optimizer)
-    got = {p: (c.memory_bytes, c.max_shard_bytes)
-           for p in _expected(optimizer, elem) for c in [table_memory(table, p, WORLD, WORLD)]}
-    assert got == _expected(optimizer, elem)
+    expected = _expected(optimizer, elem)
+    costs = {p: table_memory(table, p, WORLD, WORLD) for p in expected}
+    assert {p: (c.memory_bytes, c.max_shard_bytes) for p, c in costs.items()} == expected
 
 
 def test_the_optimizers_priced_are_the_configs():
