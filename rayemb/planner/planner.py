@@ -27,6 +27,8 @@ PNG) from :mod:`rayemb.planner.report`; ``rayemb plan`` is :mod:`rayemb.cli.plan
 
 Example::
 
+    >>> from rayemb.planner.topology import described_topology
+    >>> from rayemb.planner.types import TableSpec
     >>> topo = described_topology(world_size=16, gpus_per_node=8, hbm_gib=80)
     >>> result = plan([TableSpec("C1", rows=10**6, dim=64)], topo, global_batch=65536, engine="fast")
     >>> result.tables["C1"].placement.value, result.all_fit()
