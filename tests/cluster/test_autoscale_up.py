@@ -93,7 +93,8 @@ def cluster(tmp_path_factory):
             if ray.is_initialized():
                 ray.shutdown()
             t_stop = time.monotonic()
-            cluster.stop()
+            # a test's cluster has nothing to flush: a short grace, as a GCS hung in its shutdown waits it out
+            cluster.stop(grace_s=2.0)
             print(f"teardown: {time.monotonic() - t_stop:.1f}s, {len(cluster.recorded)} cluster processes recorded, "
                   f"{len(cluster.sigkilled)} needed SIGKILL: {cluster.sigkilled}", flush=True)
 

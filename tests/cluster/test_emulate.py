@@ -20,7 +20,7 @@ import textwrap
 import time
 
 import pytest
-from _emulated import needs_emulation
+from _emulated import down, needs_emulation
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
@@ -164,7 +164,7 @@ def cluster(tmp_path_factory):
                 if "overlaps" not in str(e) or suffix == "c":
                     raise
         yield c
-        c.down()
+        down(c)  # nodes SIGKILLed first: down's own SIGTERM path is tested below, and waits out a hung GCS here
 
 
 def _driver(cluster, tmp_path, code: str, timeout: float) -> dict:
