@@ -58,7 +58,7 @@ def test_the_scheduler_keeps_the_serial_stream_in_one_unit(conftest, pytestconfi
 
     class Dist:
         def __init__(self, dist):
-            # a copy: the scheduler sets its option (the handing-out order) on the session it schedules
+            # a copy: the scheduler sets its option (the handing-out order) on the pytest run it schedules
             self.dist, self.option = dist, copy.copy(pytestconfig.option)
 
         def getvalue(self, name):
