@@ -75,6 +75,18 @@ def small_dataset(path: str, **changes: Any) -> str:
     return path
 
 
+def small_dataset_to_plan(path: str) -> Dict[str, Any]:
+    """:func:`small_dataset` at ``path`` with what a plan needs: ``{"path", "schema", "stats"}`` (exact statistics
+    per table)."""
+    from rayemb.data.schema import DatasetSchema
+    from rayemb.data.stats import compute_stats
+
+    data = small_dataset(path)
+    schema = DatasetSchema.load(data)
+    return {"path": data, "schema": schema,
+            "stats": schema.table_stats(compute_stats(data, exact=True, in_process=True))}
+
+
 @dataclass(frozen=True)
 class Placement:
     """A table's placement, as :func:`fixed_job_plan` gives it (the fields of ``rayemb.planner.types.TablePlan``

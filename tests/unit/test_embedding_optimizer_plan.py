@@ -17,14 +17,9 @@ from rayemb.errors import ConfigError
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Dict[str, Any]:
-    from rayemb.data.schema import DatasetSchema
-    from rayemb.data.stats import compute_stats
-    from tests._export import small_dataset
+    from tests._export import small_dataset_to_plan
 
-    data = small_dataset(str(tmp_path_factory.mktemp("adam_plan") / "data"))
-    schema = DatasetSchema.load(data)
-    return {"path": data, "schema": schema,
-            "stats": schema.table_stats(compute_stats(data, exact=True, in_process=True))}
+    return small_dataset_to_plan(str(tmp_path_factory.mktemp("adam_plan") / "data"))
 
 
 def _plan(dataset: Dict[str, Any], optimizer: str, pins: Dict[str, Any]) -> Any:

@@ -108,14 +108,9 @@ def test_adam_changes_the_plan_of_a_table_that_fits_under_rowwise_adagrad():
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Dict[str, Any]:
-    from rayemb.data.schema import DatasetSchema
-    from rayemb.data.stats import compute_stats
-    from tests._export import small_dataset
+    from tests._export import small_dataset_to_plan
 
-    data = small_dataset(str(tmp_path_factory.mktemp("optimizer_memory") / "data"))
-    schema = DatasetSchema.load(data)
-    return {"path": data, "schema": schema,
-            "stats": schema.table_stats(compute_stats(data, exact=True, in_process=True))}
+    return small_dataset_to_plan(str(tmp_path_factory.mktemp("optimizer_memory") / "data"))
 
 
 @pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "adam"])
