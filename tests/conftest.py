@@ -20,6 +20,17 @@ def tiny_data(tmp_path_factory):
     return synthetic_dataset(tmp_path_factory, "tiny_data", num_tables=8)
 
 
+@pytest.fixture(autouse=True)
+def _socket_interface_left_as_found():
+    """A test that pins the collectives' interface in this process undoes it: every later process group of the
+    process would bind to that interface (an emulated cluster's bridge, gone by then, failed a whole run)."""
+    names = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+    before = {v: os.environ.get(v) for v in names}
+    yield
+    after = {v: os.environ.get(v) for v in names}
+    assert after == before, f"the test left {after} (found {before}): set it through monkeypatch.setenv"
+
+
 @pytest.fixture(scope="session")
 def shared_ray():
     ray_handle = SharedRay()

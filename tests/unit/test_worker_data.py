@@ -163,7 +163,10 @@ def test_pin_socket_interface_sets_the_interface_of_this_host(monkeypatch):
     from rayemb.train.worker.backend import interface_addresses
 
     for var in SOCKET_IFNAME_VARS:
-        monkeypatch.delenv(var, raising=False)
+        # recorded, so that what the call below sets is undone: the next gloo group in this process would
+        # otherwise bind to this interface (an emulated cluster's bridge, gone by then, failed a later run)
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     real = {n: a for n, a in interface_addresses().items() if not a.startswith("127.")}
     if not real:
         pytest.skip("this host has no non-loopback IPv4 interface")
