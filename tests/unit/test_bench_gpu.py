@@ -21,9 +21,11 @@ BATCHES, STEPS, REPEATS = (64, 256), 4, 3
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu") / "gpu_tiny.json"
-    cmd = ["timeout", "85", sys.executable, str(Path(BENCH_DIR) / "gpu.py"), "--device", "cpu", "--tiny",
+    # the bounds guard a hang, not the speed: alone the run takes about 30 s, beside the whole suite at the lowest
+    # CPU priority (CI's Python 3.12 pass) over 85 s
+    cmd = ["timeout", "300", sys.executable, str(Path(BENCH_DIR) / "gpu.py"), "--device", "cpu", "--tiny",
            "--steps", str(STEPS), "--repeats", str(REPEATS), "--out", str(out)]
-    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=90)
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=310)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return json.loads(out.read_text()), p.stdout
 
